@@ -1,0 +1,29 @@
+# Everything a fresh machine needs is installed from here; nothing by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# A CPU build of torch: an unpinned torch pulls a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(VENV)/bin/python pyproject.toml
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
+
+test: lint
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo-store

@@ -1,0 +1,1 @@
+"""nscas command-line interface (typer)."""

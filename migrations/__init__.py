@@ -1,0 +1,1 @@
+"""Alembic migrations of the nscas store schema."""

@@ -1,0 +1,95 @@
+"""RFC 8785 canonical records and link extraction (SPEC 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import rfc8785
+
+from nscas.digests import Digest, is_digest_text
+from nscas.errors import RecordError
+
+MAX_RECORD_BYTES = 16 << 20
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise RecordError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise RecordError(f"{name} is not allowed in records")
+
+
+def _check_finite(value: Any, path: str = "$") -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RecordError("NaN and Infinity are not allowed", path=path)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise RecordError("object keys must be strings", path=path)
+            _check_finite(v, f"{path}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{path}[{i}]")
+
+
+def encode(value: dict[str, Any]) -> bytes:
+    """The canonical bytes of a record value (RFC 8785 via ``rfc8785``)."""
+    if not isinstance(value, dict):
+        raise RecordError("a record must be a JSON object")
+    _check_finite(value)
+    try:
+        data = rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise RecordError(f"cannot canonicalise: {exc}") from None
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError(f"record is {len(data)} bytes; records stay under {MAX_RECORD_BYTES} bytes")
+    return data
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """Parse record bytes strictly: valid UTF-8 JSON object, no duplicates, no NaN, canonical."""
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError(f"record is {len(data)} bytes; records stay under {MAX_RECORD_BYTES} bytes")
+    try:
+        text = bytes(data).decode("utf-8")
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise RecordError("not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"not valid JSON ({exc.msg} at offset {exc.pos})") from None
+    if not isinstance(value, dict):
+        raise RecordError("a record must be a JSON object")
+    if encode(value) != bytes(data):
+        raise RecordError("bytes are not the RFC 8785 canonical encoding of their value")
+    return value
+
+
+def looks_like_record(data: bytes) -> bool:
+    """Cheap test used when classifying stored bytes: a JSON object with an ``nscas`` member."""
+    return data[:1] == b"{" and b'"nscas":"' in data[:4096]
+
+
+def iter_links(value: Any, path: str = "$") -> Iterator[tuple[str, Digest]]:
+    """Every (JSON path, ID) pair: each string anywhere that is exactly an object ID."""
+    if isinstance(value, str):
+        if is_digest_text(value):
+            yield path, Digest(value[7:])
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            yield from iter_links(value[key], f"{path}.{key}" if _plain(key) else f"{path}[{json.dumps(key)}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from iter_links(item, f"{path}[{i}]")
+
+
+def _plain(key: str) -> bool:
+    return key.isidentifier()

@@ -1,0 +1,66 @@
+"""params/1 records from stored safetensors files (SPEC 4), without loading any framework."""
+
+from __future__ import annotations
+
+import json
+import struct
+from math import prod
+from typing import TYPE_CHECKING, Any
+
+from nscas.digests import Digest
+from nscas.errors import InvalidInput
+from nscas.kinds import SAFETENSORS_DTYPES
+
+if TYPE_CHECKING:
+    from nscas.store import Store
+
+DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32,
+              "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F8_E4M3": 8, "F8_E5M2": 8,
+              "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "C64": 64}
+
+
+def read_header(store: Store, file_id: Digest) -> tuple[int, dict[str, Any]]:
+    """(data section offset, header) of a stored safetensors file."""
+    with store.open(file_id) as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise InvalidInput(f"{file_id} is not a safetensors file (shorter than 8 bytes)")
+        (hlen,) = struct.unpack("<Q", raw)
+        if hlen > store.info(file_id).size - 8:
+            raise InvalidInput(f"{file_id} is not a safetensors file (header length {hlen})")
+        try:
+            header = json.loads(f.read(hlen))
+        except ValueError:
+            raise InvalidInput(f"{file_id} is not a safetensors file (header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise InvalidInput(f"{file_id} is not a safetensors file (header is not an object)")
+    return 8 + hlen, header
+
+
+def params_record(store: Store, files: list[Digest]) -> dict[str, Any]:
+    """The params/1 record of the tensors in ``files`` (shards of one model)."""
+    tensors: dict[str, dict[str, Any]] = {}
+    for file_id in files:
+        base, header = read_header(store, file_id)
+        by_offset = {off: pid for off, pid in store.part_ids(file_id)}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            if name in tensors:
+                raise InvalidInput(f"tensor {name!r} appears in more than one weights file")
+            dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
+            if dtype not in SAFETENSORS_DTYPES:
+                raise InvalidInput(f"tensor {name!r} has unknown dtype {dtype!r}")
+            expected = prod(shape) * DTYPE_BITS[dtype]
+            if expected != (end - start) * 8:
+                raise InvalidInput(f"tensor {name!r}: shape {shape} of {dtype} does not fill {end - start} bytes")
+            if end == start:
+                data = store.put_bytes(b"")
+            elif base + start in by_offset:
+                data = by_offset[base + start]
+            else:  # stored without tensor-aligned parts: cut the tensor out once
+                with store.open(file_id) as f:
+                    f.seek(base + start)
+                    data = store.put_bytes(f.read(end - start))
+            tensors[name] = {"dtype": dtype, "shape": list(shape), "data": str(data)}
+    return {"nscas": "params/1", "tensors": tensors}

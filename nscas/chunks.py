@@ -1,0 +1,198 @@
+"""Chunk files on disk and how files are cut into objects (SPEC 5).
+
+Only this module touches chunk files. A leaf object's bytes live in ``data/<2 hex>/<62 hex>``,
+raw or zstd-compressed (only when that saves space). Files are written to ``tmp/`` first,
+fsync'ed, re-read and re-hashed, then renamed into place: a crash leaves a stray temporary
+file (removed by ``gc``) or a complete verified chunk, never a partial one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+import zstandard
+
+from nscas.errors import IntegrityError, StoreError
+
+CHUNK_SIZE = 16 << 20  # fixed-size chunks of large ordinary files
+TENSOR_SPLIT = 32 << 20  # tensors larger than this are themselves stored as parts
+SINGLE_MAX = 16 << 20  # ordinary files up to this size are one leaf object
+INLINE_MAX = 4 << 10  # leaves this small live in the database row
+_SAMPLE = 64 << 10  # bytes compressed first to decide whether zstd pays off
+_MIN_SAVING = 0.9  # compress only if the sample shrinks below 90 %
+_ZSTD_LEVEL = 3
+_SAFETENSORS_HEADER_MAX = 100 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """A byte range of a file that becomes one object: ``tensor`` names safetensors tensors."""
+
+    offset: int
+    length: int
+    tensor: str | None = None
+
+
+def plan_segments(path: Path, size: int) -> list[Segment] | None:
+    """How to cut a file into part objects; ``None`` means store it as a single leaf."""
+    if path.suffix == ".safetensors":
+        segments = _safetensors_segments(path, size)
+        if segments is not None:
+            return segments
+    if size <= SINGLE_MAX:
+        return None
+    return [Segment(offset=o, length=min(CHUNK_SIZE, size - o)) for o in range(0, size, CHUNK_SIZE)]
+
+
+def split_ranges(length: int) -> list[tuple[int, int]]:
+    """Sub-ranges (offset, length) of a large tensor; a single range if it needs no split."""
+    if length <= TENSOR_SPLIT:
+        return [(0, length)]
+    return [(o, min(TENSOR_SPLIT, length - o)) for o in range(0, length, TENSOR_SPLIT)]
+
+
+def _safetensors_segments(path: Path, size: int) -> list[Segment] | None:
+    """Header, then one segment per tensor in file order; None if the file is not well formed."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                return None
+            (hlen,) = struct.unpack("<Q", raw)
+            if hlen > _SAFETENSORS_HEADER_MAX or 8 + hlen > size:
+                return None
+            header = json.loads(f.read(hlen))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    base = 8 + hlen
+    spans: list[tuple[int, int, str]] = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not 0 <= start <= end:
+            return None
+        spans.append((start, end, name))
+    spans.sort()
+    segments = [Segment(offset=0, length=base)]
+    cursor = 0
+    for start, end, name in spans:
+        if start != cursor:  # gaps or overlaps: not a layout we can cut at tensor boundaries
+            return None
+        if end > start:
+            segments.append(Segment(offset=base + start, length=end - start, tensor=name))
+        cursor = end
+    if base + cursor != size:
+        return None
+    return segments
+
+
+class ChunkFiles:
+    """The ``data/`` and ``tmp/`` directories of a store."""
+
+    def __init__(self, root: Path) -> None:
+        self.data = root / "data"
+        self.tmp = root / "tmp"
+
+    def ensure(self) -> None:
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, hex_id: str) -> Path:
+        return self.data / hex_id[:2] / hex_id[2:]
+
+    def exists(self, hex_id: str) -> bool:
+        return self.path(hex_id).is_file()
+
+    def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
+        """(codec, stored bytes): zstd only when a sample shows it saves space."""
+        if len(data) >= 1024:
+            # A compressor per call: zstd contexts must not be shared between writer threads.
+            cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+            sample = bytes(data[:_SAMPLE])
+            if len(cctx.compress(sample)) < _MIN_SAVING * len(sample):
+                packed = cctx.compress(bytes(data))
+                if len(packed) < _MIN_SAVING * len(data):
+                    return "zstd", packed
+        return "raw", data
+
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str) -> None:
+        """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir."""
+        final = self.path(hex_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=hex_id[:16] + ".", dir=self.tmp)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(stored)
+                f.flush()
+                os.fsync(f.fileno())
+            got = _hash_hex(self._decode(tmp.read_bytes(), codec))
+            if got != hex_id:
+                raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(final.parent)
+
+    def read(self, hex_id: str, codec: str) -> bytes:
+        """The plain bytes of a leaf, checked against its ID."""
+        try:
+            stored = self.path(hex_id).read_bytes()
+        except FileNotFoundError:
+            raise IntegrityError(f"object blake3:{hex_id}", "its chunk file", "no file") from None
+        data = self._decode(stored, codec, hex_id)
+        got = _hash_hex(data)
+        if got != hex_id:
+            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+        return data
+
+    def _decode(self, stored: bytes, codec: str, hex_id: str = "") -> bytes:
+        if codec == "raw":
+            return stored
+        if codec == "zstd":
+            try:
+                return zstandard.ZstdDecompressor().decompress(stored)
+            except zstandard.ZstdError as exc:
+                raise IntegrityError(f"object blake3:{hex_id}", "a valid zstd frame", str(exc)) from None
+        raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+
+    def remove(self, hex_id: str) -> None:
+        self.path(hex_id).unlink(missing_ok=True)
+
+    def iter_ids(self) -> Iterator[str]:
+        if not self.data.is_dir():
+            return
+        for sub in sorted(self.data.iterdir()):
+            if sub.is_dir() and len(sub.name) == 2:
+                for f in sorted(sub.iterdir()):
+                    yield sub.name + f.name
+
+    def temporary_files(self) -> list[Path]:
+        return sorted(self.tmp.iterdir()) if self.tmp.is_dir() else []
+
+
+def _hash_hex(data: bytes | memoryview) -> str:
+    threads = blake3.blake3.AUTO if len(data) >= (1 << 20) else 1
+    return blake3.blake3(data, max_threads=threads).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

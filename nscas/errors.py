@@ -1,0 +1,114 @@
+"""One exception tree for the library; the CLI alone maps it to messages and exit codes."""
+
+from __future__ import annotations
+
+
+class NscasError(Exception):
+    """Root of every error nscas raises on purpose. ``exit_code`` is what the CLI returns."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(NscasError):
+    """The caller handed in something malformed (a bad ID, bad TOML, a bad record)."""
+
+
+class InvalidDigest(InvalidInput):
+    def __init__(self, text: str, why: str = "expected 'blake3:' followed by 64 lowercase hex digits") -> None:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        super().__init__(f"invalid object ID {shown!r}: {why}")
+        self.text = text
+
+
+class RecordError(InvalidInput):
+    """A record is not canonical, not valid JSON, or violates the schema of its kind."""
+
+    def __init__(self, message: str, *, kind: str | None = None, path: str | None = None) -> None:
+        where = f" at {path}" if path else ""
+        prefix = f"{kind} record" if kind else "record"
+        super().__init__(f"{prefix}{where}: {message}")
+        self.kind = kind
+        self.path = path
+
+
+class NotFound(NscasError):
+    """An object, ref or prefix that the store does not hold."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"not found: {what}")
+        self.what = what
+
+
+class AmbiguousPrefix(InvalidInput):
+    def __init__(self, prefix: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:10]) + (" ..." if len(candidates) > 10 else "")
+        super().__init__(f"ambiguous ID prefix {prefix!r} matches {len(candidates)} objects: {shown}")
+        self.prefix = prefix
+        self.candidates = candidates
+
+
+class ClosureError(InvalidInput):
+    """A record links to objects the store does not hold."""
+
+    def __init__(self, missing: list[str]) -> None:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        super().__init__(f"record links to {len(missing)} object(s) the store does not hold: {shown}")
+        self.missing = missing
+
+
+class IntegrityError(NscasError):
+    """Stored bytes do not hash to what they should: never hand out wrong bytes."""
+
+    exit_code = 1
+
+    def __init__(self, what: str, expected: str, actual: str) -> None:
+        super().__init__(f"corrupt data in {what}: expected {expected}, got {actual}")
+        self.what = what
+        self.expected = expected
+        self.actual = actual
+
+
+class RefConflict(NscasError):
+    """A compare-and-swap ref update found another value than expected."""
+
+    def __init__(self, name: str, expected: str | None, actual: str | None) -> None:
+        super().__init__(
+            f"ref {name!r} is {actual or 'unset'}, not {expected or 'unset'} as expected; "
+            "re-read it and retry"
+        )
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+
+
+class TagImmutable(NscasError):
+    def __init__(self, name: str, current: str) -> None:
+        super().__init__(f"tag {name!r} is already set to {current}; tags never move")
+        self.name = name
+        self.current = current
+
+
+class StoreError(NscasError):
+    """The store itself is missing, unreadable or of an unknown schema version."""
+
+
+class DestinationExists(InvalidInput):
+    def __init__(self, path: str) -> None:
+        super().__init__(f"destination {path} already exists; nscas never overwrites")
+        self.path = path
+
+
+class RecipeError(NscasError):
+    """A recipe refused its inputs or params, or failed while running."""
+
+
+class ConfigError(InvalidInput):
+    """A recipe or pipeline file is malformed."""
+
+    def __init__(self, file: str, message: str) -> None:
+        super().__init__(f"{file}: {message}")
+        self.file = file

@@ -1,0 +1,1 @@
+"""Recipes: registered pure functions of committed object IDs."""
