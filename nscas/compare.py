@@ -1,0 +1,102 @@
+"""Reproduction verdicts: how a rerun's outputs compare with the first run's."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from nscas.digests import Digest
+
+if TYPE_CHECKING:
+    from nscas.store import Store
+
+Status = Literal["identical", "within-tolerance", "different"]
+# Relative L2 distance below which two checkpoints count as the same computation up to rounding.
+CHECKPOINT_TOLERANCE = 1e-3
+_NUMPY = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+          "I16": np.int16, "I8": np.int8, "U8": np.uint8, "U16": np.uint16, "U32": np.uint32,
+          "U64": np.uint64, "BOOL": np.bool_}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    status: Status
+    before: Digest | None
+    after: Digest | None
+    relative_l2: float | None = None
+    max_abs_diff: float | None = None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "before": str(self.before) if self.before else None,
+                               "after": str(self.after) if self.after else None}
+        if self.relative_l2 is not None:
+            out["relative_l2"] = self.relative_l2
+            out["max_abs_diff"] = self.max_abs_diff
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def compare_outputs(store: Store, before: Mapping[str, Digest], after: Mapping[str, Digest]) -> dict[str, Verdict]:
+    out: dict[str, Verdict] = {}
+    for name in sorted(set(before) | set(after)):
+        a, b = before.get(name), after.get(name)
+        if a is None or b is None:
+            out[name] = Verdict(status="different", before=a, after=b, note="present in only one run")
+        elif a == b:
+            out[name] = Verdict(status="identical", before=a, after=b)
+        else:
+            out[name] = _compare_different(store, a, b)
+    return out
+
+
+def _compare_different(store: Store, a: Digest, b: Digest) -> Verdict:
+    ka, kb = store.info(a).kind, store.info(b).kind
+    if ka == kb == "checkpoint/1":
+        ra, rb = store.get_record(a), store.get_record(b)
+        if ra["params"] == rb["params"]:
+            return Verdict(status="identical", before=a, after=b, note="same parameters; other members differ")
+        return _compare_params(store, a, b, Digest.parse(ra["params"]), Digest.parse(rb["params"]))
+    if ka == kb == "params/1":
+        return _compare_params(store, a, b, a, b)
+    return Verdict(status="different", before=a, after=b)
+
+
+def _compare_params(store: Store, a: Digest, b: Digest, pa: Digest, pb: Digest) -> Verdict:
+    ta, tb = store.get_record(pa)["tensors"], store.get_record(pb)["tensors"]
+    if ta.keys() != tb.keys():
+        return Verdict(status="different", before=a, after=b, note="different tensor names")
+    diff_sq = ref_sq = 0.0
+    max_abs = 0.0
+    for name in sorted(ta):
+        x, y = ta[name], tb[name]
+        if (x["dtype"], x["shape"]) != (y["dtype"], y["shape"]):
+            return Verdict(status="different", before=a, after=b, note=f"tensor {name} changed dtype or shape")
+        if x["data"] == y["data"]:
+            ref = _array(store, x)
+            ref_sq += float(np.dot(ref, ref))
+            continue
+        u, v = _array(store, x), _array(store, y)
+        d = u - v
+        diff_sq += float(np.dot(d, d))
+        ref_sq += float(np.dot(u, u))
+        max_abs = max(max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
+    rel = math.sqrt(diff_sq) / math.sqrt(ref_sq) if ref_sq > 0 else math.inf
+    status: Status = "within-tolerance" if rel <= CHECKPOINT_TOLERANCE else "different"
+    return Verdict(status=status, before=a, after=b, relative_l2=rel, max_abs_diff=max_abs)
+
+
+def _array(store: Store, tensor: dict[str, Any]) -> np.ndarray:
+    raw = store.get_bytes(Digest.parse(tensor["data"]))
+    if tensor["dtype"] == "BF16":
+        halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+        return halves.view(np.float32).astype(np.float64)
+    dtype = _NUMPY.get(tensor["dtype"])
+    if dtype is None:
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.float64)
+    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(np.float64)

@@ -1,0 +1,208 @@
+"""Recipe and pipeline files (SPEC 6) parsed into typed configs; params into dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nscas.errors import ConfigError
+
+STEP_PREFIX = "step."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepConfig:
+    name: str
+    recipe: str
+    inputs: dict[str, str]
+    params: dict[str, Any]
+    outputs: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFile:
+    """A parsed recipe file (one step) or pipeline file (several)."""
+
+    path: Path
+    steps: tuple[StepConfig, ...]
+    pipeline: bool
+
+
+_STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs"}
+
+
+def load_run_file(path: Path) -> RunFile:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(str(path), "no such file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"malformed TOML: {exc}") from None
+    where = str(path)
+    if "step" in raw:
+        extra = sorted(set(raw) - {"step"})
+        if extra:
+            raise ConfigError(where, f"unknown top-level key(s) in a pipeline file: {', '.join(extra)}")
+        if not isinstance(raw["step"], list) or not raw["step"]:
+            raise ConfigError(where, "'step' must be one or more [[step]] tables")
+        steps = tuple(_step(s, where, i) for i, s in enumerate(raw["step"]))
+        names = [s.name for s in steps]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(where, f"step name(s) used twice: {', '.join(dupes)}")
+        return RunFile(path=path, steps=_ordered(steps, where), pipeline=True)
+    step = _step({"name": raw.get("recipe", "step"), **raw}, where, None)
+    return RunFile(path=path, steps=(step,), pipeline=False)
+
+
+def _step(raw: Any, where: str, index: int | None) -> StepConfig:
+    label = f"[[step]] #{index + 1}" if index is not None else "the recipe file"
+    if not isinstance(raw, dict):
+        raise ConfigError(where, f"{label} must be a table")
+    extra = sorted(set(raw) - _STEP_KEYS)
+    if extra:
+        raise ConfigError(where, f"unknown key(s) in {label}: {', '.join(extra)}")
+    for key in ("name", "recipe"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise ConfigError(where, f"{label} needs '{key}' as a non-empty string")
+    tables = {}
+    for key in ("inputs", "params", "outputs"):
+        value = raw.get(key, {})
+        if not isinstance(value, dict):
+            raise ConfigError(where, f"'{key}' of {label} must be a table")
+        tables[key] = value
+    for key in ("inputs", "outputs"):
+        for name, value in tables[key].items():
+            if not isinstance(value, str) or not value:
+                raise ConfigError(where, f"{key}.{name} of {label} must be an ID or ref name string")
+    return StepConfig(name=raw["name"], recipe=raw["recipe"], inputs=tables["inputs"],
+                      params=tables["params"], outputs=tables["outputs"])
+
+
+def step_reference(value: str) -> tuple[str, str] | None:
+    """(step name, output) for ``step.<name>.<output>``; None for IDs and ref names."""
+    if not value.startswith(STEP_PREFIX):
+        return None
+    rest = value[len(STEP_PREFIX):]
+    name, sep, output = rest.rpartition(".")
+    if not sep or not name or not output:
+        return None
+    return name, output
+
+
+def _ordered(steps: tuple[StepConfig, ...], where: str) -> tuple[StepConfig, ...]:
+    """Steps in dependency order (stable: file order where free)."""
+    by_name = {s.name: s for s in steps}
+    deps: dict[str, set[str]] = {}
+    for s in steps:
+        deps[s.name] = set()
+        for key, value in s.inputs.items():
+            ref = step_reference(value)
+            if ref is None:
+                continue
+            if ref[0] not in by_name:
+                raise ConfigError(where, f"step {s.name!r} input {key!r} names unknown step {ref[0]!r}")
+            deps[s.name].add(ref[0])
+    order: list[StepConfig] = []
+    done: set[str] = set()
+    while len(order) < len(steps):
+        ready = [s for s in steps if s.name not in done and deps[s.name] <= done]
+        if not ready:
+            cycle = sorted(n for n in by_name if n not in done)
+            raise ConfigError(where, f"steps depend on each other in a cycle: {', '.join(cycle)}")
+        order.append(ready[0])
+        done.add(ready[0].name)
+    return tuple(order)
+
+
+def parse_params(cls: type, raw: dict[str, Any], where: str, prefix: str = "params") -> Any:
+    """Build the frozen params dataclass ``cls`` from a TOML table, strictly."""
+    if not isinstance(raw, dict):
+        raise ConfigError(where, f"{prefix} must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(where, f"unknown key(s) in {prefix}: {', '.join(unknown)} "
+                                 f"(known: {', '.join(sorted(fields)) or 'none'})")
+    hints = typing.get_type_hints(cls)
+    values = {name: _coerce(hints[name], value, where, f"{prefix}.{name}") for name, value in raw.items()}
+    try:
+        obj = cls(**values)
+    except TypeError as exc:
+        raise ConfigError(where, f"{prefix}: {exc}") from None
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        problem = check()
+        if problem:
+            raise ConfigError(where, f"{prefix}: {problem}")
+    return obj
+
+
+def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, where, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0] if errors else ConfigError(where, f"{key}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(where, f"{key} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return parse_params(tp, value, where, key)
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(where, f"{key} must be an array, got {type(value).__name__}")
+        inner = args[0] if args else Any
+        items = [_coerce(inner, v, where, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(where, f"{key} must be a table")
+        return {k: _coerce(args[1], v, where, f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"{key} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(where, f"{key} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(where, f"{key} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(where, f"{key} must be a string, got {value!r}")
+        return value
+    raise ConfigError(where, f"{key}: unsupported parameter type {tp!r}")
+
+
+def params_to_json(obj: Any) -> Any:
+    """Params as plain JSON values (tuples become arrays) for the action record."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: params_to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [params_to_json(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: params_to_json(v) for k, v in obj.items()}
+    return obj

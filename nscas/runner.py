@@ -1,0 +1,323 @@
+"""recipe.toml -> action -> cache or execute -> receipt (SPEC 6)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nscas.compare import Verdict, compare_outputs
+from nscas.config import StepConfig, load_run_file, params_to_json, parse_params, step_reference
+from nscas.digests import Digest
+from nscas.errors import ConfigError, NotFound, NscasError, RecipeError
+from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
+from nscas.store import Store
+
+ENTRY_POINT_GROUP = "nscas.recipes"
+_CODE_SUFFIXES = {".py", ".json", ".jinja", ".toml", ".txt"}
+_ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy",
+                 "blake3", "rfc8785", "zstandard", "SQLAlchemy", "alembic", "aiohttp", "httpx")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    step: str
+    recipe: str
+    receipt: Digest
+    action: Digest
+    cached: bool
+    status: str
+    outputs: Mapping[str, Digest]
+    claims: Mapping[str, Any]
+    verdicts: Mapping[str, Verdict] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "step": self.step, "recipe": self.recipe, "receipt": str(self.receipt),
+            "action": str(self.action), "cached": self.cached, "status": self.status,
+            "outputs": {k: str(v) for k, v in self.outputs.items()}, "claims": dict(self.claims),
+        }
+        if self.verdicts:
+            out["verdicts"] = {k: v.to_json() for k, v in self.verdicts.items()}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+ProgressFactory = Callable[[str], Progress]
+
+
+def available_recipes() -> list[str]:
+    return sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_recipe(name: str) -> Recipe:
+    """Import one registered recipe (lazily: only the one that runs)."""
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)
+    if not eps:
+        raise ConfigError("recipe", f"unknown recipe {name!r} (known: {', '.join(available_recipes())})")
+    recipe = next(iter(eps)).load()
+    if not isinstance(recipe, Recipe):
+        raise RecipeError(f"entry point {name!r} does not name a Recipe")
+    return recipe
+
+
+def run_file(store: Store, path: Path, *, rerun: bool = False,
+             progress: ProgressFactory | None = None, on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+    """Run a recipe or pipeline file; step results in run order."""
+    spec = load_run_file(path)
+    where = str(path)
+    recipes = {s.name: load_recipe_for(s, where) for s in spec.steps}
+    for s in spec.steps:
+        _check_step(s, recipes[s.name], where)
+    results: dict[str, StepResult] = {}
+    for s in spec.steps:
+        inputs = _resolve_inputs(store, s, recipes[s.name], results, where)
+        result = run_step(store, recipes[s.name], s, inputs, where=where, rerun=rerun,
+                          progress=progress(s.name) if progress else NullProgress())
+        results[s.name] = result
+        if on_step is not None:
+            on_step(result)
+        if result.status != "succeeded":
+            raise RecipeError(f"step {s.name!r} ({s.recipe}) failed: {result.error} (receipt {result.receipt})")
+    return list(results.values())
+
+
+def load_recipe_for(step: StepConfig, where: str) -> Recipe:
+    try:
+        return load_recipe(step.recipe)
+    except ConfigError as exc:
+        raise ConfigError(where, f"step {step.name!r}: {exc.message.removeprefix('recipe: ')}") from None
+
+
+def _check_step(step: StepConfig, recipe: Recipe, where: str) -> None:
+    known = set(recipe.inputs)
+    for name in step.inputs:
+        if name not in known and not recipe.extra_inputs:
+            raise ConfigError(where, f"step {step.name!r}: unknown input {name!r} for recipe "
+                                     f"{recipe.name!r} (known: {', '.join(sorted(known))})")
+    for name, spec in recipe.inputs.items():
+        if spec.required and name not in step.inputs:
+            raise ConfigError(where, f"step {step.name!r}: missing required input {name!r} ({spec.doc or spec.kind})")
+    for name in step.outputs:
+        if name not in recipe.outputs:
+            raise ConfigError(where, f"step {step.name!r}: recipe {recipe.name!r} has no output {name!r} "
+                                     f"(outputs: {', '.join(recipe.outputs)})")
+    parse_params(recipe.params, step.params, where, f"params of step {step.name!r}")
+
+
+def _resolve_inputs(store: Store, step: StepConfig, recipe: Recipe, done: Mapping[str, StepResult],
+                    where: str) -> dict[str, Digest]:
+    """Resolve every input once, at start: step references, IDs, prefixes and ref names."""
+    out: dict[str, Digest] = {}
+    for name, value in step.inputs.items():
+        ref = step_reference(value)
+        if ref is not None:
+            src, output = ref
+            if src not in done:
+                raise ConfigError(where, f"step {step.name!r} input {name!r}: step {src!r} has not run")
+            if output == "receipt":
+                out[name] = done[src].receipt
+            elif output in done[src].outputs:
+                out[name] = done[src].outputs[output]
+            else:
+                raise ConfigError(where, f"step {step.name!r} input {name!r}: step {src!r} has no output {output!r}")
+        else:
+            try:
+                out[name] = store.resolve(value)
+            except NscasError as exc:
+                raise ConfigError(where, f"input {name!r} of step {step.name!r}: {exc.message}") from None
+        spec = recipe.inputs.get(name)
+        want = spec.kind if spec is not None else recipe.extra_kind
+        if want is not None:
+            got = store.info(out[name]).kind or "blob"
+            if got != want:
+                raise ConfigError(where, f"input {name!r} of step {step.name!r} must be a {want}, "
+                                         f"but {out[name]} is a {got}")
+    return out
+
+
+def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str, Digest], *,
+             where: str, rerun: bool = False, progress: Progress | None = None) -> StepResult:
+    params = parse_params(recipe.params, step.params, where, f"params of step {step.name!r}")
+    code = code_tree(store, recipe)
+    action = store.put_record({
+        "nscas": "action/1", "recipe": f"{recipe.name}@{recipe.version}", "code": str(code),
+        "inputs": {k: str(v) for k, v in sorted(inputs.items())}, "params": params_to_json(params),
+    })
+    expected_refs = {ref: store.ref_get(ref) for ref in step.outputs.values()}
+    previous = find_receipt(store, action)
+    if previous is not None and not rerun:
+        rec = store.get_record(previous)
+        outputs = {k: Digest.parse(v) for k, v in rec["outputs"].items()}
+        _set_refs(store, step, outputs, expected_refs, previous)
+        return StepResult(step=step.name, recipe=recipe.name, receipt=previous, action=action, cached=True,
+                          status="succeeded", outputs=outputs, claims=_claim_values(rec["claims"]))
+    receipt, result, error = _execute(store, recipe, params, inputs, action, progress or NullProgress(), rerun)
+    if result is None:
+        return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action, cached=False,
+                          status="failed", outputs={}, claims={}, error=error)
+    verdicts: dict[str, Verdict] = {}
+    if previous is not None:
+        before = {k: Digest.parse(v) for k, v in store.get_record(previous)["outputs"].items()}
+        verdicts = compare_outputs(store, before, dict(result.outputs))
+    _set_refs(store, step, dict(result.outputs), expected_refs, receipt)
+    return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action, cached=False,
+                      status="succeeded", outputs=dict(result.outputs),
+                      claims={k: c.value for k, c in result.claims.items()}, verdicts=verdicts)
+
+
+def _execute(store: Store, recipe: Recipe, params: Any, inputs: Mapping[str, Digest], action: Digest,
+             progress: Progress, rerun: bool) -> tuple[Digest, RecipeResult | None, str | None]:
+    started = _now()
+    workdir = Path(tempfile.mkdtemp(prefix=f"nscas-{recipe.name}-"))
+    ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=workdir, progress=progress,
+                     store_path=store.root, rerun=rerun, action=action)
+    result: RecipeResult | None = None
+    error: str | None = None
+    try:
+        result = recipe.run(ctx)
+        unknown = sorted(set(result.outputs) - set(recipe.outputs))
+        if unknown:
+            raise RecipeError(f"recipe {recipe.name!r} produced undeclared output(s): {', '.join(unknown)}")
+    except NscasError as exc:
+        error = exc.message
+    except BaseException as exc:  # recorded as a failed receipt, then re-raised untouched
+        receipt = _receipt(store, action, started, None, f"{type(exc).__name__}: {exc}")
+        shutil.rmtree(workdir, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        raise RecipeError(f"recipe {recipe.name!r} crashed: {type(exc).__name__}: {exc} (receipt {receipt})") from exc
+    finally:
+        progress.finish()
+    shutil.rmtree(workdir, ignore_errors=True)
+    if error is not None:
+        return _receipt(store, action, started, None, error), None, error
+    return _receipt(store, action, started, result, None), result, None
+
+
+def _receipt(store: Store, action: Digest, started: str, result: RecipeResult | None, error: str | None) -> Digest:
+    record: dict[str, Any] = {
+        "nscas": "receipt/1", "action": str(action), "environment": str(store.put_record(environment())),
+        "outputs": {k: str(v) for k, v in (result.outputs if result else {}).items()},
+        "journals": [str(j) for j in (result.journals if result else ())],
+        "claims": {k: {"value": c.value, "verifier": c.verifier} for k, c in (result.claims if result else {}).items()},
+        "started": started, "finished": _now(), "status": "succeeded" if result else "failed",
+    }
+    if error is not None:
+        record["error"] = error
+    return store.put_record(record)
+
+
+def _set_refs(store: Store, step: StepConfig, outputs: Mapping[str, Digest],
+              expected: Mapping[str, Digest | None], receipt: Digest) -> None:
+    for output, ref in step.outputs.items():
+        if output in outputs:
+            store.ref_set(ref, outputs[output], expect=expected[ref], message=f"run {receipt}")
+
+
+def find_receipt(store: Store, action: Digest) -> Digest | None:
+    """The earliest succeeded receipt of ``action``, if any (the cache)."""
+    best: tuple[str, Digest] | None = None
+    for link in store.links_to(action):
+        if link.path != "$.action":
+            continue
+        rec = store.get_record(link.parent)
+        if rec.get("nscas") == "receipt/1" and rec.get("status") == "succeeded":
+            key = (rec["started"], link.parent)
+            if best is None or key < best:
+                best = key
+    return best[1] if best else None
+
+
+def code_tree(store: Store, recipe: Recipe) -> Digest:
+    """The tree/1 of the recipe's own source files (the modules named in ``sources``)."""
+    entries: dict[str, dict[str, Any]] = {}
+    for module in recipe.sources:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise RecipeError(f"recipe {recipe.name!r}: cannot find source module {module!r}")
+        origin = Path(spec.origin)
+        base = module.replace(".", "/")
+        files = ([(f"{base}/{p.relative_to(origin.parent).as_posix()}", p)
+                  for p in sorted(origin.parent.rglob("*"))
+                  if p.is_file() and p.suffix in _CODE_SUFFIXES and "__pycache__" not in p.parts]
+                 if spec.submodule_search_locations else [(f"{base}.py", origin)])
+        for rel, path in files:
+            oid = store.put_bytes(path.read_bytes())
+            info = store.info(oid)
+            entries[rel] = {"id": str(oid), "size": info.size, "sha256": info.sha256}
+    return store.put_record({"nscas": "tree/1", "entries": entries})
+
+
+def environment() -> dict[str, Any]:
+    """Where this process runs. torch details only if a recipe imported it (never imported here)."""
+    packages = {}
+    for name in _ENV_PACKAGES:
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    torch = sys.modules.get("torch")
+    torch_info: dict[str, Any] | None = None
+    devices: list[dict[str, Any]] = [{"type": "cpu", "name": platform.processor() or platform.machine(),
+                                      "count": os.cpu_count() or 1}]
+    determinism: dict[str, Any] = {"PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
+                                   "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+    if torch is not None:
+        import hashlib
+
+        config = torch.__config__.show()
+        torch_info = {"version": torch.__version__, "cuda": torch.version.cuda,
+                      "debug": bool(torch.version.debug),
+                      "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
+                      "threads": torch.get_num_threads()}
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                devices.append({"type": "cuda", "index": i, "name": p.name,
+                                "memory_bytes": int(p.total_memory), "capability": f"{p.major}.{p.minor}"})
+        determinism.update({
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        })
+    return {"nscas": "environment/1", "python": sys.version.split()[0],
+            "platform": platform.platform(), "host": platform.node(), "packages": packages,
+            "torch": torch_info, "devices": devices, "determinism": determinism}
+
+
+def _claim_values(claims: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v["value"] for k, v in claims.items()}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def wall_clock() -> float:
+    return time.time()
+
+
+__all__ = [
+    "NotFound",
+    "StepResult",
+    "available_recipes",
+    "find_receipt",
+    "load_recipe",
+    "run_file",
+    "run_step",
+]

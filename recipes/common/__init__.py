@@ -1,0 +1,1 @@
+"""Shared code of the recipes: one checker, task generation, tokenisation, generation."""

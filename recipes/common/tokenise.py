@@ -1,0 +1,171 @@
+"""Documents to token ids and labels (EXPERIMENT 3), and the per-token loss used everywhere.
+
+A document renders with the tokenizer's chat template. Labels are -100 except the tokens of
+each assistant answer through its first end-of-turn token. Where an answer starts is found by
+encoding the conversation before it with the generation prompt, exactly as ``encode_prompt``
+does at generation time, and requiring that encoding to be a prefix of the full one: training
+and generation therefore see the same prompt tokens, or encoding fails loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nscas.errors import RecipeError
+
+IGNORE_INDEX = -100
+"""The label of a token that is not trained on (PyTorch's cross-entropy default)."""
+DEFAULT_MAX_LENGTH = 1024
+ROLES = ("system", "user", "assistant")
+
+
+class DocumentError(RecipeError):
+    """A document cannot be encoded; ``doc_id`` names it."""
+
+    def __init__(self, doc_id: str, message: str) -> None:
+        super().__init__(f"document {doc_id}: {message}")
+        self.doc_id = doc_id
+
+
+class DocumentTooLong(DocumentError):
+    """A document has more tokens than ``max_length``; nothing is ever truncated."""
+
+    def __init__(self, doc_id: str, length: int, max_length: int) -> None:
+        super().__init__(
+            doc_id, f"{length} tokens, longer than max_length {max_length} (no truncation)"
+        )
+        self.length = length
+        self.max_length = max_length
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Encoded:
+    """One tokenised document."""
+
+    input_ids: tuple[int, ...]
+    """Token ids of the whole chat-template rendering."""
+    labels: tuple[int, ...]
+    """Same length as ``input_ids``: the id where trained on, ``IGNORE_INDEX`` elsewhere."""
+    targets: int
+    """Number of labelled tokens (the denominator of a mean loss)."""
+
+
+def document_messages(record: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The chat messages of a record: a grounded task is one user turn and one assistant turn."""
+    doc_id = str(record.get("id", "<no id>"))
+    if "messages" in record:
+        if "prompt" in record or "target" in record:
+            raise DocumentError(doc_id, "has both messages and prompt/target")
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise DocumentError(doc_id, "messages must be a non-empty list")
+        result = []
+        for index, message in enumerate(messages):
+            if (not isinstance(message, Mapping) or message.get("role") not in ROLES
+                    or not isinstance(message.get("content"), str)):
+                raise DocumentError(
+                    doc_id, f"message {index} must be {{role: one of {list(ROLES)}, content: str}}"
+                )
+            result.append({"role": message["role"], "content": message["content"]})
+        return result
+    prompt, target = record.get("prompt"), record.get("target")
+    if not isinstance(prompt, str) or not isinstance(target, str):
+        raise DocumentError(doc_id, "needs string 'prompt' and 'target', or 'messages'")
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": target}]
+
+
+def encode_document(tokenizer: Any, record: Mapping[str, Any], *, max_length: int) -> Encoded:
+    """Token ids and labels of a grounded task line or a conversation record (EXPERIMENT 3)."""
+    doc_id = str(record.get("id", "<no id>"))
+    messages = document_messages(record)
+    input_ids = _encode_text(tokenizer, _render(tokenizer, messages, generation_prompt=False))
+    if len(input_ids) > max_length:
+        raise DocumentTooLong(doc_id, len(input_ids), max_length)
+    end_of_turn = tokenizer.eos_token_id
+    if end_of_turn is None:
+        raise DocumentError(doc_id, "the tokenizer has no eos (end-of-turn) token")
+
+    labels = [IGNORE_INDEX] * len(input_ids)
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt_ids = _encode_text(
+            tokenizer, _render(tokenizer, messages[:index], generation_prompt=True)
+        )
+        start = len(prompt_ids)
+        if input_ids[:start] != prompt_ids:
+            raise DocumentError(
+                doc_id, f"the generation prompt before message {index} does not encode to a "
+                "prefix of the whole document; the chat template or tokenizer is inconsistent"
+            )
+        try:
+            end = input_ids.index(end_of_turn, start)
+        except ValueError:
+            raise DocumentError(
+                doc_id, f"assistant message {index} is not followed by an end-of-turn token"
+            ) from None
+        labels[start : end + 1] = input_ids[start : end + 1]
+
+    targets = sum(label != IGNORE_INDEX for label in labels)
+    if targets == 0:
+        raise DocumentError(doc_id, "has no assistant answer to train on")
+    return Encoded(input_ids=tuple(input_ids), labels=tuple(labels), targets=targets)
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids a model generates from: the prompt as a user turn plus the generation prompt."""
+    return _encode_text(
+        tokenizer, _render(tokenizer, [{"role": "user", "content": prompt}], generation_prompt=True)
+    )
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """FP32 sum of next-token cross-entropy over labelled positions.
+
+    ``logits`` is ``[..., seq, vocab]`` and ``labels`` ``[..., seq]``, unshifted: position t's
+    logits predict label t+1, as in HF causal LMs.
+    """
+    shifted_logits = logits[..., :-1, :].float()
+    shifted_labels = labels[..., 1:].to(shifted_logits.device)
+    return F.cross_entropy(
+        shifted_logits.reshape(-1, shifted_logits.shape[-1]),
+        shifted_labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+
+
+def retention_loss(model: torch.nn.Module, encoded: Encoded) -> float:
+    """Mean loss per labelled token of one document (FP32), without gradients.
+
+    The model is put in eval mode for the forward pass and handed back in the mode it came in.
+    """
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([encoded.input_ids], dtype=torch.long, device=device)
+    labels = torch.tensor([encoded.labels], dtype=torch.long, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            logits = model(input_ids=input_ids).logits
+            total = token_loss_sum(logits, labels)
+    finally:
+        model.train(was_training)
+    return float(total.item()) / encoded.targets
+
+
+def _render(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool
+            ) -> str:
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+def _encode_text(tokenizer: Any, text: str) -> list[int]:
+    # The template already writes every special token; adding more would shift the labels.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,1 @@
+"""Model initialisation: Llama-architecture presets with seeded, reproducible weights."""

@@ -1,0 +1,1 @@
+"""A local byte-level BPE tokenizer with a ChatML chat template, trained deterministically."""
