@@ -1,0 +1,196 @@
+"""Recipe ``evaluate``: greedy answers retained, scored by the strict checker, paired statistics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from nscas.digests import Digest
+from nscas.errors import RecipeError
+from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvaluateParams:
+    max_new_tokens: int = 96
+    """Greedy decoding bound per answer."""
+    batch_size: int = 16
+    """Prompts generated together (outputs equal one-at-a-time generation)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where to run; BF16 autocast on CUDA, FP32 on CPU."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+
+    def validate(self) -> str | None:
+        if self.max_new_tokens < 1 or self.batch_size < 1 or self.threads < 0:
+            return "max_new_tokens and batch_size must be positive, threads not negative"
+        return None
+
+
+def _jsonl(store: Any, oid: Digest) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in store.get_bytes(oid).decode("utf-8").splitlines()]
+
+
+def _records(store: Any, tasks_id: Digest) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    rec = store.get_record(tasks_id)
+    return rec, _jsonl(store, Digest.parse(rec["records"]))
+
+
+def check_order(ctx: RunContext, tasks: dict[str, Any]) -> None:
+    """Test-role evaluations need a commitment that already names the model: checked first."""
+    store, model = ctx.store, ctx.inputs["model"]
+    if tasks["role"] != "test":
+        return
+    if "commitment" not in ctx.inputs:
+        raise RecipeError("evaluating the test role needs a 'commitment' input that fixes the candidate first")
+    subjects = store.get_record(ctx.inputs["commitment"])["subjects"]
+    if str(model) not in subjects.values():
+        raise RecipeError(f"model {model} is not among the commitment's subjects "
+                          f"({', '.join(sorted(subjects))}); commit it before test-set scoring")
+
+
+def _baseline(ctx: RunContext, ids: list[str]) -> dict[str, Digest] | None:
+    if "baseline" not in ctx.inputs:
+        return None
+    store = ctx.store
+    rec = store.get_record(ctx.inputs["baseline"])
+    action = store.get_record(Digest.parse(rec["action"]))
+    if not action["recipe"].startswith("evaluate@") or rec["status"] != "succeeded":
+        raise RecipeError(f"baseline {ctx.inputs['baseline']} is not a succeeded evaluate receipt")
+    outputs = {k: Digest.parse(v) for k, v in rec["outputs"].items()}
+    base_ids = [c["id"] for c in _jsonl(store, outputs["checks"])]
+    if base_ids != ids:
+        same = set(base_ids) == set(ids)
+        raise RecipeError("the baseline evaluated " + ("the same task ids in another order" if same
+                          else f"other task ids ({len(base_ids)} vs {len(ids)})") + "; compare like with like")
+    return outputs
+
+
+def run(ctx: RunContext) -> RecipeResult:
+    import torch
+
+    from nscas.recipes.common.checker import check
+    from nscas.recipes.common.generate import generate_greedy
+    from nscas.recipes.common.stats import contract, paired, retention
+    from nscas.recipes.common.tokenise import encode_document, encode_prompt, retention_loss
+    from nscas.recipes.init.presets import load_hf_dir
+
+    p: EvaluateParams = ctx.params
+    store = ctx.store
+    tasks, records = _records(store, ctx.inputs["tasks"])
+    if not records:
+        raise RecipeError(f"task set {ctx.inputs['tasks']} is empty; nothing to evaluate")
+    check_order(ctx, tasks)
+    ids = [r["id"] for r in records]
+    base_out = _baseline(ctx, ids)
+    if p.device == "cuda" and not torch.cuda.is_available():
+        raise RecipeError("device 'cuda' was asked for but torch sees no CUDA device")
+    if p.threads:
+        torch.set_num_threads(p.threads)
+    model_dir = ctx.workdir / "model"
+    store.materialise(Digest.parse(store.get_record(ctx.inputs["model"])["files"]), model_dir)
+    model, tokenizer = load_hf_dir(model_dir, device=p.device)
+    model.eval()
+    limit = model.config.max_position_embeddings
+    prompts = []
+    for r in records:
+        ids_ = encode_prompt(tokenizer, r["prompt"])
+        if len(ids_) + p.max_new_tokens > limit:
+            raise RecipeError(f"task {r['id']}: prompt of {len(ids_)} tokens plus {p.max_new_tokens} "
+                              f"new tokens exceeds the model's {limit} positions (no truncation)")
+        prompts.append(ids_)
+    eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")} | ({tokenizer.eos_token_id} - {None})
+    ctx.progress.start(len(prompts), "generating")
+    gens = []
+    for start in range(0, len(prompts), p.batch_size * 4):
+        chunk = prompts[start:start + p.batch_size * 4]
+        gens += generate_greedy(model, tokenizer, chunk, max_new_tokens=p.max_new_tokens,
+                                batch_size=p.batch_size, eos_ids=eos, device=p.device)
+        ctx.progress.advance(len(chunk))
+    gen_lines, check_lines, outcomes = [], [], []
+    for r, g in zip(records, gens, strict=True):
+        c = check(g.text, r["target"])
+        gen_lines.append({"id": r["id"], "prompt_ids": list(g.prompt_ids), "output_ids": list(g.output_ids),
+                          "text": g.text, "seconds": g.seconds, "tokens_per_second": g.tokens_per_second,
+                          "ended_with_eos": g.ended_with_eos, "hit_token_limit": g.hit_token_limit})
+        check_lines.append({"id": r["id"], "family": r["task"]["family"], "variant": r["task"]["variant"],
+                            "correct": c.correct, "valid_json_object": c.valid_json_object, "reason": c.reason})
+        outcomes.append((r["id"], c.correct))
+    outputs = {"generations": store.put_bytes(_dump(gen_lines)), "checks": store.put_bytes(_dump(check_lines))}
+    claims = _score_claims(check_lines)
+    if "retention" in ctx.inputs:
+        probes = _jsonl(store, Digest.parse(store.get_record(ctx.inputs["retention"])["records"]))
+        losses = [{"id": pr["id"], "loss": retention_loss(model, encode_document(tokenizer, pr, max_length=limit))}
+                  for pr in probes]
+        outputs["retention"] = store.put_bytes(_dump(losses))
+        claims["retention_mean_loss"] = Claim(value=sum(x["loss"] for x in losses) / max(len(losses), 1),
+                                              verifier="statistics")
+    if base_out is not None:
+        base_checks = _jsonl(store, base_out["checks"])
+        cmp = paired([(c["id"], c["correct"]) for c in base_checks], outcomes)
+        claims.update({
+            "wins": Claim(value=cmp.wins, verifier="statistics"),
+            "losses": Claim(value=cmp.losses, verifier="statistics"),
+            "accuracy_gain": Claim(value=float(cmp.gain), verifier="statistics"),
+            "exact_one_sided_p": Claim(value=cmp.test.p_float, verifier="statistics"),
+        })
+        upper = None
+        if "retention" in ctx.inputs:
+            if "retention" not in base_out:
+                raise RecipeError("a retention set was given but the baseline has no retention losses")
+            base_losses = _jsonl(store, base_out["retention"])
+            ret = retention([(x["id"], x["loss"]) for x in base_losses],
+                            [(x["id"], x["loss"]) for x in losses])
+            upper = ret.upper
+            claims.update({
+                "retention_mean_change": Claim(value=ret.mean, verifier="statistics"),
+                "retention_standard_error": Claim(value=ret.se, verifier="statistics"),
+                "retention_upper": Claim(value=ret.upper, verifier="statistics"),
+                "retention_improved": Claim(value=ret.improved, verifier="statistics"),
+                "retention_worsened": Claim(value=ret.worsened, verifier="statistics"),
+            })
+        verdict = contract(cmp.gain, cmp.test.p, upper)
+        claims["contract"] = Claim(value={k: v["passed"] for k, v in verdict.items() if k != "passed"},
+                                   verifier="statistics")
+    return RecipeResult(outputs=outputs, claims=claims)
+
+
+def _score_claims(checks: list[dict[str, Any]]) -> dict[str, Claim]:
+    by_family: dict[str, int] = {}
+    by_variant: dict[str, int] = {}
+    for c in checks:
+        by_family.setdefault(c["family"], 0)
+        by_variant.setdefault(str(c["variant"]), 0)
+        if c["correct"]:
+            by_family[c["family"]] += 1
+            by_variant[str(c["variant"])] += 1
+    return {
+        "documents": Claim(value=len(checks), verifier="answers"),
+        "correct": Claim(value=sum(c["correct"] for c in checks), verifier="answers"),
+        "valid_json_objects": Claim(value=sum(c["valid_json_object"] for c in checks), verifier="answers"),
+        "correct_by_family": Claim(value=by_family, verifier="answers"),
+        "correct_by_variant": Claim(value=by_variant, verifier="answers"),
+    }
+
+
+def _dump(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(x, separators=(",", ":"), ensure_ascii=False) + "\n" for x in lines).encode()
+
+
+RECIPE = Recipe(
+    name="evaluate",
+    version="1",
+    params=EvaluateParams,
+    inputs={
+        "model": InputSpec(kind="checkpoint/1", doc="the checkpoint to evaluate"),
+        "tasks": InputSpec(kind="tasks/1", doc="a task set (test role needs a commitment)"),
+        "commitment": InputSpec(kind="commitment/1", required=False, doc="candidates fixed before test scoring"),
+        "baseline": InputSpec(kind="receipt/1", required=False, doc="an earlier evaluation of the same ids"),
+        "retention": InputSpec(kind="tasks/1", required=False, doc="retention probes (loss only)"),
+    },
+    outputs=("generations", "checks", "retention"),
+    run=run,
+    sources=("nscas.recipes.evaluate", "nscas.recipes.common"),
+    doc="Greedy answers to every task, retained and scored; paired statistics against a baseline.",
+)

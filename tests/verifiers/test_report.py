@@ -1,0 +1,89 @@
+"""The report model and the claimed-versus-recomputed comparison."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+
+from nscas.verifiers.compare import compare, differences
+from nscas.verifiers.errors import InvalidArgument
+from nscas.verifiers.report import Check, Report
+
+
+def test_report_json_shape() -> None:
+    report = Report.of([
+        Check.passed("a", claimed=1, recomputed=1),
+        Check.failed("b", "differs", claimed=Fraction(1, 4), recomputed=(1, 2)),
+        Check.skipped("c", "no data"),
+    ])
+    data = json.loads(report.to_json())
+    assert list(data) == ["ok", "checks"]
+    assert data["ok"] is False
+    assert [list(c) for c in data["checks"]] == [
+        ["name", "status", "claimed", "recomputed", "message"]] * 3
+    assert data["checks"][1] == {"name": "b", "status": "failed", "claimed": 0.25,
+                                 "recomputed": [1, 2], "message": "differs"}
+    assert data["checks"][2] == {"name": "c", "status": "skipped", "claimed": None,
+                                 "recomputed": None, "message": "no data"}
+    assert report.summary() == "FAILED: 3 checks, 1 passed, 1 failed, 1 skipped"
+
+
+def test_ok_and_strict() -> None:
+    lenient = Report.of([Check.passed("a"), Check.skipped("b", "why")])
+    assert lenient.ok
+    strict = Report.of(lenient.checks, strict=True)
+    assert not strict.ok and [c.name for c in strict.failures] == ["b"]
+    assert Report().ok
+    grown = lenient.with_checks([Check.failed("c", "bad")])
+    assert not grown.ok and lenient.ok and len(grown.checks) == 3
+
+
+def test_non_finite_values_still_serialise() -> None:
+    text = Report.of([Check.failed("x", "nan", recomputed=float("nan"))]).to_json()
+    assert json.loads(text)["checks"][0]["recomputed"] == "nan"
+
+
+def test_check_validates_status_and_verdict() -> None:
+    with pytest.raises(InvalidArgument):
+        Check(name="x", status="ok")
+    assert Check.verdict("x", True, message="ignored").message == ""
+    assert Check.verdict("x", False, message="why").status == "failed"
+
+
+@pytest.mark.parametrize("claimed,recomputed,equal", [
+    (3, 3, True),
+    (3, 4, False),
+    (10**18, 10**18 + 1, False),  # ints compare exactly, no float rounding
+    (2, 2.0, True),  # RFC 8785 writes 2.0 as 2
+    (0.1 + 0.2, 0.3, True),
+    (1.0, 1.0 + 1e-8, False),
+    (1e-13, 0.0, True),  # absolute tolerance
+    (0.00382, Fraction(79, 4096), False),
+    (79 / 4096, Fraction(79, 4096), True),
+    (True, 1, False),
+    (False, 0.0, False),
+    (None, 0, False),
+    ("a", "a", True),
+    ([1, 2], [1, 2], True),
+    ([1, 2], [2, 1], False),
+    ([1], [1, 1], False),
+    ({"a": 1.0, "b": [True]}, {"b": [True], "a": 1}, True),
+])
+def test_compare_rules(claimed, recomputed, equal) -> None:
+    check = compare("c", claimed, recomputed)
+    assert (check.status == "passed") == equal, check.message
+    assert check.claimed == claimed and check.recomputed == recomputed
+
+
+def test_compare_reports_every_difference() -> None:
+    found = differences({"a": 1, "b": {"c": [1, 2]}, "x": 0},
+                        {"a": 2, "b": {"c": [1, 3]}, "y": 0})
+    assert found == [
+        "$: claimed lacks keys ['y']",
+        "$: claimed has extra keys ['x']",
+        "$.a: claimed 1, recomputed 2",
+        "$.b.c[1]: claimed 2, recomputed 3",
+    ]
+    assert compare("c", 1.0, 1.5, rel_tol=0.5).status == "passed"
