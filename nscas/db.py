@@ -61,6 +61,17 @@ def check_revision(engine: Engine, where: Path) -> None:
         raise StoreError(f"store {where} has schema version {rev!r}; run 'nscas init --upgrade'")
 
 
+def refuse_unknown_revision(engine: Engine, where: Path) -> None:
+    """Refuse a store written by a newer nscas before alembic sees it."""
+    try:
+        rev = current_revision(engine)
+    finally:
+        engine.dispose()
+    if rev is not None and rev not in _known_revisions():
+        raise StoreError(f"store {where} has schema version {rev!r}, newer than this nscas knows "
+                         f"({SCHEMA_HEAD!r}); upgrade nscas")
+
+
 def _known_revisions() -> set[str]:
     from alembic.script import ScriptDirectory
 

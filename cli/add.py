@@ -1,0 +1,57 @@
+"""``nscas add``: files become blobs, directories tree/1 records; optionally name one with a ref."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nscas.cli import render
+from nscas.cli.common import JsonFlag, command_app, open_cli_store
+from nscas.errors import InvalidInput
+from nscas.store import check_ref_name
+
+app = command_app()
+
+
+@app.command()
+def add(
+    ctx: typer.Context,
+    paths: Annotated[list[Path], typer.Argument(
+        metavar="PATH", show_default=False, help="Files and directories to store.")],
+    ref: Annotated[str | None, typer.Option(
+        "--ref", metavar="NAME", show_default=False,
+        help="Point this ref at the stored object (exactly one PATH).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Store files as blobs and directories as tree/1 records, and print their IDs.
+
+    Every PATH is checked before anything is stored: one missing path and nothing is added.
+
+    Example: nscas add checkpoints/step-100/ --ref experiments/coop/base
+    """
+    # Check everything first so that bad input writes nothing.
+    if ref is not None:
+        if len(paths) != 1:
+            raise InvalidInput(f"--ref names one object, but {len(paths)} paths were given")
+        check_ref_name(ref)
+    missing = [str(p) for p in paths if not (p.is_file() or p.is_dir())]
+    if missing:
+        raise InvalidInput(f"no such file or directory: {', '.join(missing)}; nothing was added")
+    rows = []
+    with open_cli_store(ctx) as store:
+        for path in paths:
+            oid = store.put_tree(path) if path.is_dir() else store.put_file(path)
+            info = store.info(oid)
+            rows.append({"path": str(path), "id": str(oid), "sha256": info.sha256,
+                         "size": info.size, "kind": info.kind or "blob"})
+        if ref is not None:
+            store.ref_set(ref, oid, message=f"nscas add {paths[0]}")
+    if as_json:
+        render.json_out(rows)
+        return
+    render.table(["path", "kind", "size", "id"],
+                 [[r["path"], r["kind"], str(r["size"]), r["id"]] for r in rows])
+    if ref is not None:
+        render.text(f"{ref} -> {rows[0]['id']}")

@@ -1,0 +1,56 @@
+"""What every command shares: how it opens the store, the ``--json`` flag, the app factory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from nscas.store import Store
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CliState:
+    """The global options, set once by the root callback and read by every command."""
+
+    store: Path | None
+    """``--store`` / ``$NSCAS_STORE``: a store directory or a directory holding ``.nscas``."""
+
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+IdArgument = Annotated[
+    str,
+    typer.Argument(metavar="ID", show_default=False,
+                   help="A full ID, a ref name, or a unique prefix of at least 8 hex digits."),
+]
+
+
+def command_app(**kwargs: Any) -> typer.Typer:
+    """A Typer app for one command module, with the settings the root app uses.
+
+    Plain help (no rich markup) keeps ``--help`` fast and identical on and off a terminal;
+    exceptions are mapped by the root group, so typer's pretty tracebacks stay off.
+    """
+    return typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False,
+                       **kwargs)
+
+
+def state(ctx: typer.Context) -> CliState:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, CliState) else CliState(store=None)
+
+
+def open_cli_store(ctx: typer.Context, *, readonly: bool = False) -> Store:
+    """The store named by ``--store``/``$NSCAS_STORE``, else the ``.nscas`` found upwards."""
+    from nscas.store import open_store
+
+    return open_store(state(ctx).store, readonly=readonly)
+
+
+def iso_time(timestamp: float) -> str:
+    """Seconds since the epoch as ISO 8601 UTC, to the second (``2025-01-31T12:00:00Z``)."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,59 @@
+"""``nscas show``: one object's metadata, its record, its links and what links to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from nscas.cli import render
+from nscas.cli.common import IdArgument, JsonFlag, command_app, iso_time, open_cli_store
+
+app = command_app()
+
+_LINKED_FROM_SHOWN = 10
+
+
+@app.command()
+def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None:
+    """Show an object: size, SHA-256, storage; for a record, its JSON, links and referrers.
+
+    Example: nscas show experiments/coop/base
+    """
+    with open_cli_store(ctx, readonly=True) as store:
+        oid = store.resolve(id_)
+        info = store.info(oid)
+        record = store.get_record(oid) if info.kind is not None else None
+        if as_json:
+            out: dict[str, Any] = {"id": str(oid), "kind": info.kind or "blob", "size": info.size,
+                                   "sha256": info.sha256}
+            if record is not None:
+                out["record"] = record
+            render.json_out(out)
+            return
+        links = store.links_from(oid) if record is not None else []
+        referrers = store.links_to(oid, limit=_LINKED_FROM_SHOWN + 1)
+        kinds = store.kinds_of([lk.child for lk in links] + [lk.parent for lk in referrers])
+    render.fields([
+        ("id", str(oid)),
+        ("kind", info.kind or "blob"),
+        ("size", f"{info.size} bytes"),
+        ("sha256", info.sha256),
+        ("stored", f"{info.storage}, {info.codec}, {info.stored_size} bytes"),
+        ("created", iso_time(info.created)),
+    ])
+    if record is not None:
+        render.text()
+        render.record(record)
+    if links:
+        render.text()
+        render.table(["path", "kind", "id"],
+                     [[lk.path, kinds.get(lk.child) or "blob", str(lk.child)] for lk in links],
+                     title=f"links ({len(links)})")
+    if referrers:
+        shown = referrers[:_LINKED_FROM_SHOWN]
+        more = " (first few)" if len(referrers) > len(shown) else ""
+        render.text()
+        render.table(["kind", "id", "path"],
+                     [[kinds.get(lk.parent) or "blob", str(lk.parent), lk.path] for lk in shown],
+                     title=f"linked from{more}")
