@@ -108,18 +108,29 @@ def _ordered(steps: tuple[StepConfig, ...], where: str) -> tuple[StepConfig, ...
             if ref is None:
                 continue
             if ref[0] not in by_name:
-                raise ConfigError(where, f"step {s.name!r} input {key!r} names unknown step {ref[0]!r}")
+                raise ConfigError(where, f"step {s.name!r}: inputs.{key} names unknown step "
+                                         f"{ref[0]!r}")
             deps[s.name].add(ref[0])
     order: list[StepConfig] = []
     done: set[str] = set()
     while len(order) < len(steps):
         ready = [s for s in steps if s.name not in done and deps[s.name] <= done]
         if not ready:
-            cycle = sorted(n for n in by_name if n not in done)
-            raise ConfigError(where, f"steps depend on each other in a cycle: {', '.join(cycle)}")
+            cycle = _cycle({n: deps[n] - done for n in by_name if n not in done})
+            raise ConfigError(where, f"steps depend on each other in a cycle: {' -> '.join(cycle)}")
         order.append(ready[0])
         done.add(ready[0].name)
     return tuple(order)
+
+
+def _cycle(deps: dict[str, set[str]]) -> list[str]:
+    """One dependency cycle, closed (``a -> b -> a``); every node here has an unmet dependency."""
+    path = [min(deps)]
+    while True:
+        nxt = min(deps[path[-1]])
+        if nxt in path:
+            return [*path[path.index(nxt):], nxt]
+        path.append(nxt)
 
 
 def parse_params(cls: type, raw: dict[str, Any], where: str, prefix: str = "params") -> Any:

@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,9 +20,9 @@ from typing import Any
 from nscas.compare import Verdict, compare_outputs
 from nscas.config import StepConfig, load_run_file, params_to_json, parse_params, step_reference
 from nscas.digests import Digest
-from nscas.errors import ConfigError, NotFound, NscasError, RecipeError
+from nscas.errors import ConfigError, NotFound, NscasError, RecipeError, RefConflict
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
-from nscas.store import Store
+from nscas.store import Store, check_ref_name
 
 ENTRY_POINT_GROUP = "nscas.recipes"
 _CODE_SUFFIXES = {".py", ".json", ".jinja", ".toml", ".txt"}
@@ -58,6 +59,45 @@ class StepResult:
 ProgressFactory = Callable[[str], Progress]
 
 
+class StepFailed(RecipeError):
+    """A step ran and failed; its receipt (status ``failed``, with the error) is stored."""
+
+    exit_code = 1
+
+    def __init__(self, *, step: str, recipe: str, receipt: Digest, error: str) -> None:
+        who = f"recipe {recipe!r}" if step == recipe else f"step {step!r} ({recipe})"
+        super().__init__(f"{who} failed: {error} (receipt {receipt})")
+        self.step = step
+        self.recipe = recipe
+        self.receipt = receipt
+        self.error = error
+
+
+class OutputRefConflict(RefConflict):
+    """An output ref moved while the step ran; the step's outputs and receipt are kept."""
+
+    exit_code = 1
+
+    def __init__(self, conflict: RefConflict, *, step: str, receipt: Digest) -> None:
+        super().__init__(conflict.name, conflict.expected, conflict.actual)
+        self.message = (f"output ref {conflict.name!r} of step {step!r} moved while the step ran: "
+                        f"{self.message} (the outputs are stored; receipt {receipt})")
+        self.args = (self.message,)
+        self.step = step
+        self.receipt = receipt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Planned:
+    """A step checked before anything runs: its recipe, direct inputs and output refs' values."""
+
+    step: StepConfig
+    recipe: Recipe
+    inputs: Mapping[str, Digest]
+    expected_refs: Mapping[str, Digest | None]
+    label: str
+
+
 def available_recipes() -> list[str]:
     return sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
@@ -74,112 +114,178 @@ def load_recipe(name: str) -> Recipe:
 
 
 def run_file(store: Store, path: Path, *, rerun: bool = False,
-             progress: ProgressFactory | None = None, on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
-    """Run a recipe or pipeline file; step results in run order."""
+             progress: ProgressFactory | None = None,
+             on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+    """Run a recipe or pipeline file; step results in run order.
+
+    Everything that can be checked without running (the file, recipes, params, inputs given
+    by ID or ref, output ref names) is checked first, so bad input writes nothing. Refs are
+    resolved once, at start; output refs move by compare-and-swap against their values then.
+    A failed step raises ``StepFailed`` after ``on_step`` has seen its result.
+    """
     spec = load_run_file(path)
-    where = str(path)
-    recipes = {s.name: load_recipe_for(s, where) for s in spec.steps}
-    for s in spec.steps:
-        _check_step(s, recipes[s.name], where)
+    plan = _plan(store, spec.steps, str(path), pipeline=spec.pipeline)
     results: dict[str, StepResult] = {}
-    for s in spec.steps:
-        inputs = _resolve_inputs(store, s, recipes[s.name], results, where)
-        result = run_step(store, recipes[s.name], s, inputs, where=where, rerun=rerun,
-                          progress=progress(s.name) if progress else NullProgress())
-        results[s.name] = result
+    for item in plan:
+        inputs = {**item.inputs, **_step_inputs(store, item, results, str(path))}
+        result = run_step(store, item.recipe, item.step, inputs, where=str(path), rerun=rerun,
+                          progress=progress(item.step.name) if progress else NullProgress(),
+                          expected_refs=item.expected_refs)
+        results[item.step.name] = result
         if on_step is not None:
             on_step(result)
         if result.status != "succeeded":
-            raise RecipeError(f"step {s.name!r} ({s.recipe}) failed: {result.error} (receipt {result.receipt})")
+            raise StepFailed(step=result.step, recipe=result.recipe, receipt=result.receipt,
+                             error=result.error or "unknown error")
     return list(results.values())
 
 
-def load_recipe_for(step: StepConfig, where: str) -> Recipe:
+def _plan(store: Store, steps: tuple[StepConfig, ...], where: str, *,
+          pipeline: bool) -> list[_Planned]:
+    labels = {s.name: f"step {s.name!r}: " if pipeline else "" for s in steps}
+    recipes = {s.name: _load_recipe_for(s, where, labels[s.name]) for s in steps}
+    owners: dict[str, str] = {}
+    for s in steps:
+        for output, ref in s.outputs.items():
+            here = f"{labels[s.name]}outputs.{output}"
+            if ref in owners:
+                raise ConfigError(where, f"{here}: ref {ref!r} is already the target of "
+                                         f"{owners[ref]}; one ref, one output")
+            owners[ref] = here
+    plan = []
+    for s in steps:
+        _check_step(s, recipes[s.name], recipes, where, labels[s.name])
+    for s in steps:
+        inputs = _direct_inputs(store, s, recipes[s.name], where, labels[s.name])
+        plan.append(_Planned(step=s, recipe=recipes[s.name], label=labels[s.name], inputs=inputs,
+                             expected_refs={ref: store.ref_get(ref) for ref in s.outputs.values()}))
+    return plan
+
+
+def _load_recipe_for(step: StepConfig, where: str, label: str) -> Recipe:
     try:
         return load_recipe(step.recipe)
     except ConfigError as exc:
-        raise ConfigError(where, f"step {step.name!r}: {exc.message.removeprefix('recipe: ')}") from None
+        raise ConfigError(where, f"{label}{exc.message}") from None
 
 
-def _check_step(step: StepConfig, recipe: Recipe, where: str) -> None:
+def _check_step(step: StepConfig, recipe: Recipe, recipes: Mapping[str, Recipe], where: str,
+                label: str) -> None:
     known = set(recipe.inputs)
     for name in step.inputs:
         if name not in known and not recipe.extra_inputs:
-            raise ConfigError(where, f"step {step.name!r}: unknown input {name!r} for recipe "
-                                     f"{recipe.name!r} (known: {', '.join(sorted(known))})")
+            raise ConfigError(where, f"{label}inputs.{name}: recipe {recipe.name!r} has no input "
+                                     f"{name!r} (inputs: {', '.join(sorted(known)) or 'none'})")
     for name, spec in recipe.inputs.items():
         if spec.required and name not in step.inputs:
-            raise ConfigError(where, f"step {step.name!r}: missing required input {name!r} ({spec.doc or spec.kind})")
-    for name in step.outputs:
-        if name not in recipe.outputs:
-            raise ConfigError(where, f"step {step.name!r}: recipe {recipe.name!r} has no output {name!r} "
-                                     f"(outputs: {', '.join(recipe.outputs)})")
-    parse_params(recipe.params, step.params, where, f"params of step {step.name!r}")
-
-
-def _resolve_inputs(store: Store, step: StepConfig, recipe: Recipe, done: Mapping[str, StepResult],
-                    where: str) -> dict[str, Digest]:
-    """Resolve every input once, at start: step references, IDs, prefixes and ref names."""
-    out: dict[str, Digest] = {}
+            raise ConfigError(where, f"{label}inputs.{name} is missing: recipe {recipe.name!r} "
+                                     f"requires it ({spec.doc or spec.kind})")
     for name, value in step.inputs.items():
         ref = step_reference(value)
-        if ref is not None:
-            src, output = ref
-            if src not in done:
-                raise ConfigError(where, f"step {step.name!r} input {name!r}: step {src!r} has not run")
-            if output == "receipt":
-                out[name] = done[src].receipt
-            elif output in done[src].outputs:
-                out[name] = done[src].outputs[output]
-            else:
-                raise ConfigError(where, f"step {step.name!r} input {name!r}: step {src!r} has no output {output!r}")
-        else:
-            try:
-                out[name] = store.resolve(value)
-            except NscasError as exc:
-                raise ConfigError(where, f"input {name!r} of step {step.name!r}: {exc.message}") from None
-        spec = recipe.inputs.get(name)
-        want = spec.kind if spec is not None else recipe.extra_kind
-        if want is not None:
-            got = store.info(out[name]).kind or "blob"
-            if got != want:
-                raise ConfigError(where, f"input {name!r} of step {step.name!r} must be a {want}, "
-                                         f"but {out[name]} is a {got}")
+        if ref is not None and ref[0] not in recipes:  # a recipe file has no other steps
+            raise ConfigError(where, f"{label}inputs.{name} names step {ref[0]!r}, but the file "
+                                     "has no such step")
+        if ref is not None and ref[1] != "receipt" and ref[1] not in recipes[ref[0]].outputs:
+            outputs = ", ".join((*recipes[ref[0]].outputs, "receipt"))
+            raise ConfigError(where, f"{label}inputs.{name}: step {ref[0]!r} has no output "
+                                     f"{ref[1]!r} (outputs: {outputs})")
+    for name, ref_name in step.outputs.items():
+        if name not in recipe.outputs:
+            raise ConfigError(where, f"{label}outputs.{name}: recipe {recipe.name!r} has no output "
+                                     f"{name!r} (outputs: {', '.join(recipe.outputs)})")
+        try:
+            check_ref_name(ref_name)
+        except NscasError as exc:
+            raise ConfigError(where, f"{label}outputs.{name}: {exc.message}") from None
+    _parse_step_params(recipe, step, where, label)
+
+
+def _parse_step_params(recipe: Recipe, step: StepConfig, where: str, label: str) -> Any:
+    try:
+        return parse_params(recipe.params, step.params, where, "params")
+    except ConfigError as exc:
+        if not label:
+            raise
+        raise ConfigError(where, label + exc.message.removeprefix(f"{where}: ")) from None
+
+
+def _direct_inputs(store: Store, step: StepConfig, recipe: Recipe, where: str,
+                   label: str) -> dict[str, Digest]:
+    """Inputs given by ID, prefix or ref name, resolved once, at start, with their kinds checked."""
+    out: dict[str, Digest] = {}
+    for name, value in step.inputs.items():
+        if step_reference(value) is not None:
+            continue
+        try:
+            out[name] = store.resolve(value)
+        except NscasError as exc:
+            raise ConfigError(where, f"{label}inputs.{name}: {exc.message}") from None
+        _check_kind(store, recipe, name, out[name], where, label)
     return out
 
 
+def _step_inputs(store: Store, item: _Planned, done: Mapping[str, StepResult],
+                 where: str) -> dict[str, Digest]:
+    """Inputs named ``step.<name>.<output>``: known only once that step has run."""
+    out: dict[str, Digest] = {}
+    for name, value in item.step.inputs.items():
+        ref = step_reference(value)
+        if ref is None:
+            continue
+        src, output = ref
+        out[name] = done[src].receipt if output == "receipt" else done[src].outputs[output]
+        _check_kind(store, item.recipe, name, out[name], where, item.label)
+    return out
+
+
+def _check_kind(store: Store, recipe: Recipe, name: str, oid: Digest, where: str,
+                label: str) -> None:
+    spec = recipe.inputs.get(name)
+    want = spec.kind if spec is not None else recipe.extra_kind
+    if want is not None:
+        got = store.info(oid).kind or "blob"
+        if got != want:
+            raise ConfigError(where, f"{label}inputs.{name} must be a {want}, but {oid} is a {got}")
+
+
 def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str, Digest], *,
-             where: str, rerun: bool = False, progress: Progress | None = None) -> StepResult:
-    params = parse_params(recipe.params, step.params, where, f"params of step {step.name!r}")
+             where: str, rerun: bool = False, progress: Progress | None = None,
+             expected_refs: Mapping[str, Digest | None] | None = None) -> StepResult:
+    """Run one checked step: reuse the receipt of its action, or execute it (``rerun``: always)."""
+    params = parse_params(recipe.params, step.params, where, "params")
     code = code_tree(store, recipe)
     action = store.put_record({
         "nscas": "action/1", "recipe": f"{recipe.name}@{recipe.version}", "code": str(code),
         "inputs": {k: str(v) for k, v in sorted(inputs.items())}, "params": params_to_json(params),
     })
-    expected_refs = {ref: store.ref_get(ref) for ref in step.outputs.values()}
+    if expected_refs is None:
+        expected_refs = {ref: store.ref_get(ref) for ref in step.outputs.values()}
     previous = find_receipt(store, action)
     if previous is not None and not rerun:
         rec = store.get_record(previous)
         outputs = {k: Digest.parse(v) for k, v in rec["outputs"].items()}
         _set_refs(store, step, outputs, expected_refs, previous)
-        return StepResult(step=step.name, recipe=recipe.name, receipt=previous, action=action, cached=True,
-                          status="succeeded", outputs=outputs, claims=_claim_values(rec["claims"]))
-    receipt, result, error = _execute(store, recipe, params, inputs, action, progress or NullProgress(), rerun)
+        return StepResult(step=step.name, recipe=recipe.name, receipt=previous, action=action,
+                          cached=True, status="succeeded", outputs=outputs,
+                          claims=_claim_values(rec["claims"]))
+    receipt, result, error = _execute(store, recipe, step.name, params, inputs, action,
+                                      progress or NullProgress(), rerun)
     if result is None:
-        return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action, cached=False,
-                          status="failed", outputs={}, claims={}, error=error)
+        return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action,
+                          cached=False, status="failed", outputs={}, claims={}, error=error)
     verdicts: dict[str, Verdict] = {}
     if previous is not None:
         before = {k: Digest.parse(v) for k, v in store.get_record(previous)["outputs"].items()}
         verdicts = compare_outputs(store, before, dict(result.outputs))
     _set_refs(store, step, dict(result.outputs), expected_refs, receipt)
-    return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action, cached=False,
-                      status="succeeded", outputs=dict(result.outputs),
+    return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action,
+                      cached=False, status="succeeded", outputs=dict(result.outputs),
                       claims={k: c.value for k, c in result.claims.items()}, verdicts=verdicts)
 
 
-def _execute(store: Store, recipe: Recipe, params: Any, inputs: Mapping[str, Digest], action: Digest,
-             progress: Progress, rerun: bool) -> tuple[Digest, RecipeResult | None, str | None]:
+def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mapping[str, Digest],
+             action: Digest, progress: Progress,
+             rerun: bool) -> tuple[Digest, RecipeResult | None, str | None]:
     started = _now()
     workdir = Path(tempfile.mkdtemp(prefix=f"nscas-{recipe.name}-"))
     ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=workdir, progress=progress,
@@ -193,12 +299,13 @@ def _execute(store: Store, recipe: Recipe, params: Any, inputs: Mapping[str, Dig
             raise RecipeError(f"recipe {recipe.name!r} produced undeclared output(s): {', '.join(unknown)}")
     except NscasError as exc:
         error = exc.message
-    except BaseException as exc:  # recorded as a failed receipt, then re-raised untouched
-        receipt = _receipt(store, action, started, None, f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # recorded as a failed receipt, then raised
+        message = _crash_message(exc)
+        receipt = _receipt(store, action, started, None, message)
         shutil.rmtree(workdir, ignore_errors=True)
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
-        raise RecipeError(f"recipe {recipe.name!r} crashed: {type(exc).__name__}: {exc} (receipt {receipt})") from exc
+        raise StepFailed(step=step, recipe=recipe.name, receipt=receipt, error=message) from exc
     finally:
         progress.finish()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -224,7 +331,10 @@ def _set_refs(store: Store, step: StepConfig, outputs: Mapping[str, Digest],
               expected: Mapping[str, Digest | None], receipt: Digest) -> None:
     for output, ref in step.outputs.items():
         if output in outputs:
-            store.ref_set(ref, outputs[output], expect=expected[ref], message=f"run {receipt}")
+            try:
+                store.ref_set(ref, outputs[output], expect=expected[ref], message=f"run {receipt}")
+            except RefConflict as exc:
+                raise OutputRefConflict(exc, step=step.name, receipt=receipt) from None
 
 
 def find_receipt(store: Store, action: Digest) -> Digest | None:
@@ -300,6 +410,13 @@ def environment() -> dict[str, Any]:
             "torch": torch_info, "devices": devices, "determinism": determinism}
 
 
+def _crash_message(exc: BaseException) -> str:
+    """``Type: message (at file:line)``: where a recipe crashed, for the failed receipt."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
 def _claim_values(claims: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v["value"] for k, v in claims.items()}
 
@@ -314,6 +431,8 @@ def wall_clock() -> float:
 
 __all__ = [
     "NotFound",
+    "OutputRefConflict",
+    "StepFailed",
     "StepResult",
     "available_recipes",
     "find_receipt",

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+
+PresetName = Literal["llama-tiny", "llama-small", "smollm2-1.7b"]
+"""The names of ``presets.PRESETS``, here so that params parse without importing torch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InitParams:
-    preset: str = "llama-tiny"
+    preset: PresetName = "llama-tiny"
     """Model preset: llama-tiny, llama-small or smollm2-1.7b."""
     seed: int = 0
     """Initialisation seed (the same preset, seed and tokenizer give bit-identical weights)."""

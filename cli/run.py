@@ -1,0 +1,112 @@
+"""``nscas run``: run a recipe or pipeline file, reusing receipts of actions already run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from nscas.cli import render
+from nscas.cli.common import JsonFlag, command_app, open_cli_store
+from nscas.errors import NscasError
+
+if TYPE_CHECKING:
+    from nscas.compare import Verdict
+    from nscas.runner import StepResult
+
+app = command_app()
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(
+        metavar="FILE", show_default=False,
+        help="A recipe file (recipe = ...) or a pipeline file ([[step]] tables).")],
+    rerun: Annotated[bool, typer.Option(
+        "--rerun", help="Run again even if a receipt exists, and compare the outputs with it.")]
+        = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a recipe or pipeline file and print each step's receipt, outputs and claims.
+
+    A step whose action already has a receipt is not run again (it is shown as cached);
+    --rerun runs it anyway and reports per output: identical, within-tolerance (with the
+    distance) or different. A failed step exits 1, naming its receipt; bad input exits 2
+    and writes nothing.
+
+    Example: nscas run examples/pipeline.toml --rerun
+    """
+    from nscas.cli.progress import progress_for
+    from nscas.config import load_run_file
+    from nscas.runner import run_file
+
+    pipeline = load_run_file(file).pipeline  # checked before the store is opened
+    results: list[StepResult] = []
+
+    def on_step(result: StepResult) -> None:
+        results.append(result)
+        if not as_json:
+            render_step(result, pipeline=pipeline)
+
+    with open_cli_store(ctx) as store:
+        try:
+            run_file(store, file, rerun=rerun, progress=progress_for, on_step=on_step)
+        except NscasError:
+            if as_json and results:  # what did run is still reported; the error goes to stderr
+                render.json_out(results_json(results, pipeline=pipeline))
+            raise
+    if as_json:
+        render.json_out(results_json(results, pipeline=pipeline))
+
+
+def results_json(results: list[StepResult], *, pipeline: bool) -> Any:
+    """One object for a recipe file; a list in run order, each with ``step``, for a pipeline."""
+    items = [step_json(r, pipeline=pipeline) for r in results]
+    return items if pipeline else items[0]
+
+
+def step_json(result: StepResult, *, pipeline: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"step": result.step} if pipeline else {}
+    out.update({
+        "receipt": str(result.receipt), "action": str(result.action), "cached": result.cached,
+        "outputs": {k: str(v) for k, v in result.outputs.items()}, "claims": dict(result.claims),
+    })
+    if result.verdicts:
+        out["verdicts"] = {k: v.to_json() for k, v in result.verdicts.items()}
+    if result.status != "succeeded":
+        out["status"] = result.status
+        out["error"] = result.error
+    return out
+
+
+def verdict_text(verdict: Verdict) -> str:
+    """``identical``, ``within-tolerance (relative L2 3.1e-07, max |Δ| 2.4e-08)``, ``different``."""
+    text = verdict.status
+    details = []
+    if verdict.relative_l2 is not None:
+        details.append(f"relative L2 {verdict.relative_l2:.3g}, max |Δ| {verdict.max_abs_diff:.3g}")
+    if verdict.note:
+        details.append(verdict.note)
+    return f"{text} ({'; '.join(details)})" if details else text
+
+
+def render_step(result: StepResult, *, pipeline: bool) -> None:
+    how = "cached" if result.cached else "ran" if result.status == "succeeded" else "failed"
+    who = f"step {result.step} (recipe {result.recipe})" if pipeline else f"recipe {result.recipe}"
+    rows = [["output", name, str(oid)] for name, oid in result.outputs.items()]
+    rows += [["claim", name, _compact(value)] for name, value in result.claims.items()]
+    rows += [["verdict", name, verdict_text(v)] for name, v in result.verdicts.items()]
+    if result.error:
+        rows.append(["error", "", result.error])
+    title = f"{who}: {how}, receipt {result.receipt}"
+    if rows:
+        render.table(["item", "name", "value"], rows, title=title)
+    else:
+        render.text(title)
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))

@@ -1,0 +1,41 @@
+"""Fixtures of the runner tests: a test-only probe recipe, and the CLI invoked in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from click.testing import Result
+
+from nscas import runner
+from nscas.recipe import Recipe
+from tests.runner import probe_recipe
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> Recipe:
+    """Make ``recipe = "probe"`` resolve to the test-only probe recipe."""
+    real = runner.load_recipe
+
+    def load(name: str) -> Recipe:
+        return probe_recipe.RECIPE if name == "probe" else real(name)
+
+    monkeypatch.setattr(runner, "load_recipe", load)
+    return probe_recipe.RECIPE
+
+
+@pytest.fixture
+def nscas() -> Callable[..., Result]:
+    """Invoke the real ``nscas`` app in-process (plain output: not a terminal)."""
+    from typer.testing import CliRunner
+
+    from nscas.cli import main
+
+    assert main.COMMANDS["run"].module == "run"
+    assert main.COMMANDS["import-hf"].module == "import_hf"
+    runner = CliRunner()
+
+    def invoke(*args: object) -> Result:
+        return runner.invoke(main.app, [str(a) for a in args], catch_exceptions=False)
+
+    return invoke
