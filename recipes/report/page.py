@@ -1,0 +1,129 @@
+"""generations.html: one self-contained page with every test prompt, its target and every
+arm's retained answer, marked by this report's rescoring, filterable by family, variant,
+arm and outcome.
+
+Answers are model output and prompts are input data: every piece of text goes through
+``html.escape`` (quotes included, for attributes). The page loads nothing: its CSS and its
+few lines of vanilla JS are inline, and filtering only toggles ``hidden`` on elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from html import escape
+from typing import Any
+
+from .learning import FinalTest, Scored
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem auto;max-width:70rem;padding:0 1rem;
+color:#111}
+h1{font-size:1.4rem}h2{font-size:1rem;margin:0 0 .4rem}
+code,pre{font:12px/1.4 ui-monospace,monospace}
+pre{white-space:pre-wrap;word-break:break-word;margin:0}
+#filters{position:sticky;top:0;background:#fff;padding:.5rem 0;border-bottom:1px solid #ddd;
+display:flex;gap:1rem;flex-wrap:wrap;align-items:center}
+section.task{border:1px solid #ddd;border-radius:6px;padding:.7rem;margin:.8rem 0}
+table{border-collapse:collapse;width:100%}
+td,th{border-top:1px solid #eee;padding:.3rem .4rem;text-align:left;vertical-align:top}
+th{white-space:nowrap;width:9rem}
+tr.correct td.verdict{color:#047857}tr.wrong td.verdict{color:#b91c1c}
+td.verdict{white-space:nowrap;width:13rem}
+table.summary{width:auto;margin:.5rem 0}
+details summary{cursor:pointer;color:#374151}
+[hidden]{display:none !important}
+"""
+
+JS = """
+(function () {
+  var ids = ["f-family", "f-variant", "f-arm", "f-outcome"];
+  var tasks = document.querySelectorAll("section.task");
+  function value(id) { return document.getElementById(id).value; }
+  function apply() {
+    var family = value("f-family"), variant = value("f-variant");
+    var arm = value("f-arm"), outcome = value("f-outcome"), shown = 0;
+    for (var i = 0; i < tasks.length; i++) {
+      var task = tasks[i], rows = task.querySelectorAll("tr[data-arm]"), any = false;
+      for (var j = 0; j < rows.length; j++) {
+        var row = rows[j];
+        var visible = (!arm || row.getAttribute("data-arm") === arm) &&
+                      (!outcome || row.getAttribute("data-outcome") === outcome);
+        row.hidden = !visible;
+        any = any || visible;
+      }
+      task.hidden = !(any && (!family || task.getAttribute("data-family") === family) &&
+                      (!variant || task.getAttribute("data-variant") === variant));
+      if (!task.hidden) { shown++; }
+    }
+    document.getElementById("shown").textContent =
+      shown + " of " + tasks.length + " tasks shown";
+  }
+  for (var k = 0; k < ids.length; k++) {
+    document.getElementById(ids[k]).addEventListener("change", apply);
+  }
+  apply();
+})();
+"""
+
+
+def _e(value: Any) -> str:
+    return escape(str(value), quote=True)
+
+
+def _select(ident: str, label: str, options: list[tuple[str, str]]) -> str:
+    items = "".join(f'<option value="{_e(v)}">{_e(text)}</option>' for v, text in options)
+    return f'<label>{_e(label)} <select id="{ident}">{items}</select></label>'
+
+
+def _task(index: int, record: dict[str, Any], scored: Mapping[str, Scored]) -> str:
+    family, variant = record["task"]["family"], record["task"]["variant"]
+    rows = []
+    for arm, s in scored.items():
+        result = s.results[index]
+        outcome = "correct" if result.correct else "wrong"
+        mark = "&#10003; correct" if result.correct else f"&#10007; {_e(result.reason)}"
+        rows.append(f'<tr class="{outcome}" data-arm="{_e(arm)}" data-outcome="{outcome}">'
+                    f'<th>{_e(arm)}</th><td class="verdict">{mark}</td>'
+                    f"<td><pre>{_e(s.texts[index])}</pre></td></tr>")
+    return (f'<section class="task" data-family="{_e(family)}" data-variant="{_e(variant)}">'
+            f"<h2>#{index + 1} &middot; {_e(family)} &middot; variant {_e(variant)} &middot; "
+            f"<code>{_e(record['id'])}</code></h2>"
+            f"<details><summary>prompt</summary><pre>{_e(record['prompt'])}</pre></details>"
+            f"<p>target <code>{_e(record['target'])}</code></p>"
+            f"<table>{''.join(rows)}</table></section>")
+
+
+def render_page(title: str, report: dict[str, Any], tests: FinalTest,
+                scored: Mapping[str, Scored]) -> str:
+    """The whole page as text (UTF-8 when written)."""
+    arms = report["learning"]["arms"]
+    families = list(dict.fromkeys(r["task"]["family"] for r in tests.records))
+    variants = sorted({r["task"]["variant"] for r in tests.records})
+    held = set(tests.held_out)
+    summary = "".join(
+        f"<tr><th>{_e(arm)}</th><td>{a['correct']} / {a['documents']}</td>"
+        f"<td>{a['accuracy'] * 100:.2f}%</td><td>{a['valid_json_objects']} valid JSON objects"
+        f"</td></tr>" for arm, a in arms.items())
+    filters = "".join([
+        _select("f-family", "Family", [("", "all"), *[(f, f) for f in families]]),
+        _select("f-variant", "Variant", [("", "all"), *[
+            (str(v), f"{v} (held out)" if v in held else str(v)) for v in variants]]),
+        _select("f-arm", "Arm", [("", "all"), *[(a, a) for a in scored]]),
+        _select("f-outcome", "Outcome", [("", "any"), ("correct", "correct"),
+                                         ("wrong", "wrong")]),
+        '<span id="shown"></span>',
+    ])
+    tasks = "".join(_task(i, r, scored) for i, r in enumerate(tests.records))
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}: every answer</title><style>{CSS}</style></head><body>"
+        f"<h1>{_e(title)}: every answer</h1>"
+        f"<p>All {len(tests.records)} final-test prompts with their checked targets and every "
+        f"arm's retained answer, rescored by the strict checker for this page. Variants "
+        f"{_e(', '.join(str(v) for v in tests.held_out) or 'none')} are held-out wordings.</p>"
+        f'<table class="summary">{summary}</table>'
+        f'<form id="filters" onsubmit="return false">{filters}</form>'
+        f"<main>{tasks}</main><script>{JS}</script></body></html>\n"
+    )

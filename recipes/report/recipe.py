@@ -1,0 +1,114 @@
+"""Recipe ``report``: the experiment's report recomputed from retained objects (EXPERIMENT 6).
+
+Inputs are receipts named by role: ``prepare``, ``commit``, ``train.<arm>``,
+``evaluate.<arm>`` (``evaluate.seed`` is the baseline) and ``serve``. Output ``report`` is a
+tree of ``report.json``, ``resources.json``, ``generations.html`` and figures
+(``comparison``, ``accuracy``, ``training``, ``serving``; each ``.svg``, ``.png``, ``.pdf``).
+Every file is a deterministic function of the inputs, so a rerun is ``identical``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+
+VERSION = "1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportParams:
+    price_per_host_hour: float = 0.0
+    """Price of one host for one hour, for the cost estimate; 0 means none given, no estimate."""
+    title: str = "Cooperative learning, recomputed"
+    """Heading of report.json and of the generations page."""
+
+    def validate(self) -> str | None:
+        if not math.isfinite(self.price_per_host_hour) or self.price_per_host_hour < 0:
+            return ("price_per_host_hour must be a finite number >= 0, "
+                    f"got {self.price_per_host_hour}")
+        if not self.title.strip():
+            return "title must not be empty"
+        return None
+
+
+def write_json(path: Path, value: Any) -> None:
+    text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def headline_claims(report: dict[str, Any]) -> dict[str, Claim]:
+    """The numbers a reader quotes, each naming the verifier that rechecks it."""
+    learning = report["learning"]
+    claims = {"documents": Claim(value=learning["documents"], verifier="answers")}
+    for arm, a in learning["arms"].items():
+        claims[f"correct.{arm}"] = Claim(value=a["correct"], verifier="answers")
+    for c in learning["comparisons"]:
+        if c["kind"] != "versus_seed":
+            continue
+        arm = c["candidate"]
+        claims[f"gain.{arm}"] = Claim(value=c["gain"], verifier="statistics")
+        claims[f"p.{arm}"] = Claim(value=c["p"], verifier="statistics")
+        claims[f"p_exact.{arm}"] = Claim(value=c["p_exact"], verifier="statistics")
+        claims[f"contract.{arm}"] = Claim(value=c["contract"]["passed"], verifier="statistics")
+    if report["training"]:
+        for arm, t in report["training"]["arms"].items():
+            claims[f"median_update_seconds.{arm}"] = Claim(value=t["median_update_seconds"],
+                                                           verifier="journals")
+            claims[f"update_seconds.{arm}"] = Claim(value=t["update_seconds"], verifier="journals")
+        for r in report["training"]["ratios"]:
+            claims[f"update_seconds_ratio.{r['pair']}:{r['single']}"] = Claim(
+                value=r["update_seconds"], verifier="journals")
+    if report["serving"]:
+        s = report["serving"]
+        for name in ("throughput_ratio", "failure_retries", "identical_outputs", "cache_hits"):
+            claims[name] = Claim(value=s[name], verifier="throughput")
+    return claims
+
+
+def run(ctx: RunContext) -> RecipeResult:
+    from .compute import compute
+    from .figures import write_figures
+    from .page import render_page
+
+    p: ReportParams = ctx.params
+    ctx.progress.start(None, "recomputing the report from retained objects")
+    scratch = ctx.workdir / "journals"
+    scratch.mkdir()
+    computed = compute(ctx.store, ctx.inputs, title=p.title,
+                       price_per_host_hour=p.price_per_host_hour, scratch=scratch)
+    out = ctx.workdir / "report"
+    out.mkdir()
+    write_json(out / "report.json", computed.report)
+    write_json(out / "resources.json", computed.report["resources"])
+    page = render_page(p.title, computed.report, computed.tests, computed.scored)
+    (out / "generations.html").write_text(page, encoding="utf-8")
+    ctx.progress.note("drawing figures")
+    write_figures(computed.report, out)
+    tree = ctx.store.put_tree(out)
+    return RecipeResult(outputs={"report": tree}, claims=headline_claims(computed.report))
+
+
+RECIPE = Recipe(
+    name="report",
+    version=VERSION,
+    params=ReportParams,
+    inputs={
+        "prepare": InputSpec(kind="receipt/1", doc="the prepare receipt"),
+        "commit": InputSpec(kind="receipt/1", doc="the commit receipt that fixed the candidates"),
+        "evaluate.seed": InputSpec(kind="receipt/1", doc="the baseline (seed) evaluation"),
+        "serve": InputSpec(kind="receipt/1", required=False, doc="the serve receipt"),
+    },
+    outputs=("report",),
+    run=run,
+    sources=("nscas.recipes.report", "nscas.recipes.common", "nscas.recipes.serve",
+             "nscas.recipes.train"),
+    extra_inputs=True,
+    extra_kind="receipt/1",
+    doc="Recompute the experiment's report (learning, training, serving, resources), its "
+        "figures and the every-answer page from retained objects; claims are audited.",
+)

@@ -1,0 +1,221 @@
+"""The report recipe on a hand-built experiment: every number against a hand computation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nscas.digests import Digest
+from nscas.store import init_store
+from tests.recipes.test_report_fixtures import (
+    SCRIPT_ANSWER,
+    WALL_SECONDS,
+    Experiment,
+    build,
+    report_files,
+    run_report,
+)
+
+PRICE = 2.0
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]:
+    root = tmp_path_factory.mktemp("experiment")
+    store = init_store(root)
+    yield build(store, root)
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def done(experiment: Experiment, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    result = run_report(experiment, params={"price_per_host_hour": PRICE})
+    assert result.status == "succeeded", result.error
+    files = report_files(experiment, result, tmp_path_factory.mktemp("out") / "report")
+    report = json.loads((files / "report.json").read_text(encoding="utf-8"))
+    return {"result": result, "files": files, "report": report}
+
+
+def _comparison(report: dict[str, Any], kind: str, candidate: str) -> dict[str, Any]:
+    found = [c for c in report["learning"]["comparisons"]
+             if c["kind"] == kind and c["candidate"] == candidate]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_per_arm_counts_by_family_variant_and_held_out(done: dict[str, Any]) -> None:
+    arms = done["report"]["learning"]["arms"]
+    assert list(arms) == ["seed", "clean-single", "damaged-single", "clean-pair"]
+    assert {a: arms[a]["correct"] for a in arms} == {
+        "seed": 2, "clean-single": 11, "damaged-single": 6, "clean-pair": 10}
+    single = arms["clean-single"]
+    assert single["documents"] == 16 and single["accuracy"] == 11 / 16
+    # correct {0,1,3,4,5,7,8,9,12,13,15}: family = i % 4, variant = (i // 4) % 4
+    assert {f: v["correct"] for f, v in single["by_family"].items()} == {
+        "lookup": 4, "filter": 4, "total": 0, "sort": 3}
+    assert {v: x["correct"] for v, x in single["by_variant"].items()} == {
+        "0": 3, "1": 3, "2": 2, "3": 3}
+    assert single["held_out"] == {"variants": [2, 3], "correct": 5, "documents": 8}
+    # wrong answers: even index -> not JSON, odd index -> a JSON object of the wrong schema
+    assert single["valid_json_objects"] == 11 + 1  # wrong {2, 6, 10, 11, 14}: only 11 is odd
+    assert single["reasons"] == {"correct": 11, "invalid_json_object": 4,
+                                 "wrong_schema_or_value": 1}
+    assert arms["seed"]["valid_json_objects"] == 2 + 8
+    assert arms["seed"]["held_out"]["correct"] == 0
+    assert single["trained_on"] == "clean" and arms["damaged-single"]["trained_on"] == "damaged"
+    assert arms["clean-pair"]["world"] == 2
+    assert arms["seed"]["retention_mean_loss"] == pytest.approx(2.75)
+
+
+def test_comparisons_with_the_seed(done: dict[str, Any]) -> None:
+    report = done["report"]
+    single = _comparison(report, "versus_seed", "clean-single")
+    assert (single["wins"], single["losses"]) == (9, 0)
+    assert single["p_exact"] == "1/512" and single["p"] == 1 / 512
+    assert single["gain_exact"] == "9/16" and single["gain_points"] == 56.25
+    damaged = _comparison(report, "versus_seed", "damaged-single")
+    assert (damaged["wins"], damaged["losses"]) == (5, 1)
+    assert damaged["p_exact"] == "7/64"  # (C(6,5) + C(6,6)) / 2^6
+    assert damaged["gain_exact"] == "1/4"
+    pair = _comparison(report, "versus_seed", "clean-pair")
+    assert (pair["wins"], pair["losses"], pair["p_exact"]) == (8, 0, "1/256")
+    # retention changes of clean-single: -0.1, +0.1, -0.1, -0.1
+    ret = single["retention"]
+    assert ret["mean"] == pytest.approx(-0.05)
+    assert ret["se"] == pytest.approx(0.05)  # sample stdev 0.1 over sqrt(4)
+    assert ret["upper"] == pytest.approx(-0.05 + 2.576 * 0.05)
+    assert (ret["improved"], ret["worsened"]) == (3, 1)
+    contract = report["contract"]
+    assert contract["clean-single"]["gain"]["passed"] and contract["clean-single"]["p"]["passed"]
+    assert not contract["clean-single"]["retention_upper"]["passed"]
+    assert not contract["clean-single"]["passed"]
+    assert not contract["damaged-single"]["p"]["passed"]
+    assert contract["clean-pair"]["passed"]
+
+
+def test_clean_versus_damaged_and_pair_versus_single(done: dict[str, Any]) -> None:
+    report = done["report"]
+    clean = _comparison(report, "clean_versus_damaged", "clean-single")
+    assert clean["baseline"] == "damaged-single"
+    assert (clean["wins"], clean["losses"], clean["p_exact"]) == (5, 0, "1/32")
+    pair = _comparison(report, "pair_versus_single", "clean-pair")
+    assert pair["baseline"] == "clean-single"
+    assert (pair["wins"], pair["losses"], pair["p_exact"]) == (1, 2, "7/8")
+    assert pair["gain_exact"] == "-1/16"
+    assert len(report["learning"]["comparisons"]) == 5
+
+
+def test_training_from_journals(done: dict[str, Any], experiment: Experiment) -> None:
+    training = done["report"]["training"]
+    single, pair = training["arms"]["clean-single"], training["arms"]["clean-pair"]
+    assert (single["updates"], single["update_seconds"], single["median_update_seconds"]) == (
+        4, 16.0, 2.5)
+    assert (pair["world"], pair["update_seconds"], pair["median_update_seconds"]) == (2, 22.0, 5.5)
+    assert pair["bytes_communicated"] == 4000 and pair["bytes_per_update"] == 1000
+    assert [r["update_seconds"] for r in pair["ranks"]] == [22.0, pytest.approx(22.4)]
+    assert pair["parameters_agree"] and pair["final_parameters_blake3"] == "bb" * 32
+    assert pair["from_seed"] and pair["documents"] == "clean"
+    assert training["arms"]["damaged-single"]["documents"] == "damaged"
+    store = experiment.store
+    assert pair["parameter_digest"] == store.get_record(experiment.checkpoints["clean-pair"])[
+        "params"]
+    assert (pair["targets"], pair["weighted_targets"], pair["tokens_per_second"]) == (
+        40, 200, 400 / 22)
+    assert pair["loss_by_step"] == [2.5, 2.0, 1.5, 1.0]
+    assert pair["claimed_only"]["loop_seconds"] == 27
+    (ratio,) = training["ratios"]
+    assert (ratio["pair"], ratio["single"]) == ("clean-pair", "clean-single")
+    assert ratio["update_seconds"] == 22 / 16 and ratio["median_update_seconds"] == 5.5 / 2.5
+    assert ratio["claimed_only"]["allocated_device_seconds_in_loop"] == pytest.approx(
+        27 * 2 / 21)
+
+
+def test_serving_from_the_request_log(done: dict[str, Any]) -> None:
+    serving = done["report"]["serving"]
+    single = serving["phases"]["single"]
+    # latencies 1.0, 1.1, 1.2, 1.3; first start 0, last end 4.3
+    assert single["wall_seconds"] == pytest.approx(4.3)
+    assert single["requests_per_second"] == pytest.approx(4 / 4.3)
+    assert single["median_latency_seconds"] == pytest.approx(1.15)
+    assert single["p95_latency_seconds"] == pytest.approx(1.3)  # sorted(l)[ceil(3.8) - 1]
+    failure = serving["phases"]["failure"]
+    assert (failure["requests"], failure["attempts"], failure["failed_attempts"]) == (4, 6, 2)
+    assert failure["median_latency_seconds"] == pytest.approx(1.0)
+    assert serving["throughput_ratio"] == pytest.approx(2.0 / (4 / 4.3))
+    assert (serving["failure_retries"], serving["identical_outputs"], serving["cache_hits"]) == (
+        2, True, 0)
+    assert serving["served_arm"] == "clean-pair"
+
+
+def test_resources_and_cost_estimate(done: dict[str, Any]) -> None:
+    resources = done["report"]["resources"]
+    runs = {r["input"]: r for r in resources["runs"]}
+    assert set(runs) == set(done["report"]["inputs"])
+    pair = runs["train.clean-pair"]
+    assert (pair["wall_seconds"], pair["devices_used"], pair["allocated_device_seconds"]) == (
+        600, 2, 1200)
+    assert pair["device_type"] == "cpu" and pair["device_names"] == ["x86_64"]
+    assert runs["serve"]["allocated_device_seconds"] == 2 * WALL_SECONDS["serve"]
+    assert runs["evaluate.seed"]["allocated_device_seconds"] == WALL_SECONDS["evaluate"]
+    hours = sum(r["wall_seconds"] for r in runs.values()) / 3600
+    cost = resources["cost_estimate"]
+    assert cost["estimate"] == pytest.approx(PRICE * hours)
+    assert "estimate" in cost["note"] and "not an invoice" in cost["note"]
+    assert any("CPU 'device'" in note for note in resources["notes"])
+    resources_file = json.loads((done["files"] / "resources.json").read_text(encoding="utf-8"))
+    assert resources_file == resources
+
+
+def test_no_price_no_estimate(experiment: Experiment) -> None:
+    result = run_report(experiment)
+    store = experiment.store
+    tree = store.get_record(result.outputs["report"])["entries"]
+    resources = json.loads(store.get_bytes(Digest.parse(tree["resources.json"]["id"])))
+    assert resources["cost_estimate"]["estimate"] is None
+    assert "no price" in resources["cost_estimate"]["note"]
+
+
+def test_headline_claims_name_their_verifiers(done: dict[str, Any],
+                                              experiment: Experiment) -> None:
+    record = experiment.store.get_record(done["result"].receipt)
+    claims = record["claims"]
+    assert claims["correct.clean-single"] == {"value": 11, "verifier": "answers"}
+    assert claims["p_exact.clean-single"] == {"value": "1/512", "verifier": "statistics"}
+    assert claims["gain.clean-pair"] == {"value": 0.5, "verifier": "statistics"}
+    assert claims["contract.clean-pair"] == {"value": True, "verifier": "statistics"}
+    assert claims["median_update_seconds.clean-pair"] == {"value": 5.5, "verifier": "journals"}
+    assert claims["update_seconds_ratio.clean-pair:clean-single"]["value"] == 22 / 16
+    assert claims["throughput_ratio"]["verifier"] == "throughput"
+    assert {c["verifier"] for c in claims.values()} == {
+        "answers", "statistics", "journals", "throughput"}
+
+
+def test_files_in_every_format_and_the_page_escapes_answers(done: dict[str, Any]) -> None:
+    files: Path = done["files"]
+    magic = {"svg": b"<?xml", "png": b"\x89PNG", "pdf": b"%PDF"}
+    for name in ("comparison", "accuracy", "training", "serving"):
+        for fmt, head in magic.items():
+            assert (files / f"{name}.{fmt}").read_bytes().startswith(head), f"{name}.{fmt}"
+    page = (files / "generations.html").read_text(encoding="utf-8")
+    assert SCRIPT_ANSWER not in page
+    assert "&lt;script&gt;alert(&quot;owned&quot;)&lt;/script&gt;" in page
+    assert page.count("<script") == 1  # the page's own filter script only
+    assert "src=" not in page and "href=" not in page and "@import" not in page
+    assert page.count('<section class="task"') == 16
+    for select in ("f-family", "f-variant", "f-arm", "f-outcome"):
+        assert f'<select id="{select}">' in page
+    assert sorted(p.name for p in files.iterdir()) == sorted(
+        ["report.json", "resources.json", "generations.html"]
+        + [f"{n}.{f}" for n in ("comparison", "accuracy", "training", "serving")
+           for f in ("svg", "png", "pdf")])
+
+
+def test_rerun_is_identical(done: dict[str, Any], experiment: Experiment) -> None:
+    again = run_report(experiment, params={"price_per_host_hour": PRICE}, rerun=True)
+    assert again.outputs == done["result"].outputs
+    assert again.receipt != done["result"].receipt
+    assert again.verdicts["report"].status == "identical"

@@ -1,0 +1,95 @@
+"""The report over real prepare, tokenizer, init, commit and evaluate runs (a tiny model, CPU):
+the claims of the real evaluate recipe must survive the report's audit."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import torch
+
+from nscas.config import StepConfig
+from nscas.digests import Digest
+from nscas.recipes.report.recipe import RECIPE as REPORT
+from nscas.runner import run_file, run_step
+from nscas.store import Store
+from tests.runner.helpers import PREPARE_STEP, write
+
+PIPELINE = PREPARE_STEP + """
+[[step]]
+name = "tokenizer"
+recipe = "tokenizer"
+inputs = { prepared = "step.prepare.prepared" }
+params = { vocab_size = 512 }
+[[step]]
+name = "init"
+recipe = "init"
+inputs = { tokenizer = "step.tokenizer.tokenizer" }
+params = { preset = "llama-tiny" }
+[[step]]
+name = "commit"
+recipe = "commit"
+inputs = { prepared = "step.prepare.prepared", seed = "step.init.checkpoint" }
+[[step]]
+name = "eval-seed"
+recipe = "evaluate"
+params = { max_new_tokens = 12, threads = 1 }
+[step.inputs]
+model = "step.init.checkpoint"
+tasks = "step.prepare.test"
+commitment = "step.commit.commitment"
+retention = "step.prepare.retention"
+[[step]]
+name = "eval-again"
+recipe = "evaluate"
+params = { max_new_tokens = 12, batch_size = 4, threads = 1 }
+[step.inputs]
+model = "step.init.checkpoint"
+tasks = "step.prepare.test"
+commitment = "step.commit.commitment"
+retention = "step.prepare.retention"
+baseline = "step.eval-seed.receipt"
+"""
+
+
+def test_report_over_real_evaluations(store: Store, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    steps = {r.step: r for r in run_file(store, write(tmp_path, "pipeline.toml", PIPELINE))}
+    inputs = {"prepare": steps["prepare"].receipt, "commit": steps["commit"].receipt,
+              "evaluate.seed": steps["eval-seed"].receipt,
+              "evaluate.again": steps["eval-again"].receipt}
+    step = StepConfig(name="report", recipe="report", params={}, outputs={},
+                      inputs={k: str(v) for k, v in inputs.items()})
+    result = run_step(store, REPORT, step, inputs, where="test")
+    assert result.status == "succeeded", result.error
+    out = tmp_path / "report"
+    store.materialise(result.outputs["report"], out)
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    seed_claims = steps["eval-seed"].claims
+    arms = report["learning"]["arms"]
+    assert list(arms) == ["seed", "again"]
+    assert arms["seed"]["correct"] == seed_claims["correct"]
+    assert arms["seed"]["valid_json_objects"] == seed_claims["valid_json_objects"]
+    assert {f: v["correct"] for f, v in arms["seed"]["by_family"].items()} == seed_claims[
+        "correct_by_family"]
+    assert arms["seed"]["retention_mean_loss"] == seed_claims["retention_mean_loss"]
+    (versus,) = report["learning"]["comparisons"]
+    # The same checkpoint decoded greedily twice: no discordant pair, nothing changes.
+    assert (versus["wins"], versus["losses"], versus["p_exact"]) == (0, 0, "1/1")
+    assert versus["retention"]["mean"] == 0.0
+    # every score, paired statistic and retention claim of both evaluations was audited
+    assert report["audit"]["values_checked"] >= 2 * 6 + 16 * 2 + 11
+    assert report["training"] is None and report["serving"] is None
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["report.json", "resources.json", "generations.html"]
+        + [f"{n}.{f}" for n in ("comparison", "accuracy") for f in ("svg", "png", "pdf")])
+    page = (out / "generations.html").read_text(encoding="utf-8")
+    test = store.get_record(steps["prepare"].outputs["test"])
+    records = [json.loads(line) for line in store.get_bytes(
+        Digest.parse(test["records"])).decode().splitlines()]
+    generations = [json.loads(line) for line in store.get_bytes(
+        steps["eval-again"].outputs["generations"]).decode().splitlines()]
+    for record, generation in zip(records, generations, strict=True):
+        assert html.escape(record["prompt"], quote=True) in page
+        assert html.escape(generation["text"], quote=True) in page
