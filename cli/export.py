@@ -1,0 +1,51 @@
+"""``nscas export``: write a target's closure as a bundle anyone can check offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nscas.cli import render
+from nscas.cli.common import JsonFlag, command_app, open_cli_store
+from nscas.exporting import export_bundle
+
+app = command_app()
+
+
+@app.command("export")
+def export_(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(
+        metavar="TARGET", show_default=False,
+        help="What to publish: a full ID, a ref name, or a unique prefix of at least 8 hex "
+             "digits.")],
+    dest: Annotated[Path, typer.Argument(
+        metavar="DIR", show_default=False,
+        help="The bundle directory to create; it must not exist or be empty.")],
+    no_weights: Annotated[bool, typer.Option(
+        "--no-weights", help="Leave out checkpoint weight files (*.safetensors) and their tensors; "
+                             "the manifest lists them as omitted.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Write TARGET and everything it links to as a bundle directory (docs/bundle.md).
+
+    Every file is exactly an object's bytes; SHA256SUMS, manifest.json and a deterministic
+    measurements.tar.gz (everything but the weights) come with them. Exporting the same
+    target twice gives byte-identical files; a failed export leaves nothing behind.
+
+    Example: nscas export experiments/coop/report ./coop-bundle
+    (then: cd coop-bundle && sha256sum -c SHA256SUMS)
+    """
+    with open_cli_store(ctx, readonly=True) as store:
+        report = export_bundle(store, store.resolve(target), dest, weights=not no_weights)
+    if as_json:
+        render.json_out({"target": str(report.target), "dir": str(report.dest),
+                         "files": report.files, "bytes": report.bytes, "derived": report.derived,
+                         "weights": report.weights, "omitted": [str(d) for d in report.omitted]})
+        return
+    render.text(f"exported {report.target} to {report.dest}: {report.files} files, "
+                f"{report.bytes} bytes, {report.derived} tensors as ranges of weight files")
+    if report.omitted:
+        render.text(f"omitted {len(report.omitted)} weight object(s) (--no-weights)")

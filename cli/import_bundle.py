@@ -1,0 +1,47 @@
+"""``nscas import``: check a bundle completely, then add its objects to the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nscas.cli import render
+from nscas.cli.common import JsonFlag, command_app, open_cli_store
+from nscas.importing import import_bundle
+
+app = command_app()
+
+
+@app.command("import")
+def import_(
+    ctx: typer.Context,
+    source: Annotated[Path, typer.Argument(
+        metavar="DIR|FILE.tar.gz", show_default=False,
+        help="A bundle directory, or a bundle's measurements.tar.gz.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Add a bundle's objects to the store, with the same IDs.
+
+    Every path, byte and record is checked before the first object is written: a bad bundle
+    is refused (exit 2) and nothing is imported. Records that need omitted weights are
+    skipped and listed.
+
+    Example: nscas import ./coop-bundle
+    """
+    with open_cli_store(ctx) as store:
+        report = import_bundle(store, source)
+    if as_json:
+        render.json_out({"target": str(report.target), "source": str(report.source),
+                         "complete": report.complete, "imported": len(report.imported),
+                         "present": report.present, "omitted": [str(d) for d in report.omitted],
+                         "skipped": [str(d) for d in report.skipped]})
+        return
+    render.text(f"imported {len(report.imported)} object(s) from {report.source} "
+                f"({report.present} already present); target {report.target}")
+    if report.omitted:
+        render.text(f"the bundle omits {len(report.omitted)} weight object(s); "
+                    f"{len(report.skipped)} record(s) that need them were not imported")
+    if not report.complete:
+        render.text("the target is not in the store: it needs omitted objects")
