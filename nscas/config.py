@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nscas.errors import ConfigError
+from nscas.errors import ConfigError, NscasError
 
 STEP_PREFIX = "step."
 
@@ -148,6 +148,8 @@ def parse_params(cls: type, raw: dict[str, Any], where: str, prefix: str = "para
         obj = cls(**values)
     except TypeError as exc:
         raise ConfigError(where, f"{prefix}: {exc}") from None
+    except NscasError as exc:  # a params class that validates itself on construction
+        raise ConfigError(where, f"{prefix}: {exc.message}") from None
     check = getattr(obj, "validate", None)
     if callable(check):
         problem = check()

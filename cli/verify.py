@@ -1,0 +1,102 @@
+"""``nscas verify``: the independent verifiers' report on a receipt, ref or bundle.
+
+Thin: parse, call ``nscas.verifiers.verify``, render. The verifiers raise their own errors
+(they share no code with the store), so this command maps them to one-line messages and
+SPEC 7 exit codes itself: 0 all hold, 1 a check failed, 2 bad input, 3 missing objects.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nscas.cli import render
+from nscas.cli.common import JsonFlag, command_app, state
+
+app = command_app()
+
+_STATUS_STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow"}
+_CELL = 60
+_FULL_ID = re.compile(r"(blake3:[0-9a-f]{12})[0-9a-f]{52}")
+
+
+@app.command("verify")
+def verify_(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(
+        metavar="TARGET", show_default=False,
+        help="A receipt ID (or unique prefix of 8+ hex digits), a ref name, or a bundle "
+             "directory.")],
+    as_json: JsonFlag = False,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Count skipped checks (not recomputable, omitted weights) as failures.")
+    ] = False,
+    store: Annotated[Path | None, typer.Option(
+        "--store", show_default=False, file_okay=False,
+        help="The store to read (default: --store of nscas, $NSCAS_STORE, or search upwards).")
+    ] = None,
+) -> None:
+    """Recheck a run independently: integrity, every claim, ordering rules.
+
+    Re-hashes every object of TARGET's closure, recomputes each claim with the verifier it
+    names, and checks that test-set scores came after the commitment. Exits 0 if all hold,
+    1 if a check failed, 2 on bad input, 3 if objects are missing.
+
+    Example: nscas verify experiments/coop/eval --strict
+    """
+    from nscas.verifiers.errors import VerifierError
+    from nscas.verifiers.verify import error_exit_code, exit_code, verify
+
+    try:
+        report = verify(target, store=store or state(ctx).store, strict=strict)
+    except VerifierError as exc:
+        render.error(exc.message)
+        raise typer.Exit(error_exit_code(exc)) from None
+    if as_json:
+        render.json_out(report.to_dict())
+    elif render.is_tty():
+        _rich_table(report)
+    else:
+        render.table(("check", "claimed", "recomputed", "status", "message"),
+                     [(c.name, _cell(c.claimed), _cell(c.recomputed), c.status, c.message)
+                      for c in report.checks])
+        render.text(report.summary())
+    code = exit_code(report)
+    if code:
+        raise typer.Exit(code)
+
+
+def _cell(value: Any, *, abbreviate: bool = False) -> str:
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join(text.split())
+    if abbreviate:  # IDs cut to 12 hex digits: still valid prefixes
+        text = _FULL_ID.sub(r"\1", text)
+    return text if len(text) <= _CELL else text[:_CELL - 3] + "..."
+
+
+def _rich_table(report: Any) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    def short(value: Any) -> str:
+        return escape(_cell(value, abbreviate=True))
+
+    table = Table(title="nscas verify", title_justify="left")
+    table.add_column("check", no_wrap=True)
+    for column in ("claimed", "recomputed", "status", "message"):
+        table.add_column(column, overflow="fold")
+    for check in report.checks:
+        style = _STATUS_STYLE[check.status]
+        table.add_row(escape(check.name), short(check.claimed), short(check.recomputed),
+                      f"[{style}]{check.status}[/]", escape(_FULL_ID.sub(r"\1", check.message)))
+    console = Console(file=sys.stdout, highlight=False)
+    console.print(table)
+    style = "bold green" if report.ok else "bold red"
+    console.print(f"[{style}]{escape(report.summary())}[/]")

@@ -1,0 +1,159 @@
+"""Recipe ``train``: weighted DDP training of a checkpoint on a task set plus replay.
+
+The wrapper tokenises once, hands the ranks a spec through PyTorch's launcher, and turns what
+they leave (checkpoints, per-rank journals, results) into store objects. Its run directory is
+kept under the store (``runs/train-<action>``) until the run succeeds, so running the same
+recipe again after a crash resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from nscas.digests import Digest
+from nscas.errors import RecipeError
+from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.recipes.train.config import TrainParams
+
+_MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json"})
+STATE_REF = "states/train-{action}/step-{step:06d}"
+
+
+def _records(store: Any, tasks: dict[str, Any]) -> list[dict[str, Any]]:
+    data = store.get_bytes(Digest.parse(tasks["records"]))
+    return [json.loads(line) for line in data.decode("utf-8").splitlines()]
+
+
+def check_base(store: Any, base: Digest) -> dict[str, Any]:
+    """The base checkpoint, after recomputing its parameter digest from its weight files."""
+    from nscas.checkpoints import params_record
+
+    record = store.get_record(base)
+    entries = store.get_record(Digest.parse(record["files"]))["entries"]
+    weights = [Digest.parse(e["id"]) for path, e in sorted(entries.items()) if path.endswith(".safetensors")]
+    if not weights:
+        raise RecipeError(f"base checkpoint {base} has no safetensors weights")
+    recomputed = store.put_record(params_record(store, weights))
+    if str(recomputed) != record["params"]:
+        raise RecipeError(f"base checkpoint {base}: its weights give parameter digest {recomputed}, "
+                          f"not the recorded {record['params']}")
+    return record
+
+
+def run(ctx: RunContext) -> RecipeResult:
+    from transformers import AutoTokenizer
+
+    from nscas.recipes.common.tokenise import encode_document
+    from nscas.recipes.train.config import WorkerSpec
+    from nscas.recipes.train.documents import TrainDocument, write_documents
+    from nscas.recipes.train.launch import run_training
+
+    p: TrainParams = ctx.params
+    store = ctx.store
+    base = ctx.inputs["base"]
+    base_record = check_base(store, base)
+    documents = store.get_record(ctx.inputs["documents"])
+    if documents.get("role") != "train":
+        raise RecipeError(f"documents {ctx.inputs['documents']} are a {documents.get('role')!r} set; "
+                          "train takes a train-role set (the train or damaged output of prepare)")
+    replay = store.get_record(ctx.inputs["replay"])
+    if replay.get("role") != "replay":
+        raise RecipeError(f"replay {ctx.inputs['replay']} is a {replay.get('role')!r} set, not replay")
+    base_dir = ctx.workdir / "base"
+    store.materialise(Digest.parse(base_record["files"]), base_dir)
+    tok_dir = ctx.workdir / "tokenizer"
+    tok_dir.mkdir()
+    for f in sorted(base_dir.iterdir()):
+        if f.is_file() and f.name not in _MODEL_FILES and f.suffix != ".safetensors":
+            shutil.copyfile(f, tok_dir / f.name)
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    docs = []
+    ctx.progress.start(None, "tokenising")
+    for rec in _records(store, documents):
+        enc = encode_document(tokenizer, rec, max_length=p.max_length)
+        docs.append(TrainDocument.from_encoded(rec["id"], enc, weight=p.grounded_weight))
+    for rec in _records(store, replay):
+        enc = encode_document(tokenizer, rec, max_length=p.max_length)
+        docs.append(TrainDocument.from_encoded(rec["id"], enc, weight=p.replay_weight))
+    docs_file = ctx.workdir / "documents.jsonl"
+    write_documents(docs_file, docs)
+    assert ctx.action is not None
+    run_dir = Path(ctx.store_path) / "runs" / f"train-{ctx.action.hex[:32]}"
+    spec = WorkerSpec(base_dir=str(base_dir), documents=(str(docs_file),), output_dir=str(run_dir),
+                      tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action))
+    checkpoints: dict[int, Digest] = {}
+
+    def on_checkpoint(step: int, hf_dir: Path, state_file: Path) -> None:
+        parent = checkpoints[max(checkpoints)] if checkpoints else base
+        checkpoints[step] = store.put_checkpoint(hf_dir, step=step, parent=parent)
+        # Optimizer and RNG state: for resuming, not for publication, so no record links it;
+        # a ref keeps it from garbage collection.
+        state = store.put_file(state_file)
+        store.ref_set(STATE_REF.format(action=ctx.action.hex[:16], step=step), state)
+
+    ctx.progress.start(p.steps, f"training ({p.world} rank{'s' if p.world > 1 else ''}, {p.device})")
+    outcome = run_training(
+        spec, on_checkpoint=on_checkpoint,
+        on_progress=lambda s: ctx.progress.advance(1, loss=round(s.loss, 4),
+                                                   tokens_per_s=round(s.tokens_per_second)),
+    )
+    ctx.progress.finish()
+    if p.steps not in checkpoints:
+        raise RecipeError(f"training ended without a checkpoint at step {p.steps}")
+    final = checkpoints[p.steps]
+    results = sorted(outcome.results, key=lambda r: r.rank)
+    digests = {r.parameter_blake3 for r in results}
+    if len(digests) != 1:
+        raise RecipeError(f"ranks finished with different parameters: {sorted(digests)}")
+    journals = []
+    for r in results:
+        entries = store.put_file(Path(r.journal))
+        journals.append(store.put_record({
+            "nscas": "journal/1", "rank": r.rank, "world": r.world, "entries": str(entries),
+            "head": r.journal_head, "host": r.host, "loop_seconds": r.loop_seconds,
+            "peak_memory_bytes": r.peak_memory_bytes, "resumed_from": r.resumed_from,
+        }))
+    all_ckpts = store.put_record({"nscas": "tree/1", "entries": {
+        f"step-{step:06d}": _entry(store, oid) for step, oid in sorted(checkpoints.items())}})
+    lead = results[0]
+    params_id = store.get_record(final)["params"]
+    claims = {
+        "parameter_digest": Claim(value=params_id, verifier="parameters"),
+        "sha256_stream": Claim(value=lead.sha256_stream, verifier="parameters"),
+        "updates": Claim(value=lead.updates, verifier="journals"),
+        "update_seconds": Claim(value=lead.update_seconds, verifier="journals"),
+        "median_update_seconds": Claim(value=lead.median_update_seconds, verifier="journals"),
+        "loop_seconds": Claim(value=lead.loop_seconds, verifier="journals"),
+        "peak_memory_bytes": Claim(value=[r.peak_memory_bytes for r in results], verifier="journals"),
+        "bytes_communicated": Claim(value=lead.bytes_communicated, verifier="journals"),
+        "targets": Claim(value=lead.targets, verifier="journals"),
+        "weighted_targets": Claim(value=lead.weighted_targets, verifier="journals"),
+        "tokens_per_second": Claim(value=lead.tokens_per_second, verifier="journals"),
+    }
+    shutil.rmtree(run_dir, ignore_errors=True)  # everything it held is in the store now
+    return RecipeResult(outputs={"checkpoint": final, "checkpoints": all_ckpts}, claims=claims,
+                        journals=tuple(journals))
+
+
+def _entry(store: Any, oid: Digest) -> dict[str, Any]:
+    info = store.info(oid)
+    return {"id": str(oid), "size": info.size, "sha256": info.sha256}
+
+
+RECIPE = Recipe(
+    name="train",
+    version="1",
+    params=TrainParams,
+    inputs={
+        "base": InputSpec(kind="checkpoint/1", doc="the checkpoint to start from"),
+        "documents": InputSpec(kind="tasks/1", doc="a train-role task set (train or damaged)"),
+        "replay": InputSpec(kind="tasks/1", doc="replay conversations"),
+    },
+    outputs=("checkpoint", "checkpoints"),
+    run=run,
+    sources=("nscas.recipes.train", "nscas.recipes.common", "nscas.recipes.init"),
+    doc="Weighted DDP training with per-rank journals, checkpoints and digest agreement.",
+)

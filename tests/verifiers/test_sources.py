@@ -1,0 +1,135 @@
+"""The read-only store and bundle readers: same bytes as the store, strict target resolution,
+unsafe bundle paths refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import rfc8785
+
+from nscas.digests import Digest
+from nscas.verifiers.closure import Objects
+from nscas.verifiers.sources import (
+    BadTarget,
+    BundleSource,
+    SourceError,
+    StoreSource,
+    find_store_dir,
+    read_all,
+    safe_relative,
+)
+
+from .conftest import Pipeline
+
+
+def test_the_store_reader_gives_the_store_s_bytes(pipeline: Pipeline) -> None:
+    source = StoreSource(pipeline.store_dir)
+    try:
+        rows = source._db.execute("SELECT id, storage, codec FROM objects").fetchall()
+        kinds = {(storage, codec) for _, storage, codec in rows}
+        # The pipeline exercises every way of storing bytes.
+        assert {("inline", "raw"), ("file", "raw"), ("file", "zstd"), ("parts", "raw")} <= kinds
+        for hex_id, _, _ in rows:
+            oid = "blake3:" + hex_id
+            assert read_all(source, oid) == pipeline.store.get_bytes(Digest.parse(oid))
+            meta = source.meta(oid)
+            info = pipeline.store.info(Digest.parse(oid))
+            assert (meta.size, meta.sha256, meta.kind) == (info.size, info.sha256, info.kind)
+    finally:
+        source.close()
+
+
+def test_store_targets_resolve_strictly(pipeline: Pipeline) -> None:
+    receipt = pipeline.receipt("prepare")
+    pipeline.store.ref_set("experiments/sources/prepared", Digest.parse(receipt))
+    source = StoreSource(pipeline.store_dir)
+    try:
+        assert source.resolve(receipt) == receipt
+        assert source.resolve(receipt[7:15]) == receipt
+        assert source.resolve("experiments/sources/prepared") == receipt
+        for bad in (receipt[7:14], "BLAKE3:" + receipt[7:], "../etc", ""):
+            with pytest.raises(BadTarget):
+                source.resolve(bad)
+        assert source.parents(pipeline.output("prepare", "test")) is not None
+        assert receipt in source.parents(pipeline.output("prepare", "test"))
+    finally:
+        source.close()
+
+
+def test_the_store_is_found_like_git_finds_its_directory(pipeline: Pipeline,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NSCAS_STORE", raising=False)
+    assert find_store_dir(pipeline.root) == pipeline.store_dir
+    assert find_store_dir(pipeline.store_dir) == pipeline.store_dir
+    deeper = pipeline.root / "a" / "b"
+    deeper.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(deeper)
+    assert find_store_dir(None).resolve() == pipeline.store_dir.resolve()
+    monkeypatch.setenv("NSCAS_STORE", str(pipeline.root))
+    assert find_store_dir(None) == pipeline.store_dir
+    with pytest.raises(SourceError):
+        find_store_dir(deeper)
+
+
+@pytest.mark.parametrize(("path", "safe"), [
+    ("tasks/test.jsonl", True), ("a/b/c", True), ("/etc/passwd", False), ("../x", False),
+    ("a/../b", False), ("a//b", False), ("./a", False), ("a\\b", False), ("", False),
+])
+def test_bundle_paths_must_be_plain_relative_paths(path: str, safe: bool) -> None:
+    assert (safe_relative(path) is None) is safe
+
+
+def _manifest(root: Path, objects: dict[str, dict], **extra: object) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    body = {"format": "nscas-bundle/1", "target": next(iter(objects.values()))["id"],
+            "objects": objects, "derived": {}, "omitted": {}, **extra}
+    (root / "manifest.json").write_bytes(rfc8785.dumps(body))
+
+
+def test_a_bundle_resolves_prefixes_and_refuses_ambiguity(tmp_path: Path) -> None:
+    a, b = "blake3:aaaaaaaa1" + "0" * 55, "blake3:aaaaaaaa2" + "0" * 55
+    entry = {"size": 1, "sha256": "0" * 64, "kind": None}
+    _manifest(tmp_path / "b", {"blobs/a": {**entry, "id": a}, "blobs/b": {**entry, "id": b}})
+    bundle = BundleSource(tmp_path / "b")
+    assert bundle.resolve("aaaaaaaa1") == a
+    with pytest.raises(BadTarget, match="ambiguous"):
+        bundle.resolve("aaaaaaaa")
+
+
+def test_a_bundle_reads_derived_ranges_and_finds_parents(tmp_path: Path) -> None:
+    import blake3
+
+    whole = b"0123456789abcdef"
+    part = whole[4:10]
+    whole_id = "blake3:" + blake3.blake3(whole).hexdigest()
+    part_id = "blake3:" + blake3.blake3(part).hexdigest()
+    sha = hashlib.sha256
+    record = rfc8785.dumps({"nscas": "tree/1", "entries": {"w": {
+        "id": whole_id, "size": len(whole), "sha256": sha(whole).hexdigest()}}})
+    record_id = "blake3:" + blake3.blake3(record).hexdigest()
+    root = tmp_path / "b"
+    (root / "blobs").mkdir(parents=True)
+    (root / "records").mkdir()
+    (root / "blobs" / "w").write_bytes(whole)
+    (root / "records" / "t.json").write_bytes(record)
+    _manifest(root, {
+        "records/t.json": {"id": record_id, "size": len(record),
+                           "sha256": sha(record).hexdigest(), "kind": "tree/1"},
+        "blobs/w": {"id": whole_id, "size": len(whole), "sha256": sha(whole).hexdigest(),
+                    "kind": None}},
+        derived={part_id: {"from": whole_id, "offset": 4, "size": 6,
+                           "sha256": sha(part).hexdigest()}})
+    bundle = BundleSource(root)
+    objects = Objects(bundle)
+    assert objects.bytes(part_id) == part
+    assert bundle.parents(whole_id) == [record_id]
+    assert bundle.parents(part_id) == []
+    # A range that runs past its source is a finding, not a crash.
+    body = json.loads((root / "manifest.json").read_text())
+    body["derived"][part_id]["offset"] = 14
+    (root / "manifest.json").write_bytes(rfc8785.dumps(body))
+    state = Objects(BundleSource(root)).state(part_id)
+    assert state.problem is not None and "past the end" in state.problem

@@ -1,0 +1,191 @@
+"""Checks of an export bundle's own files (docs/bundle.md), beyond the objects it holds.
+
+``bundle.manifest``: canonical RFC 8785 bytes, well-formed sections, each object in one
+section only. ``bundle.files``: every regular file is the manifest, ``SHA256SUMS``, the
+tarball or a manifest path; no links anywhere. ``bundle.sha256sums``: coreutils lines, sorted
+bytewise by path, naming every file but itself with its SHA-256. ``bundle.measurements``: a
+deterministic tarball whose entries are exactly the bundle without weights, byte for byte.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import re
+import tarfile
+from pathlib import Path
+
+import rfc8785
+
+from .errors import RecordParseError
+from .records import parse_json
+from .report import Check
+from .sources import MANIFEST, SUMS, TARBALL, BundleSource
+
+_SUM_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
+_SHOWN = 5
+WEIGHT_SUFFIX = ".safetensors"
+
+
+def _verdict(name: str, problems: list[str], **values: object) -> Check:
+    if not problems:
+        return Check.passed(name, **values)
+    more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
+    return Check.failed(name, "; ".join(problems[:_SHOWN]) + more, **values)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while piece := stream.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def bundle_checks(bundle: BundleSource) -> list[Check]:
+    """Every finding about the bundle's layout files."""
+    files = bundle.all_files()
+    return [_manifest(bundle), _files(bundle, files), _sums(bundle, files),
+            _measurements(bundle, files)]
+
+
+def _manifest(bundle: BundleSource) -> Check:
+    problems = list(bundle.problems)
+    try:
+        if rfc8785.dumps(bundle.manifest) != bundle.manifest_bytes:
+            problems.append("manifest.json is not in RFC 8785 canonical form")
+    except rfc8785.CanonicalizationError as exc:
+        problems.append(f"manifest.json cannot be canonicalised: {exc}")
+    sections: dict[str, list[str]] = {}
+    for path, entry in bundle.paths.items():
+        sections.setdefault(entry["id"], []).append(f"objects[{path}]")
+    for section in ("derived", "omitted"):
+        for oid in bundle.manifest.get(section, {}):
+            sections.setdefault(oid, []).append(section)
+    twice = [f"{oid} is in {', '.join(where)}" for oid, where in sections.items()
+             if len(where) > 1]
+    problems += twice
+    return _verdict("bundle.manifest", problems, recomputed=len(sections))
+
+
+def _files(bundle: BundleSource, files: list[str]) -> Check:
+    problems = []
+    for directory, dirs, names in os.walk(bundle.root):
+        for entry in (*dirs, *names):
+            path = Path(directory) / entry
+            if path.is_symlink():
+                problems.append(f"{path.relative_to(bundle.root)} is a symbolic link")
+            elif not (path.is_dir() or path.is_file()):
+                problems.append(f"{path.relative_to(bundle.root)} is not a regular file")
+    known = {*bundle.paths, MANIFEST, SUMS, TARBALL}
+    problems += [f"{path} is not in the manifest" for path in files if path not in known]
+    problems += [f"{path} is in the manifest but not in the bundle"
+                 for path in bundle.paths if path not in files]
+    return _verdict("bundle.files", problems, recomputed=len(files))
+
+
+def _sums(bundle: BundleSource, files: list[str]) -> Check:
+    path = bundle.root / SUMS
+    if not path.is_file():
+        return Check.failed("bundle.sha256sums", f"{SUMS} is missing")
+    problems, listed = [], []
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return Check.failed("bundle.sha256sums", f"{SUMS} is not UTF-8")
+    if text and not text.endswith("\n"):
+        problems.append("the last line lacks its newline")
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _SUM_LINE.fullmatch(line)
+        if match is None:
+            problems.append(f"line {number} is not '<sha256>  <path>'")
+            continue
+        digest, rel = match.groups()
+        listed.append(rel)
+        target = bundle.root / rel
+        if rel not in files:
+            problems.append(f"line {number}: {rel} is not a file of the bundle")
+        elif _sha256(target) != digest:
+            problems.append(f"line {number}: SHA-256 of {rel} differs")
+    if listed != sorted(listed, key=lambda p: p.encode("utf-8")):
+        problems.append("lines are not sorted by path")
+    expected = [f for f in files if f != SUMS]
+    missing = sorted(set(expected) - set(listed))
+    if missing:
+        problems.append(f"{len(missing)} file(s) not listed: {missing[:3]}")
+    return _verdict("bundle.sha256sums", problems, recomputed=len(expected))
+
+
+def _measurements(bundle: BundleSource, files: list[str]) -> Check:
+    """The tarball is the bundle without weights: its own manifest (the one a bundle without
+    weights has) lists the same objects, less the omitted weights; every other entry equals
+    the bundle's file of that path byte for byte."""
+    path = bundle.root / TARBALL
+    if not path.is_file():
+        return Check.failed("bundle.measurements", f"{TARBALL} is missing")
+    data = path.read_bytes()
+    problems = []
+    if data[:2] != b"\x1f\x8b" or data[4:8] != b"\0\0\0\0":
+        problems.append("gzip header is not deterministic (mtime must be 0)")
+    if len(data) > 3 and data[3] & 0x08:
+        problems.append("gzip header carries a file name")
+    contents: dict[str, bytes] = {}
+    names: list[str] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data)), mode="r:") as tar:
+            for member in tar.getmembers():
+                names.append(member.name)
+                if not member.isfile():
+                    problems.append(f"{member.name}: not a regular file entry")
+                    continue
+                if (member.mtime, member.uid, member.gid, member.uname, member.gname,
+                        member.mode) != (0, 0, 0, "", "", 0o644):
+                    problems.append(f"{member.name}: mtime/owner/mode are not the fixed values")
+                stream = tar.extractfile(member)
+                contents[member.name] = stream.read() if stream is not None else b""
+    except (OSError, EOFError, tarfile.TarError, gzip.BadGzipFile) as exc:
+        return Check.failed("bundle.measurements", f"{TARBALL} is not a readable tar.gz: {exc}")
+    if names != sorted(names, key=lambda p: p.encode("utf-8")) or len(set(names)) != len(names):
+        problems.append("entries are not sorted by path (or repeat)")
+    problems += _tar_manifest(bundle, contents)
+    for name, content in contents.items():
+        if name == MANIFEST:
+            continue
+        if name not in files or (bundle.root / name).read_bytes() != content:
+            problems.append(f"{name}: differs from the bundle's file")
+    return _verdict("bundle.measurements", problems, recomputed=len(names))
+
+
+def _tar_manifest(bundle: BundleSource, contents: dict[str, bytes]) -> list[str]:
+    """The tarball's manifest must describe exactly its entries: the bundle less weights."""
+    data = contents.get(MANIFEST)
+    if data is None:
+        return [f"the tarball holds no {MANIFEST}"]
+    if data == bundle.manifest_bytes:
+        inner: dict[str, object] = bundle.manifest
+    else:
+        try:
+            inner = parse_json(data, what=f"{TARBALL} {MANIFEST}")
+        except RecordParseError as exc:
+            return [exc.message]
+        if not isinstance(inner, dict) or rfc8785.dumps(inner) != data:
+            return [f"the tarball's {MANIFEST} is not a canonical manifest"]
+    problems = []
+    if inner.get("target") != bundle.manifest.get("target"):
+        problems.append(f"the tarball's {MANIFEST} names another target")
+    objects = inner.get("objects") if isinstance(inner.get("objects"), dict) else {}
+    left_out = {**(inner.get("omitted") or {}), **(inner.get("derived") or {})}
+    for path, entry in bundle.paths.items():
+        if path in objects:
+            if objects[path] != entry:
+                problems.append(f"the tarball's {MANIFEST} describes {path} differently")
+        elif entry["id"] not in left_out or not path.endswith(WEIGHT_SUFFIX):
+            problems.append(f"{path} is neither in the tarball nor an omitted weight file")
+    extra = sorted(set(objects) - set(bundle.paths))
+    if extra:
+        problems.append(f"the tarball lists files the bundle lacks: {extra[:3]}")
+    if set(contents) - {MANIFEST} != set(objects):
+        problems.append(f"the tarball's entries are not the files its {MANIFEST} lists")
+    return problems

@@ -1,0 +1,261 @@
+"""The ``evaluate`` recipe's claims, recomputed from its retained generations (EXPERIMENT 4).
+
+Every generation's text is re-scored with the verifiers' own strict checker against the
+target the task rules give for its case (not the target text the run used), so neither the
+``checks`` blob nor the claims are trusted. Where the model's tokenizer is available (its
+``tokenizer.json`` in the checkpoint's files), each text is also re-decoded from its output
+ids, which catches an edited answer even when everything above it was rewritten to match.
+Paired statistics re-score the baseline evaluation the same way. Retention losses need the
+model and are not recomputed; their summary statistics are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from .checker import CheckResult, check_answer, compute_target
+from .closure import Objects, Unusable
+from .errors import InvalidArgument, RecordParseError, TaskError
+from .records import parse_json
+from .report import Check
+from .stats import (
+    CONTRACT_MAX_P,
+    CONTRACT_MAX_RETENTION_UPPER,
+    CONTRACT_MIN_GAIN,
+    paired_comparison,
+    retention,
+)
+from .taskchecks import Task, expected_target, read_lines, task_lines
+
+GENERATION_KEYS = frozenset({"id", "prompt_ids", "output_ids", "text", "seconds",
+                             "tokens_per_second", "ended_with_eos", "hit_token_limit"})
+END_OF_TURN = "<|im_end|>"
+_SHOWN = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scored:
+    """One evaluation re-scored: per task, in task order."""
+
+    ids: list[str]
+    families: list[str]
+    variants: list[int]
+    results: list[CheckResult]
+    generations: list[dict[str, Any]]
+    prompts: list[str]
+
+    def correct(self) -> dict[str, bool]:
+        return {i: r.correct for i, r in zip(self.ids, self.results, strict=True)}
+
+
+def _problems(name: str, problems: list[str], **values: Any) -> Check:
+    if not problems:
+        return Check.passed(name, **values)
+    more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
+    return Check.failed(name, f"{len(problems)} problem(s): " + "; ".join(problems[:_SHOWN])
+                        + more, **values)
+
+
+def rescore(objects: Objects, receipt: Mapping[str, Any],
+            action: Mapping[str, Any]) -> tuple[Scored, list[str]]:
+    """Re-score an evaluate receipt's generations; also returns shape problems found."""
+    tasks_record, lines = task_lines(objects, action["inputs"]["tasks"])
+    damaged = tasks_record.get("control") == "damaged"
+    try:
+        gens = read_lines(objects.bytes(receipt["outputs"]["generations"]), "generations")
+    except RecordParseError as exc:
+        raise Unusable(receipt["outputs"]["generations"], exc.message) from None
+    problems = []
+    if [g.get("id") for g in gens] != [line["id"] for line in lines]:
+        problems.append(f"generations cover {len(gens)} ids, the task set {len(lines)} "
+                        "(or another order)")
+    results, families, variants = [], [], []
+    by_id = {g.get("id"): g for g in gens}
+    for number, line in enumerate(lines, start=1):
+        g = by_id.get(line["id"])
+        case = line["task"]
+        families.append(case.get("family"))
+        variants.append(case.get("variant"))
+        if g is None or set(g) != GENERATION_KEYS or not isinstance(g["text"], str):
+            problems.append(f"task {number}: no well-formed generation line")
+            results.append(check_answer("", "{}"))
+            continue
+        try:
+            task = Task(index=number - 1, case=case, prompt=line["prompt"], id=line["id"],
+                        clean=compute_target(case))
+            target = expected_target(task, damaged)
+        except (TaskError, TypeError, KeyError, ValueError) as exc:
+            raise Unusable(action["inputs"]["tasks"], f"task {number} has no usable case "
+                           f"({exc})") from None
+        results.append(check_answer(g["text"], target))
+    scored = Scored(ids=[line["id"] for line in lines], families=families, variants=variants,
+                    results=results, generations=[by_id.get(line["id"], {}) for line in lines],
+                    prompts=[line["prompt"] for line in lines])
+    return scored, problems
+
+
+def answer_claims(scored: Scored) -> dict[str, Any]:
+    by_family: dict[str, int] = {}
+    by_variant: dict[str, int] = {}
+    for family, variant, result in zip(scored.families, scored.variants, scored.results,
+                                       strict=True):
+        by_family[family] = by_family.get(family, 0) + result.correct
+        by_variant[str(variant)] = by_variant.get(str(variant), 0) + result.correct
+    return {
+        "documents": len(scored.ids),
+        "correct": sum(r.correct for r in scored.results),
+        "valid_json_objects": sum(r.valid_json_object for r in scored.results),
+        "correct_by_family": by_family,
+        "correct_by_variant": by_variant,
+    }
+
+
+def check_lines(objects: Objects, checks_id: str, scored: Scored, name: str) -> Check:
+    """The run's ``checks`` blob must say what the re-scoring says, line by line."""
+    try:
+        lines = read_lines(objects.bytes(checks_id), "checks")
+    except RecordParseError as exc:
+        return Check.failed(name, exc.message)
+    expected = [{"id": i, "family": f, "variant": v, **r.to_dict()}
+                for i, f, v, r in zip(scored.ids, scored.families, scored.variants,
+                                      scored.results, strict=True)]
+    problems = []
+    if len(lines) != len(expected):
+        problems.append(f"{len(lines)} lines for {len(expected)} tasks")
+    for number, (got, want) in enumerate(zip(lines, expected, strict=False), start=1):
+        if got != want:
+            diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+            problems.append(f"line {number} ({want['id'][:12]}): {', '.join(diff)} differ")
+    return _problems(name, problems, recomputed=sum(r.correct for r in scored.results))
+
+
+def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eos: set[int],
+                      name: str) -> list[Check]:
+    """Each generation is internally consistent and, with a tokenizer, decodes to its text."""
+    problems = []
+    for number, g in enumerate(scored.generations, start=1):
+        if set(g) != GENERATION_KEYS:
+            continue  # reported by the re-scoring
+        out = g["output_ids"]
+        if not (isinstance(out, list) and all(isinstance(t, int) for t in out)):
+            problems.append(f"line {number}: output_ids is not a list of token ids")
+            continue
+        ended = bool(out) and out[-1] in eos if eos else g["ended_with_eos"]
+        if g["ended_with_eos"] is not ended:
+            problems.append(f"line {number}: ended_with_eos contradicts its last token")
+        limit = isinstance(max_new_tokens, int) and not g["ended_with_eos"] \
+            and len(out) == max_new_tokens
+        if g["hit_token_limit"] is not limit:
+            problems.append(f"line {number}: hit_token_limit contradicts {len(out)} tokens")
+        if isinstance(max_new_tokens, int) and len(out) > max_new_tokens:
+            problems.append(f"line {number}: {len(out)} tokens exceed max_new_tokens")
+        seconds, rate = g["seconds"], g["tokens_per_second"]
+        expected_rate = len(out) / seconds if isinstance(seconds, int | float) and seconds > 0 \
+            else 0.0
+        if not isinstance(rate, int | float) or not math.isclose(rate, expected_rate,
+                                                                 rel_tol=1e-9, abs_tol=1e-12):
+            problems.append(f"line {number}: tokens_per_second is not tokens / seconds")
+    checks = [_problems(f"{name}.generations", problems, recomputed=len(scored.generations))]
+    if tokenizer is None:
+        reason = "the model's tokenizer.json is not available"
+        return [*checks, Check.skipped(f"{name}.decoded", reason), Check.skipped(f"{name}.prompts", reason)]
+    decoded, prompts = [], []
+    for number, (g, prompt) in enumerate(zip(scored.generations, scored.prompts, strict=True),
+                                         start=1):
+        if set(g) != GENERATION_KEYS:
+            continue
+        try:
+            visible = g["output_ids"][:-1] if g["ended_with_eos"] else g["output_ids"]
+            if tokenizer.decode(visible, skip_special_tokens=True) != g["text"]:
+                decoded.append(f"line {number}: text is not the decoding of output_ids")
+            if prompt not in tokenizer.decode(g["prompt_ids"], skip_special_tokens=False):
+                prompts.append(f"line {number}: prompt_ids do not encode the task's prompt")
+        except (TypeError, ValueError, OverflowError) as exc:
+            decoded.append(f"line {number}: ids cannot be decoded ({exc})")
+    return [*checks, _problems(f"{name}.decoded", decoded, recomputed=len(scored.generations)), _problems(f"{name}.prompts", prompts, recomputed=len(scored.generations))]
+
+
+def load_tokenizer(objects: Objects, model_id: str) -> tuple[Any, set[int]]:
+    """The ``tokenizers`` tokenizer of a checkpoint and its end-of-turn ids, or (None, {})."""
+    try:
+        files = objects.record_of(objects.record_of(model_id, "checkpoint/1")["files"], "tree/1")
+        entry = files["entries"].get("tokenizer.json")
+        if entry is None:
+            return None, set()
+        text = objects.bytes(entry["id"]).decode("utf-8")
+    except (Unusable, UnicodeDecodeError):
+        return None, set()
+    from tokenizers import Tokenizer  # heavy; only when an evaluation is verified
+
+    try:
+        tokenizer = Tokenizer.from_str(text)
+    except Exception:  # the Rust library raises bare Exception for a file it cannot parse
+        return None, set()
+    # The ids generation stops at, as the evaluate recipe takes them: the end-of-turn token
+    # and the tokenizer's own eos token (tokenizer_config.json).
+    names = {END_OF_TURN}
+    entry = files["entries"].get("tokenizer_config.json")
+    if entry is not None:
+        try:
+            config = parse_json(objects.bytes(entry["id"]), what="tokenizer_config.json")
+        except (Unusable, RecordParseError):
+            config = None
+        token = config.get("eos_token") if isinstance(config, dict) else None
+        if isinstance(token, dict):
+            token = token.get("content")
+        if isinstance(token, str):
+            names.add(token)
+    eos = {tokenizer.token_to_id(name) for name in names} - {None}
+    return tokenizer, eos
+
+
+def paired_claims(candidate: Scored, baseline: Scored) -> tuple[dict[str, Any], Any]:
+    """wins, losses, accuracy_gain and exact_one_sided_p from two re-scored evaluations."""
+    if candidate.ids != baseline.ids:
+        raise InvalidArgument("baseline", "the baseline evaluated other task ids or another "
+                              "order")
+    result = paired_comparison(baseline.correct(), candidate.correct())
+    return {"wins": result.wins, "losses": result.losses, "accuracy_gain": result.gain,
+            "exact_one_sided_p": result.p}, result
+
+
+def losses_of(objects: Objects, blob: str, probes: list[str]) -> dict[str, float]:
+    """A retention blob's ``{id, loss}`` lines; ids must be the probes, in order."""
+    try:
+        lines = read_lines(objects.bytes(blob), "retention losses")
+    except RecordParseError as exc:
+        raise Unusable(blob, exc.message) from None
+    if [line.get("id") for line in lines] != probes:
+        raise Unusable(blob, "its ids are not the retention probes in order")
+    losses = {}
+    for line in lines:
+        loss = line.get("loss")
+        if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss):
+            raise Unusable(blob, f"probe {line['id']} has no finite loss")
+        losses[line["id"]] = float(loss)
+    return losses
+
+
+def retention_claims(base: dict[str, float], cand: dict[str, float]) -> dict[str, Any]:
+    if len(cand) >= 2:
+        r = retention(base, cand)
+        mean, se, upper, improved, worsened = r.mean, r.se, r.upper, r.improved, r.worsened
+    else:  # no spread to estimate: the run reports no standard error and no upper bound
+        changes = [cand[k] - base[k] for k in cand]
+        mean = math.fsum(changes) / len(changes) if changes else 0.0
+        se = upper = None
+        improved = sum(1 for x in changes if x < 0)
+        worsened = sum(1 for x in changes if x > 0)
+    return {"retention_mean_change": mean, "retention_standard_error": se,
+            "retention_upper": upper, "retention_improved": improved,
+            "retention_worsened": worsened}
+
+
+def contract_claim(gain: Fraction, p: Fraction, upper: float | None) -> dict[str, bool]:
+    return {"gain": gain >= CONTRACT_MIN_GAIN, "p": p <= CONTRACT_MAX_P,
+            "retention_upper": upper is not None
+            and upper <= float(CONTRACT_MAX_RETENTION_UPPER)}

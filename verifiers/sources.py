@@ -1,0 +1,477 @@
+"""Read-only access to objects, from a store directory or from an export bundle.
+
+Two readers, one interface (``Source``), written from SPEC 1, SPEC 5 and docs/bundle.md and
+sharing no code with the store:
+
+- ``StoreSource`` opens ``<store>/nscas.db`` with stdlib ``sqlite3`` in ``mode=ro`` and reads
+  an object's bytes from its row (``inline``), from its chunk file ``data/<2 hex>/<62 hex>``
+  (``file``, raw or zstd) or by concatenating its ``parts`` in order (recursively).
+- ``BundleSource`` reads ``manifest.json`` and the files it names; ``derived`` objects are byte
+  ranges of another object and ``omitted`` ones are known only by size and SHA-256.
+
+Readers hand out bytes as stored, *unverified*: re-hashing is the integrity checker's job
+(``closure.py``), so that a corrupt object becomes a finding instead of a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import zstandard
+
+from .errors import MissingObject, RecordParseError, VerifierError
+from .objects import READ_CHUNK, is_object_id
+from .records import extract_links, parse_json
+
+DB_NAME = "nscas.db"
+STORE_DIR = ".nscas"
+ENV_VAR = "NSCAS_STORE"
+MANIFEST = "manifest.json"
+SUMS = "SHA256SUMS"
+TARBALL = "measurements.tar.gz"
+BUNDLE_FORMAT = "nscas-bundle/1"
+MIN_PREFIX = 8
+_HEX_PREFIX = re.compile(r"^(?:blake3:)?([0-9a-f]{8,64})$")
+_REF_NAME = re.compile(r"^[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*$")
+
+
+class BadTarget(VerifierError):
+    """The TARGET argument names nothing usable (exit 2)."""
+
+    def __init__(self, target: str, why: str) -> None:
+        super().__init__(f"cannot verify {target!r}: {why}")
+        self.target = target
+        self.why = why
+
+
+class SourceError(VerifierError):
+    """A store or bundle cannot be opened or read at all (exit 2)."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}")
+        self.where = where
+        self.why = why
+
+
+class Unreadable(VerifierError):
+    """An object is listed but its bytes cannot be produced (a chunk file is gone, zstd data
+    is corrupt). ``missing`` is true when the bytes are simply absent (exit 3)."""
+
+    def __init__(self, object_id: str, why: str, *, missing: bool) -> None:
+        super().__init__(f"object {object_id}: {why}")
+        self.object_id = object_id
+        self.why = why
+        self.missing = missing
+        self.exit_code = 3 if missing else 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectMeta:
+    """What a source records about one object, before anything is re-hashed."""
+
+    id: str
+    """``blake3:`` ID."""
+    size: int
+    """Recorded size in bytes."""
+    sha256: str
+    """Recorded SHA-256 hex."""
+    kind: str | None
+    """Recorded record kind (``receipt/1``), None for a blob."""
+    where: str
+    """Where the bytes live, for messages (a store row, a bundle path)."""
+
+
+class Source(Protocol):
+    """Read-only object access shared by the store and bundle readers."""
+
+    label: str
+    """What is being read, for messages."""
+
+    def meta(self, oid: str) -> ObjectMeta | None:
+        """The recorded facts of ``oid``; None when the source does not hold it."""
+
+    def omitted(self, oid: str) -> str | None:
+        """Why ``oid`` was left out on purpose (a bundle without weights), else None."""
+
+    def chunks(self, oid: str) -> Iterator[bytes]:
+        """The object's bytes in pieces, unverified; raises ``Unreadable``/``MissingObject``."""
+
+    def file_path(self, oid: str) -> Path | None:
+        """A regular file holding exactly the object's bytes, if the source has one."""
+
+    def resolve(self, text: str) -> str:
+        """A full ID, ref name or unique hex prefix as a full ID; raises ``BadTarget``."""
+
+    def parents(self, oid: str) -> list[str] | None:
+        """IDs of the records that link ``oid``, or None when the source has no link index."""
+
+    def created(self, oid: str) -> float | None:
+        """When the source first stored ``oid`` (seconds since the epoch), if it knows."""
+
+
+def read_all(source: Source, oid: str) -> bytes:
+    return b"".join(source.chunks(oid))
+
+
+# --- the store ---------------------------------------------------------------------------
+
+def find_store_dir(path: Path | None = None) -> Path:
+    """The store directory: ``path`` (a store or a directory holding ``.nscas``), else
+    ``$NSCAS_STORE``, else ``.nscas`` in the current directory or a parent."""
+    if path is None and os.environ.get(ENV_VAR):
+        path = Path(os.environ[ENV_VAR])
+    if path is not None:
+        for candidate in (path, path / STORE_DIR):
+            if (candidate / DB_NAME).is_file():
+                return candidate
+        raise SourceError(str(path), f"not an nscas store (no {DB_NAME} in it or in "
+                                     f"{path / STORE_DIR}); pass --store or a bundle directory")
+    here = Path.cwd().resolve()
+    for directory in (here, *here.parents):
+        if (directory / STORE_DIR / DB_NAME).is_file():
+            return directory / STORE_DIR
+    raise SourceError("store", "no nscas store here or in any parent directory; pass --store "
+                               "or a bundle directory")
+
+
+class StoreSource:
+    """An nscas store read through ``sqlite3`` (read-only) and its chunk files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.label = f"store {root}"
+        db = root / DB_NAME
+        if not db.is_file():
+            raise SourceError(str(root), f"not an nscas store (no {DB_NAME})")
+        try:
+            self._db = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+            self._db.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            raise SourceError(str(db), f"cannot read the database: {exc}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _row(self, hex_id: str) -> tuple[Any, ...] | None:
+        return self._db.execute(
+            "SELECT size, sha256, kind, storage, codec, data, created FROM objects WHERE id = ?",
+            (hex_id,)).fetchone()
+
+    def meta(self, oid: str) -> ObjectMeta | None:
+        row = self._row(oid.removeprefix("blake3:"))
+        if row is None:
+            return None
+        return ObjectMeta(id=oid, size=row[0], sha256=row[1], kind=row[2],
+                          where=f"{self.label}, row {oid} ({row[3]})")
+
+    def omitted(self, oid: str) -> str | None:
+        return None
+
+    def chunks(self, oid: str) -> Iterator[bytes]:
+        yield from self._leaves(oid.removeprefix("blake3:"), depth=0)
+
+    def _leaves(self, hex_id: str, depth: int) -> Iterator[bytes]:
+        if depth > 8:  # parts of parts exist (large tensors); deeper nesting means a cycle
+            raise Unreadable(f"blake3:{hex_id}", "parts nest too deeply", missing=False)
+        row = self._row(hex_id)
+        if row is None:
+            raise MissingObject(f"blake3:{hex_id}")
+        storage, codec, data = row[3], row[4], row[5]
+        if storage == "inline":
+            if data is None:
+                raise Unreadable(f"blake3:{hex_id}", "inline row without data", missing=True)
+            yield bytes(data)
+        elif storage == "file":
+            yield self._chunk_file(hex_id, codec)
+        elif storage == "parts":
+            subs = self._db.execute("SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx",
+                                    (hex_id,)).fetchall()
+            if not subs:
+                raise Unreadable(f"blake3:{hex_id}", "stored as parts but has none", missing=True)
+            for (sub,) in subs:
+                yield from self._leaves(sub, depth + 1)
+        else:
+            raise Unreadable(f"blake3:{hex_id}", f"unknown storage {storage!r}", missing=False)
+
+    def _chunk_file(self, hex_id: str, codec: str) -> bytes:
+        path = self.root / "data" / hex_id[:2] / hex_id[2:]
+        try:
+            stored = path.read_bytes()
+        except FileNotFoundError:
+            raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is missing",
+                             missing=True) from None
+        if codec == "raw":
+            return stored
+        if codec == "zstd":
+            try:
+                return zstandard.ZstdDecompressor().decompress(stored)
+            except zstandard.ZstdError as exc:
+                raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is not valid zstd "
+                                 f"({exc})", missing=False) from None
+        raise Unreadable(f"blake3:{hex_id}", f"unknown codec {codec!r}", missing=False)
+
+    def file_path(self, oid: str) -> Path | None:
+        return None  # chunk files may be compressed or split: never the object's bytes as is
+
+    def resolve(self, text: str) -> str:
+        text = text.strip()
+        if is_object_id(text):
+            if self._row(text.removeprefix("blake3:")) is None:
+                raise MissingObject(text)
+            return text
+        if _REF_NAME.fullmatch(text):
+            row = self._db.execute("SELECT target FROM refs WHERE name = ?", (text,)).fetchone()
+            if row is not None:
+                return "blake3:" + row[0]
+        match = _HEX_PREFIX.fullmatch(text)
+        if match is None:
+            raise BadTarget(text, "not an ID, a ref name of this store, or a hex prefix of at "
+                                  f"least {MIN_PREFIX} digits")
+        prefix = match.group(1)
+        rows = self._db.execute("SELECT id FROM objects WHERE id >= ? AND id < ? ORDER BY id "
+                                "LIMIT 11", (prefix, prefix + "g")).fetchall()
+        if not rows:
+            raise BadTarget(text, "no object or ref of that name in the store")
+        if len(rows) > 1:
+            shown = ", ".join(r[0][:16] for r in rows[:10])
+            raise BadTarget(text, f"prefix is ambiguous ({shown}{', ...' if len(rows) > 10 else ''})")
+        return "blake3:" + rows[0][0]
+
+    def parents(self, oid: str) -> list[str] | None:
+        rows = self._db.execute("SELECT DISTINCT parent FROM links WHERE child = ? ORDER BY parent",
+                                (oid.removeprefix("blake3:"),)).fetchall()
+        return ["blake3:" + r[0] for r in rows]
+
+    def created(self, oid: str) -> float | None:
+        row = self._row(oid.removeprefix("blake3:"))
+        return None if row is None else float(row[6])
+
+
+# --- the bundle --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Derived:
+    """A bundle object whose bytes are a byte range of another object."""
+
+    source: str
+    offset: int
+    size: int
+    sha256: str
+
+
+def is_bundle(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def safe_relative(path: str) -> str | None:
+    """Why a manifest path is unsafe (absolute, ``..``, empty parts), or None if it is fine."""
+    if not isinstance(path, str) or not path:
+        return "empty path"
+    if "\\" in path or "\x00" in path:
+        return "holds a backslash or NUL"
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        return "absolute path"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return "holds '.', '..' or an empty part"
+    return None
+
+
+class BundleSource:
+    """An export bundle (docs/bundle.md) read from its directory, with no store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.label = f"bundle {root}"
+        self.problems: list[str] = []
+        """Everything wrong with the manifest itself, found while reading it."""
+        data = self._file_bytes(MANIFEST)
+        try:
+            manifest = parse_json(data, what=MANIFEST)
+        except RecordParseError as exc:
+            raise SourceError(str(root / MANIFEST), exc.message) from None
+        if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+            raise SourceError(str(root / MANIFEST), f"not a {BUNDLE_FORMAT} manifest")
+        self.manifest_bytes = data
+        self.manifest: dict[str, Any] = manifest
+        self.target = manifest.get("target")
+        if not is_object_id(self.target):
+            raise SourceError(str(root / MANIFEST), "'target' is not an object ID")
+        self.paths: dict[str, dict[str, Any]] = {}
+        self._by_id: dict[str, str] = {}
+        self._derived: dict[str, Derived] = {}
+        self._omitted: dict[str, dict[str, Any]] = {}
+        self._parents: dict[str, list[str]] | None = None
+        self._read_sections()
+
+    def _file_bytes(self, rel: str) -> bytes:
+        path = self.root / rel
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise SourceError(str(path), exc.strerror or str(exc)) from None
+
+    def _read_sections(self) -> None:
+        objects = self.manifest.get("objects")
+        derived = self.manifest.get("derived", {})
+        omitted = self.manifest.get("omitted", {})
+        for name, section in (("objects", objects), ("derived", derived), ("omitted", omitted)):
+            if not isinstance(section, dict):
+                raise SourceError(str(self.root / MANIFEST), f"'{name}' is not an object")
+        for path, entry in objects.items():
+            why = safe_relative(path)
+            if why is None and not (isinstance(entry, dict) and is_object_id(entry.get("id"))
+                                    and _count(entry.get("size")) and _hex64(entry.get("sha256"))):
+                why = "entry needs id, size and sha256"
+            if why is not None:
+                self.problems.append(f"objects[{path!r}]: {why}")
+                continue
+            self.paths[path] = entry
+            self._by_id.setdefault(entry["id"], path)
+        for oid, entry in derived.items():
+            if not (is_object_id(oid) and isinstance(entry, dict) and is_object_id(entry.get("from"))
+                    and _count(entry.get("offset")) and _count(entry.get("size"))
+                    and _hex64(entry.get("sha256"))):
+                self.problems.append(f"derived[{oid!r}]: needs from, offset, size and sha256")
+                continue
+            self._derived[oid] = Derived(source=entry["from"], offset=entry["offset"],
+                                         size=entry["size"], sha256=entry["sha256"])
+        for oid, entry in omitted.items():
+            if not (is_object_id(oid) and isinstance(entry, dict) and _count(entry.get("size"))
+                    and _hex64(entry.get("sha256"))):
+                self.problems.append(f"omitted[{oid!r}]: needs size, sha256 and reason")
+                continue
+            self._omitted[oid] = entry
+
+    def meta(self, oid: str) -> ObjectMeta | None:
+        path = self._by_id.get(oid)
+        if path is not None:
+            entry = self.paths[path]
+            kind = entry.get("kind")
+            return ObjectMeta(id=oid, size=entry["size"], sha256=entry["sha256"],
+                              kind=kind if isinstance(kind, str) else None,
+                              where=f"{self.label}, file {path}")
+        derived = self._derived.get(oid)
+        if derived is not None:
+            return ObjectMeta(id=oid, size=derived.size, sha256=derived.sha256, kind=None,
+                              where=f"{self.label}, bytes {derived.offset}..+{derived.size} of "
+                                    f"{derived.source}")
+        return None
+
+    def omitted(self, oid: str) -> str | None:
+        entry = self._omitted.get(oid)
+        if entry is None:
+            return None
+        return str(entry.get("reason") or "omitted")
+
+    def chunks(self, oid: str) -> Iterator[bytes]:
+        path = self._by_id.get(oid)
+        if path is not None:
+            yield from self._read_file(oid, path)
+            return
+        derived = self._derived.get(oid)
+        if derived is None:
+            raise MissingObject(oid)
+        if derived.source in self._derived:
+            raise Unreadable(oid, "derived from another derived object", missing=False)
+        source_path = self._by_id.get(derived.source)
+        if source_path is None:
+            why = "omitted" if derived.source in self._omitted else "not in the bundle"
+            raise Unreadable(oid, f"derived from {derived.source}, which is {why}", missing=True)
+        yield self._read_range(oid, source_path, derived.offset, derived.size)
+
+    def _checked_path(self, oid: str, rel: str) -> Path:
+        path = self.root / rel
+        if path.is_symlink() or any(p.is_symlink() for p in path.parents
+                                    if p != self.root and self.root in p.parents):
+            raise Unreadable(oid, f"bundle path {rel} is a symbolic link", missing=False)
+        if not path.is_file():
+            raise Unreadable(oid, f"bundle file {rel} is missing", missing=True)
+        return path
+
+    def _read_file(self, oid: str, rel: str) -> Iterator[bytes]:
+        path = self._checked_path(oid, rel)
+        with path.open("rb") as stream:
+            while piece := stream.read(READ_CHUNK):
+                yield piece
+
+    def _read_range(self, oid: str, rel: str, offset: int, size: int) -> bytes:
+        path = self._checked_path(oid, rel)
+        with path.open("rb") as stream:
+            stream.seek(offset)
+            data = stream.read(size)
+        if len(data) != size:
+            raise Unreadable(oid, f"range {offset}..+{size} runs past the end of {rel}",
+                             missing=False)
+        return data
+
+    def file_path(self, oid: str) -> Path | None:
+        path = self._by_id.get(oid)
+        if path is None:
+            return None
+        try:
+            return self._checked_path(oid, path)
+        except Unreadable:
+            return None
+
+    def resolve(self, text: str) -> str:
+        text = text.strip()
+        known = {*self._by_id, *self._derived, *self._omitted}
+        if is_object_id(text):
+            if text not in known:
+                raise MissingObject(text)
+            return text
+        match = _HEX_PREFIX.fullmatch(text)
+        if match is None:
+            raise BadTarget(text, "a bundle is verified by its directory, an ID or a hex prefix")
+        hits = sorted(i for i in known if i[7:].startswith(match.group(1)))
+        if len(hits) != 1:
+            raise BadTarget(text, "no object of the bundle has that prefix" if not hits
+                            else f"prefix is ambiguous ({len(hits)} objects)")
+        return hits[0]
+
+    def parents(self, oid: str) -> list[str] | None:
+        if self._parents is None:
+            self._parents = self._index_links()
+        return self._parents.get(oid, [])
+
+    def _index_links(self) -> dict[str, list[str]]:
+        """Child -> parents over every record file of the bundle. The index only points the
+        checkers at records; whatever they then read is verified as usual."""
+        index: dict[str, set[str]] = {}
+        for path, entry in self.paths.items():
+            if entry.get("kind") is None or (self.root / path).is_symlink():
+                continue
+            try:
+                value = parse_json((self.root / path).read_bytes(), what=path)
+            except (OSError, RecordParseError):
+                continue
+            for link in extract_links(value):
+                index.setdefault(link.target, set()).add(entry["id"])
+        return {child: sorted(parents) for child, parents in index.items()}
+
+    def created(self, oid: str) -> float | None:
+        return None
+
+    def all_files(self) -> list[str]:
+        """Every regular file under the bundle directory, relative, sorted bytewise."""
+        found = []
+        for directory, _dirs, files in os.walk(self.root):
+            for name in files:
+                rel = (Path(directory) / name).relative_to(self.root).as_posix()
+                found.append(rel)
+        return sorted(found, key=lambda p: p.encode("utf-8"))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _hex64(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
