@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from nscas.recipes.common.checker import MAX_ANSWER_BYTES, CheckResult, check
 
 from nscas.errors import InvalidInput
+from nscas.recipes.common.checker import MAX_ANSWER_BYTES, CheckResult, check
 
 LOOKUP = '{"city":"Oslo","units":365}'
 IDS = '{"ids":["A100","B200"]}'

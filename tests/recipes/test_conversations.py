@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from nscas.errors import InvalidInput
 from nscas.recipes.common.conversations import (
     ConversationError,
     conversations_jsonl,
     standin_conversations,
     validate_conversations,
 )
-
-from nscas.errors import InvalidInput
 
 USER = {"role": "user", "content": "Hi"}
 ASSISTANT = {"role": "assistant", "content": "Hello."}

@@ -6,8 +6,9 @@ import hashlib
 import struct
 
 import torch
-from nscas.recipes.common.digests import sha256_stream, tensor_bytes
 from torch import nn
+
+from nscas.recipes.common.digests import sha256_stream, tensor_bytes
 
 
 class TwoTensors(nn.Module):

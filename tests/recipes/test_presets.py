@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
+
+from nscas.errors import DestinationExists, InvalidInput
 from nscas.recipes.common.digests import sha256_stream
 from nscas.recipes.init.presets import (
     PRESETS,
@@ -18,9 +21,6 @@ from nscas.recipes.init.presets import (
     save_hf_dir,
 )
 from nscas.recipes.tokenizer.bpe import train_tokenizer
-from transformers import AutoTokenizer
-
-from nscas.errors import DestinationExists, InvalidInput
 
 torch.set_num_threads(1)
 

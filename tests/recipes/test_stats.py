@@ -6,9 +6,9 @@ import math
 from fractions import Fraction
 
 import pytest
-from nscas.recipes.common.stats import contract, mcnemar_one_sided, paired, retention
 
 from nscas.errors import InvalidInput
+from nscas.recipes.common.stats import contract, mcnemar_one_sided, paired, retention
 
 
 def test_mcnemar_worked_example() -> None:

@@ -7,10 +7,10 @@ import json
 import random
 
 import pytest
-from nscas.recipes.common import tasks as T
-from nscas.recipes.common.checker import check
 
 from nscas.errors import InvalidInput, RecipeError
+from nscas.recipes.common import tasks as T
+from nscas.recipes.common.checker import check
 
 SEED = 2026091301
 PLAIN = T.parse_wordings({"header": "H:", "wordings": {

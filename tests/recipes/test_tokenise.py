@@ -7,6 +7,9 @@ import random
 
 import pytest
 import torch
+from transformers import AutoTokenizer
+
+from nscas.errors import RecipeError
 from nscas.recipes.common.tokenise import (
     IGNORE_INDEX,
     DocumentError,
@@ -19,9 +22,6 @@ from nscas.recipes.common.tokenise import (
 )
 from nscas.recipes.init.presets import build_model
 from nscas.recipes.tokenizer.bpe import train_tokenizer
-from transformers import AutoTokenizer
-
-from nscas.errors import RecipeError
 
 PROMPT = 'Return the city.\nRecords:\n[{"id":"K417","city":"Oslo","units":3}]'
 TARGET = '{"city":"Oslo","units":3}'

@@ -7,15 +7,15 @@ import random
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
+
+from nscas.errors import DestinationExists, InvalidInput
 from nscas.recipes.tokenizer.bpe import (
     CHAT_TEMPLATE,
     MIN_VOCAB_SIZE,
     SPECIAL_TOKENS,
     train_tokenizer,
 )
-from transformers import AutoTokenizer
-
-from nscas.errors import DestinationExists, InvalidInput
 
 
 def corpus(n: int = 150, seed: int = 0) -> list[str]:

@@ -1,0 +1,81 @@
+"""A run killed after its first checkpoint resumes to bit-identical final parameters (CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from nscas.errors import RecipeError
+from nscas.recipes.train.checkpoints import claim_output_dir, completed_checkpoints
+from nscas.recipes.train.journal import effective_steps, read_journal
+from nscas.recipes.train.launch import run_training
+from nscas.recipes.train.protocol import result_path
+from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec, tiny  # noqa: F401
+
+PARAMS = {"steps": 8, "batch": 4, "world": 2, "warmup": 2, "checkpoint_steps": (2,)}
+
+
+class Interrupt(Exception):
+    """Raised from on_checkpoint: the launcher then kills every rank mid-run."""
+
+
+def _steps(journal: Path) -> list[dict]:
+    return effective_steps(read_journal(journal).entries)
+
+
+def test_killed_run_resumes_to_the_same_parameters(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
+    torch.set_num_threads(1)
+    root, tokenizer, base = tiny
+    docs = make_documents(20, seed=9, lengths=(40, 90))
+    whole = make_spec(root, docs=docs, base=base, tokenizer=tokenizer, out="whole", **PARAMS)
+    reference = run_training(whole, env=THREADS)
+
+    broken = make_spec(root, docs=docs, base=base, tokenizer=tokenizer, out="broken", **PARAMS)
+
+    def interrupt(step: int, hf_dir: Path, state_file: Path) -> None:
+        if step == 2:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_training(broken, on_checkpoint=interrupt, env=THREADS)
+    out = Path(broken.output_dir)
+    # The kill landed between the first checkpoint and the end.
+    assert [c.step for c in completed_checkpoints(out)] == [2]
+    assert not result_path(out, 0).exists()
+
+    seen: list[tuple[int, Path]] = []
+    resumed = run_training(broken, on_checkpoint=lambda s, h, _f: seen.append((s, h)), env=THREADS)
+    assert [s for s, _h in seen] == [2, 8]
+    assert [c.step for c in resumed.checkpoints] == [2, 8]
+
+    want = load_file(reference.checkpoints[-1].hf_dir / "model.safetensors")
+    got = load_file(resumed.checkpoints[-1].hf_dir / "model.safetensors")
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[name], got[name]) for name in want)
+    assert resumed.results[0].sha256_stream == reference.results[0].sha256_stream
+    assert [r.parameter_blake3 for r in resumed.results] == [
+        r.parameter_blake3 for r in reference.results
+    ]
+
+    for r_ref, r_new in zip(reference.results, resumed.results, strict=True):
+        assert r_new.resumed_from == 2 and r_new.updates == 8
+        entries = read_journal(Path(r_new.journal)).entries  # the chain still holds
+        resumes = [e for e in entries if e.get("event") == "resume"]
+        assert [(e["from_step"], e["rank"]) for e in resumes] == [(2, r_new.rank)]
+        ref_steps, new_steps = _steps(Path(r_ref.journal)), _steps(Path(r_new.journal))
+        assert [e["step"] for e in new_steps] == [1, 2, 3, 4, 5, 6, 7, 8]
+        keys = ("loss", "grad_norm", "lr", "documents", "targets", "weighted_targets")
+        assert [[e[k] for k in keys] for e in new_steps] == [[e[k] for k in keys] for e in ref_steps]
+        assert r_new.targets == r_ref.targets and r_new.bytes_communicated == r_ref.bytes_communicated
+
+
+def test_an_output_directory_of_another_run_is_refused(tmp_path: Path) -> None:
+    assert claim_output_dir(tmp_path / "out", "a" * 64) is False
+    assert claim_output_dir(tmp_path / "out", "a" * 64) is True
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["identity"] == "a" * 64
+    with pytest.raises(RecipeError, match="holds another run"):
+        claim_output_dir(tmp_path / "out", "b" * 64)
