@@ -1,0 +1,165 @@
+"""Checkpoints on disk: an HF model directory plus the optimizer and RNG state for resuming.
+
+Layout under a run's output directory::
+
+    run.json                          which run this directory belongs to (its identity)
+    checkpoints/step-000064/hf/       save_hf_dir: config, model.safetensors, tokenizer files
+    checkpoints/step-000064/state.pt  torch.save: optimizer state, every rank's RNG, step
+
+A checkpoint is written under a ``.partial-`` name, fsync'ed and renamed, so a directory
+named ``step-*`` is always complete; partial ones are removed before a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rfc8785
+import torch
+
+from nscas.errors import DestinationExists, RecipeError
+from nscas.recipes.init.presets import save_hf_dir
+
+STATE_FORMAT = "train-state/1"
+RUN_FORMAT = "train-run/1"
+_STEP_DIR = re.compile(r"step-(\d{6})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointPaths:
+    """Where one complete checkpoint lies."""
+
+    step: int
+    """Updates made before it was written."""
+    hf_dir: Path
+    """The HF model directory (what becomes a ``checkpoint/1``)."""
+    state_file: Path
+    """Optimizer and RNG state, for resuming only."""
+
+
+def checkpoint_root(output_dir: Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def paths_for(output_dir: Path, step: int) -> CheckpointPaths:
+    base = checkpoint_root(output_dir) / f"step-{step:06d}"
+    return CheckpointPaths(step=step, hf_dir=base / "hf", state_file=base / "state.pt")
+
+
+def completed_checkpoints(output_dir: Path) -> list[CheckpointPaths]:
+    """Every complete checkpoint in ``output_dir``, by step."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    steps = sorted(int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)))
+    return [paths_for(output_dir, s) for s in steps]
+
+
+def discard_partial(output_dir: Path) -> None:
+    """Remove checkpoints whose writing was interrupted (only this module makes them)."""
+    root = checkpoint_root(output_dir)
+    if root.is_dir():
+        for path in root.iterdir():
+            if path.name.startswith(".partial-"):
+                shutil.rmtree(path)
+
+
+def write_checkpoint(
+    output_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer_dir: Path,
+    state: dict[str, Any],
+) -> CheckpointPaths:
+    """Write the model as an HF directory and ``state`` (plus format and step) atomically."""
+    final = paths_for(output_dir, step)
+    if final.hf_dir.parent.exists():
+        raise DestinationExists(str(final.hf_dir.parent))
+    partial = checkpoint_root(output_dir) / f".partial-step-{step:06d}"
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    save_hf_dir(model, Path(tokenizer_dir), partial / "hf")
+    torch.save({"format": STATE_FORMAT, "step": step, **state}, partial / "state.pt")
+    _fsync_tree(partial)
+    os.rename(partial, final.hf_dir.parent)
+    _fsync_dir(checkpoint_root(output_dir))
+    return final
+
+
+def read_state(paths: CheckpointPaths, *, device: torch.device) -> dict[str, Any]:
+    """The resume state of a checkpoint, tensors on ``device``."""
+    try:
+        state = torch.load(paths.state_file, map_location=device, weights_only=True)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise RecipeError(f"cannot read checkpoint state {paths.state_file}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get(
+        "step"
+    ) != paths.step:
+        raise RecipeError(f"{paths.state_file} is not the {STATE_FORMAT} state of step {paths.step}")
+    return state
+
+
+def claim_output_dir(output_dir: Path, identity: str) -> bool:
+    """Mark ``output_dir`` as the home of run ``identity``; True if it already was (a resume).
+
+    A directory holding another run's files is refused: resuming it would mix two runs.
+    """
+    output_dir = Path(output_dir)
+    marker = output_dir / "run.json"
+    if marker.exists():
+        try:
+            held = json.loads(marker.read_text(encoding="utf-8")).get("identity")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise RecipeError(f"cannot read {marker}: {exc}") from exc
+        if held != identity:
+            raise RecipeError(
+                f"output directory {output_dir} holds another run ({held}, not {identity}); "
+                "give each run its own directory"
+            )
+        return True
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"format": RUN_FORMAT, "identity": identity}) + "\n")
+    _fsync_file(tmp)
+    os.rename(tmp, marker)
+    return False
+
+
+def run_identity(values: dict[str, Any], files: list[Path]) -> str:
+    """SHA-256 hex naming a run: canonical JSON of ``values`` plus each file's SHA-256."""
+    hashes = []
+    for path in files:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        hashes.append(digest.hexdigest())
+    return hashlib.sha256(rfc8785.dumps({"values": values, "files": hashes})).hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    _fsync_file(path)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            _fsync_file(Path(dirpath) / name)
+        _fsync_dir(Path(dirpath))

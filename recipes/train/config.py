@@ -1,0 +1,239 @@
+"""The typed parameters of recipe ``train`` and the spec file the wrapper hands to the workers.
+
+Defaults are the published values of EXPERIMENT 3. Every check that can be made without a
+process group happens here, so bad params fail before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from nscas.errors import InvalidInput
+
+MIN_WEIGHT = 1
+MAX_WEIGHT = 16
+"""Loss weights are whole numbers in this range; the published run used 8 and 1."""
+
+SPEC_FORMAT = "train-spec/1"
+"""The ``format`` member of a worker spec file."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainParams:
+    """Parameters of one training run (EXPERIMENT 3); the defaults are the published run."""
+
+    steps: int = 128
+    """Optimizer updates to make."""
+    batch: int = 8
+    """Documents per update, across all ranks (the global batch)."""
+    lr: float = 3e-5
+    """Peak learning rate, reached after warmup; cosine decay then ends at 0.1 × lr."""
+    warmup: int = 8
+    """Updates of linear warmup: update s (0-based) uses lr·(s+1)/warmup while s < warmup."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.01
+    """AdamW weight decay, applied only to parameter tensors with at least two dimensions."""
+    clip: float = 1.0
+    """Maximum global gradient norm; gradients are scaled down to it when larger."""
+    schedule_seed: int = 20260913
+    """Seed of the document schedule (``random.Random(seed)`` shuffles of the documents)."""
+    checkpoint_steps: tuple[int, ...] = (64, 128)
+    """Steps after which a checkpoint is written; the final step is always written too."""
+    grounded_weight: int = 8
+    """Loss weight of grounded task documents (train or damaged)."""
+    replay_weight: int = 1
+    """Loss weight of replay conversations."""
+    max_length: int = 1024
+    """Longest document in tokens; a longer one is an error (never truncated)."""
+    world: int = 1
+    """Total number of ranks (processes) across all nodes."""
+    device: str = "cpu"
+    """``cpu`` (gloo, FP32 throughout) or ``cuda`` (NCCL, BF16 autocast, one GPU per rank)."""
+    deterministic: bool = True
+    """Deterministic algorithms on and TF32 off."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory (same mathematics)."""
+    nnodes: int = 1
+    """Number of hosts; each runs world / nnodes ranks."""
+    node_rank: int = 0
+    """Index of this host among the nnodes hosts."""
+    rdzv_endpoint: str = "127.0.0.1:0"
+    """HOST:PORT of the c10d rendezvous; port 0 picks a free port (single host only)."""
+    timeout_seconds: int = 60
+    """Process-group timeout: a rank that stops answering stops the others within this."""
+    checkpoint_timeout_seconds: int = 1800
+    """How long ranks wait for each other around slow phases (loading, rank 0 writing a
+    checkpoint); a rank that dies is still noticed at once."""
+
+    def __post_init__(self) -> None:
+        _check_int(self, "steps", low=1)
+        _check_int(self, "batch", low=1)
+        _check_int(self, "warmup", low=0)
+        _check_int(self, "max_length", low=2)
+        _check_int(self, "world", low=1)
+        _check_int(self, "nnodes", low=1)
+        _check_int(self, "node_rank", low=0, high=self.nnodes - 1)
+        _check_int(self, "timeout_seconds", low=1)
+        _check_int(self, "checkpoint_timeout_seconds", low=1)
+        _check_int(self, "schedule_seed", low=0)
+        for name in ("grounded_weight", "replay_weight"):
+            _check_int(self, name, low=MIN_WEIGHT, high=MAX_WEIGHT)
+        for name in ("lr", "eps", "clip"):
+            value = getattr(self, name)
+            if not _is_number(value) or not value > 0:
+                raise InvalidInput(f"train param {name} must be a positive number, not {value!r}")
+        if not _is_number(self.weight_decay) or self.weight_decay < 0:
+            raise InvalidInput(f"train param weight_decay must be >= 0, not {self.weight_decay!r}")
+        if (
+            not isinstance(self.betas, tuple)
+            or len(self.betas) != 2
+            or not all(_is_number(b) and 0 <= b < 1 for b in self.betas)
+        ):
+            raise InvalidInput(f"train param betas must be two numbers in [0, 1), not {self.betas!r}")
+        if not isinstance(self.checkpoint_steps, tuple) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in self.checkpoint_steps
+        ):
+            raise InvalidInput(
+                f"train param checkpoint_steps must be a list of integers, not {self.checkpoint_steps!r}"
+            )
+        if list(self.checkpoint_steps) != sorted(set(self.checkpoint_steps)) or any(
+            not 1 <= s <= self.steps for s in self.checkpoint_steps
+        ):
+            raise InvalidInput(
+                f"train param checkpoint_steps {list(self.checkpoint_steps)} must be increasing "
+                f"steps between 1 and steps ({self.steps})"
+            )
+        if self.batch % self.world:
+            raise InvalidInput(
+                f"train param batch ({self.batch}) is not divisible by world ({self.world}): "
+                "every rank must take the same number of documents"
+            )
+        if self.world % self.nnodes:
+            raise InvalidInput(
+                f"train param world ({self.world}) is not divisible by nnodes ({self.nnodes})"
+            )
+        if self.device not in ("cpu", "cuda"):
+            raise InvalidInput(f"train param device must be 'cpu' or 'cuda', not {self.device!r}")
+        for name in ("deterministic", "gradient_checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInput(f"train param {name} must be true or false")
+        host, sep, port = self.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise InvalidInput(
+                f"train param rdzv_endpoint must be HOST:PORT, not {self.rdzv_endpoint!r}"
+            )
+        if self.nnodes > 1 and int(port) == 0:
+            raise InvalidInput("train param rdzv_endpoint needs a fixed port when nnodes > 1")
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world // self.nnodes
+
+    @property
+    def checkpoint_set(self) -> frozenset[int]:
+        """The steps that get a checkpoint: the listed ones and the final step."""
+        return frozenset((*self.checkpoint_steps, self.steps))
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain JSON-ready values (tuples become lists)."""
+        out = asdict(self)
+        out["betas"] = list(self.betas)
+        out["checkpoint_steps"] = list(self.checkpoint_steps)
+        return out
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> TrainParams:
+        """Parse JSON/TOML values: lists become tuples, unknown keys are errors."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InvalidInput(f"unknown train param(s): {', '.join(unknown)}")
+        parsed = dict(values)
+        for name in ("betas", "checkpoint_steps"):
+            if isinstance(parsed.get(name), list):
+                parsed[name] = tuple(parsed[name])
+        return cls(**parsed)
+
+    def identity(self) -> dict[str, Any]:
+        """The params that decide the trained result (not where this host sits)."""
+        out = self.to_mapping()
+        for name in ("node_rank", "rdzv_endpoint", "timeout_seconds", "checkpoint_timeout_seconds"):
+            del out[name]
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """What the recipe wrapper hands every rank, as a JSON file (``train-spec/1``)."""
+
+    base_dir: str
+    """The materialised base model: an HF directory (config.json + safetensors)."""
+    documents: tuple[str, ...]
+    """Tokenised document JSONL files, read in order (train or damaged tasks, then replay)."""
+    output_dir: str
+    """Where ranks write journals, checkpoints and results; also what a resume looks in."""
+    tokenizer_dir: str
+    """The tokenizer directory whose files every checkpoint directory carries."""
+    params: TrainParams = field(default_factory=TrainParams)
+    """The training parameters."""
+    run_key: str | None = None
+    """Names the run for resume checks (e.g. the action ID); None: derived from the inputs."""
+
+    def __post_init__(self) -> None:
+        if not self.documents:
+            raise InvalidInput("train spec lists no document files")
+
+    def to_json(self) -> str:
+        body = {
+            "format": SPEC_FORMAT,
+            "base_dir": self.base_dir,
+            "documents": list(self.documents),
+            "output_dir": self.output_dir,
+            "params": self.params.to_mapping(),
+            "tokenizer_dir": self.tokenizer_dir,
+            "run_key": self.run_key,
+        }
+        return json.dumps(body, indent=1, sort_keys=True)
+
+    def write(self, path: Path) -> None:
+        path.write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerSpec:
+        try:
+            body = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"cannot read train spec {path}: {exc}") from exc
+        if not isinstance(body, dict) or body.get("format") != SPEC_FORMAT:
+            raise InvalidInput(f"{path} is not a {SPEC_FORMAT} file")
+        try:
+            return cls(
+                base_dir=body["base_dir"],
+                documents=tuple(body["documents"]),
+                output_dir=body["output_dir"],
+                params=TrainParams.from_mapping(body["params"]),
+                tokenizer_dir=body["tokenizer_dir"],
+                run_key=body.get("run_key"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise InvalidInput(f"train spec {path} is incomplete: {exc}") from exc
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(params: TrainParams, name: str, *, low: int, high: int | None = None) -> None:
+    value = getattr(params, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (
+        high is not None and value > high
+    ):
+        span = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise InvalidInput(f"train param {name} must be an integer {span}, not {value!r}")

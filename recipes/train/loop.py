@@ -1,0 +1,284 @@
+"""The training loop of EXPERIMENT 3: one AdamW update per global batch of documents.
+
+The objective of an update is ``Σ w_i·loss_i / S`` over the global batch, with ``loss_i`` the
+summed token cross-entropy of document i and ``S = Σ w_i·targets_i``. Rank r of W takes
+``batch[r::W]`` and backpropagates ``loss_i·W·w_i/S`` per local document; DDP's gradient
+average (a sum divided by W) then gives exactly the single-process gradient. Gradients
+accumulate locally under ``no_sync`` and are all-reduced once, with the last local document.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from nscas.errors import RecipeError
+from nscas.recipes.common.tokenise import token_loss_sum
+from nscas.recipes.train.checkpoints import CheckpointPaths
+from nscas.recipes.train.config import TrainParams
+from nscas.recipes.train.documents import TrainDocument
+from nscas.recipes.train.exchange import agree_on_parameters, gather_rng_states
+from nscas.recipes.train.journal import Journal
+from nscas.recipes.train.schedule import document_schedule, learning_rate, rank_share
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where this process sits in the run."""
+
+    rank: int
+    """Global rank."""
+    world: int
+    """Number of ranks."""
+    device: torch.device
+    """The device this rank computes on."""
+    control: Any
+    """A CPU (gloo) process group with a patient timeout, for digests, RNG and barriers."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """What one update did; every rank records the same global values."""
+
+    step: int
+    """1-based number of the update."""
+    loss: float
+    """The objective: Σ w_i·loss_i / S over the global batch."""
+    targets: int
+    """Labelled tokens in the global batch."""
+    weighted_targets: int
+    """S = Σ w_i·targets_i over the global batch."""
+    lr: float
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    documents: tuple[str, ...]
+    """IDs of the global batch's documents, in schedule order."""
+    indices: tuple[int, ...]
+    """Their positions in the document list (the schedule itself)."""
+    tokens: int
+    """Input tokens in the global batch."""
+    seconds: float
+    """Wall time of the update: forward, backward, gradient exchange, optimizer step."""
+    bytes_communicated: int
+    """Gradient bytes DDP all-reduced in this update (0 for one rank)."""
+
+    def entry(self, *, rank: int) -> dict[str, Any]:
+        """The journal entry of this update (before chaining)."""
+        return {
+            "rank": rank,
+            "step": self.step,
+            "loss": self.loss,
+            "targets": self.targets,
+            "weighted_targets": self.weighted_targets,
+            "lr": self.lr,
+            "grad_norm": self.grad_norm,
+            "documents": list(self.documents),
+            "indices": list(self.indices),
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "bytes_communicated": self.bytes_communicated,
+        }
+
+
+CheckpointWriter = Callable[[int, list[dict[str, Any]]], CheckpointPaths]
+"""``(step, every rank's RNG state) -> paths``: writes a checkpoint (called on rank 0 only)."""
+CheckpointCallback = Callable[[int, Path, Path], None]
+"""``on_checkpoint(step, hf_dir, state_file)`` after a checkpoint is complete (rank 0 only)."""
+
+
+def configure_determinism(*, deterministic: bool) -> None:
+    """Deterministic kernels and no TF32 (EXPERIMENT 3); CUDA also needs
+    ``CUBLAS_WORKSPACE_CONFIG`` set before it starts, which the launcher does."""
+    if not deterministic:
+        return
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def make_optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW:
+    """AdamW with weight decay on tensors of two or more dimensions only."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in trained if p.ndim >= 2], "weight_decay": params.weight_decay},
+        {"params": [p for p in trained if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=params.lr, betas=params.betas, eps=params.eps)
+
+
+class _CommCounter:
+    """Counts the gradient bytes DDP hands to all-reduce."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+# No annotations: DDP inspects them at registration and rejects postponed (string) ones.
+def _counting_allreduce(counter, bucket):  # type: ignore[no-untyped-def]
+    buffer = bucket.buffer()
+    counter.bytes += buffer.numel() * buffer.element_size()
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def document_loss_sum(
+    net: torch.nn.Module, doc: TrainDocument, *, device: torch.device
+) -> torch.Tensor:
+    """Summed FP32 token cross-entropy of one document (BF16 autocast on CUDA only)."""
+    input_ids = torch.tensor([doc.input_ids], dtype=torch.long, device=device)
+    labels = torch.tensor([doc.labels], dtype=torch.long, device=device)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        logits = net(input_ids=input_ids, use_cache=False).logits
+    return token_loss_sum(logits, labels)
+
+
+def run_loop(
+    model: torch.nn.Module,
+    docs: Sequence[TrainDocument],
+    params: TrainParams,
+    *,
+    place: Placement,
+    optimizer: torch.optim.Optimizer,
+    start_step: int,
+    journal: Journal,
+    write_checkpoint: CheckpointWriter,
+    on_step: Callable[[StepRecord], None],
+    on_checkpoint: CheckpointCallback,
+) -> list[StepRecord]:
+    """Make updates ``start_step + 1 .. params.steps``; returns what each did.
+
+    Ranks agree on a parameter digest first and at every checkpoint (the final step is always
+    one); every update is journaled and fsync'ed before the next begins.
+    """
+    schedule = document_schedule(
+        len(docs), steps=params.steps, batch=params.batch, seed=params.schedule_seed
+    )
+    where = f"after resuming at step {start_step}" if start_step else "after loading"
+    _agree(model, place=place, journal=journal, step=start_step, where=where)
+
+    counter = _CommCounter()
+    net: torch.nn.Module = model
+    if place.world > 1:
+        # Parameters were just proven equal by digest, so DDP's initial broadcast (the whole
+        # model, over TCP between hosts) is skipped; buffers here are derived, never trained,
+        # so they are not broadcast before every forward either. ``broadcast_buffers`` says so
+        # on every torch the project allows (its successor exists from 2.13 on only).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            ddp = DistributedDataParallel(
+                model,
+                device_ids=[place.device.index] if place.device.type == "cuda" else None,
+                init_sync=False,
+                broadcast_buffers=False,
+            )
+        ddp.register_comm_hook(counter, _counting_allreduce)
+        net = ddp
+    model.train()
+
+    records = []
+    for index in range(start_step, params.steps):
+        record = _update(
+            net, model, docs, schedule[index], params, place=place, optimizer=optimizer,
+            index=index, counter=counter,
+        )
+        journal.append(record.entry(rank=place.rank))
+        records.append(record)
+        on_step(record)
+        if record.step in params.checkpoint_set:
+            _agree(model, place=place, journal=journal, step=record.step,
+                   where=f"at step {record.step}")
+            rng = gather_rng_states(place.device, group=place.control)
+            if place.rank == 0:
+                paths = write_checkpoint(record.step, rng)
+                on_checkpoint(record.step, paths.hf_dir, paths.state_file)
+            # The others wait on the patient group while rank 0 writes.
+            dist.barrier(group=place.control)
+    return records
+
+
+def _agree(
+    model: torch.nn.Module, *, place: Placement, journal: Journal, step: int, where: str
+) -> None:
+    digest = agree_on_parameters(model, group=place.control, where=where)
+    journal.append({"event": "agreed", "rank": place.rank, "step": step, "parameters": digest})
+
+
+def _update(
+    net: torch.nn.Module,
+    model: torch.nn.Module,
+    docs: Sequence[TrainDocument],
+    batch: list[int],
+    params: TrainParams,
+    *,
+    place: Placement,
+    optimizer: torch.optim.Optimizer,
+    index: int,
+    counter: _CommCounter,
+) -> StepRecord:
+    world, device = place.world, place.device
+    local = rank_share(batch, rank=place.rank, world=world)
+    weighted_targets = sum(docs[i].weight * docs[i].targets for i in batch)
+    lr = learning_rate(index, lr=params.lr, warmup=params.warmup, steps=params.steps)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    counter.bytes = 0
+
+    _synchronise(device)
+    started = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    weighted_loss = torch.zeros((), dtype=torch.float64, device=device)
+    for position, i in enumerate(local):
+        doc = docs[i]
+        last = position == len(local) - 1
+        sync = contextlib.nullcontext() if last or net is model else net.no_sync()
+        with sync:
+            loss_sum = document_loss_sum(net, doc, device=device)
+            (loss_sum * (world * doc.weight / weighted_targets)).backward()
+        weighted_loss += doc.weight * loss_sum.detach().double()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), params.clip)
+    optimizer.step()
+    _synchronise(device)
+    seconds = time.perf_counter() - started
+
+    if world > 1:
+        dist.all_reduce(weighted_loss)
+    loss = weighted_loss.item() / weighted_targets
+    norm = grad_norm.item()
+    step = index + 1
+    if not (math.isfinite(loss) and math.isfinite(norm)):
+        raise RecipeError(f"training diverged at step {step}: loss {loss}, gradient norm {norm}")
+    return StepRecord(
+        step=step,
+        loss=loss,
+        targets=sum(docs[i].targets for i in batch),
+        weighted_targets=weighted_targets,
+        lr=lr,
+        grad_norm=norm,
+        documents=tuple(docs[i].id for i in batch),
+        indices=tuple(batch),
+        tokens=sum(len(docs[i].input_ids) for i in batch),
+        seconds=seconds,
+        bytes_communicated=counter.bytes,
+    )
+
+
+def _synchronise(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
