@@ -243,8 +243,17 @@ def _train(objects: Objects, run: Run, found: Findings) -> None:
     checks, ranks = journal_checks(objects, journal_ids, name)
     found.checks.extend(checks)
     found.checks.append(agreement_check(ranks, name))
-    for claim in ("loop_seconds", "peak_memory_bytes"):
-        found.skipped[claim] = "measured by the run; no retained object records it"
+    # Wall time and memory are measurements no retained data can recompute; the journal/1
+    # records carry what each rank measured, so the claim must at least agree with them.
+    records = sorted((objects.record_of(j, "journal/1") for j in journal_ids), key=lambda r: r["rank"])
+    if records and all("loop_seconds" in r for r in records):
+        found.values["loop_seconds"] = records[0]["loop_seconds"]
+    else:
+        found.skipped["loop_seconds"] = "measured by the run; no journal record carries it"
+    if records and all("peak_memory_bytes" in r for r in records):
+        found.values["peak_memory_bytes"] = [r["peak_memory_bytes"] for r in records]
+    else:
+        found.skipped["peak_memory_bytes"] = "measured by the run; no journal record carries it"
     if 0 not in ranks:
         for claim in ("updates", "update_seconds", "median_update_seconds", "bytes_communicated",
                       "targets", "weighted_targets", "tokens_per_second"):
