@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nscas.errors import InvalidInput
-from nscas.exporting import InvalidBundle, export_bundle, import_bundle
+from nscas.exporting import InvalidBundle, export_bundle
+from nscas.importing import import_bundle
 from nscas.store import Store
 from tests.export.conftest import Published
 
