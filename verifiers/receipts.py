@@ -30,6 +30,7 @@ from .evaluation import (
 from .ordering import ordering_checks, test_evaluations_behind
 from .records import parse_json
 from .report import Check
+from .reportchecks import REPORT_VERIFIERS, check_report
 from .taskchecks import prepare_claims
 from .throughput import check_serving
 from .training import (
@@ -327,6 +328,7 @@ RECIPES: dict[str, RecipeRules] = {
     "evaluate": RecipeRules(verifiers=frozenset({"answers", "statistics"}), check=_evaluate),
     "train": RecipeRules(verifiers=frozenset({"parameters", "journals"}), check=_train),
     "serve": RecipeRules(verifiers=frozenset({"throughput"}), check=_serve),
+    "report": RecipeRules(verifiers=REPORT_VERIFIERS, check=check_report),
 }
 
 

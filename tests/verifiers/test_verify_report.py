@@ -1,0 +1,302 @@
+"""``verify`` of a ``report`` receipt over a real tiny experiment (prepare .. train .. serve ..
+report, CPU): the untouched report verifies with every claim recomputed; a changed claim, a
+consistently re-stored report.json or page fails naming exactly what was changed; an export
+bundle verifies offline, and one without weights skips (never passes) the weight check."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import statistics
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nscas.digests import Digest
+from nscas.exporting import export_bundle
+from nscas.runner import StepResult, run_file
+from nscas.store import Store, init_store
+from nscas.verifiers.report import Report
+from nscas.verifiers.verify import exit_code, verify
+
+EVALUATE = 'recipe = "evaluate"\nparams = { max_new_tokens = 8, threads = 1 }\n'
+TRAIN = ('recipe = "train"\ninputs = { base = "step.init.checkpoint", documents = '
+         '"step.prepare.train", replay = "step.prepare.replay" }\n')
+TESTS = 'tasks = "step.prepare.test", commitment = "step.commit.commitment", retention = ' \
+        '"step.prepare.retention"'
+PIPELINE = f"""
+[[step]]
+name = "prepare"
+recipe = "prepare"
+[step.params]
+counts = {{ test = 16, dev = 8, train = 32 }}
+replay_count = 8
+retention_count = 4
+[[step]]
+name = "tokenizer"
+recipe = "tokenizer"
+inputs = {{ prepared = "step.prepare.prepared" }}
+params = {{ vocab_size = 512 }}
+[[step]]
+name = "init"
+recipe = "init"
+inputs = {{ tokenizer = "step.tokenizer.tokenizer" }}
+[[step]]
+name = "train-single"
+{TRAIN}params = {{ steps = 4, checkpoint_steps = [2, 4], lr = 1e-3 }}
+[[step]]
+name = "train-pair"
+{TRAIN}params = {{ steps = 4, checkpoint_steps = [2, 4], lr = 1e-3, world = 2 }}
+[[step]]
+name = "commit"
+recipe = "commit"
+[step.inputs]
+prepared = "step.prepare.prepared"
+seed = "step.init.checkpoint"
+clean-single = "step.train-single.checkpoint"
+clean-pair = "step.train-pair.checkpoint"
+[[step]]
+name = "evaluate-seed"
+{EVALUATE}inputs = {{ model = "step.init.checkpoint", {TESTS} }}
+[[step]]
+name = "evaluate-single"
+{EVALUATE}inputs = {{ model = "step.train-single.checkpoint", {TESTS}, baseline = "step.evaluate-seed.receipt" }}
+[[step]]
+name = "evaluate-pair"
+{EVALUATE}inputs = {{ model = "step.train-pair.checkpoint", {TESTS}, baseline = "step.evaluate-seed.receipt" }}
+[[step]]
+name = "serve"
+recipe = "serve"
+inputs = {{ model = "step.train-pair.checkpoint", tasks = "step.prepare.dev", commitment = "step.commit.commitment" }}
+params = {{ replicas = 2, requests = 4, concurrency = 2, warmup = 1, max_new_tokens = 8 }}
+[[step]]
+name = "report"
+recipe = "report"
+[step.inputs]
+prepare = "step.prepare.receipt"
+commit = "step.commit.receipt"
+"train.clean-single" = "step.train-single.receipt"
+"train.clean-pair" = "step.train-pair.receipt"
+"evaluate.seed" = "step.evaluate-seed.receipt"
+"evaluate.clean-single" = "step.evaluate-single.receipt"
+"evaluate.clean-pair" = "step.evaluate-pair.receipt"
+serve = "step.serve.receipt"
+"""
+ARMS = ("seed", "clean-single", "clean-pair")
+CLAIMS = {
+    "documents", "throughput_ratio", "failure_retries", "identical_outputs", "cache_hits",
+    "update_seconds_ratio.clean-pair:clean-single",
+    *(f"correct.{arm}" for arm in ARMS),
+    *(f"{claim}.{arm}" for claim in ("gain", "p", "p_exact", "contract")
+      for arm in ARMS[1:]),
+    *(f"{claim}.{arm}" for claim in ("update_seconds", "median_update_seconds")
+      for arm in ARMS[1:]),
+}
+REPORT_CHECKS = ("inputs", "files", "json.learning", "json.training", "json.serving",
+                 "json.resources", "json.header", "resources_json", "page.tasks",
+                 "page.answers", "weights")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Experiment:
+    root: Path
+    store: Store
+    steps: dict[str, StepResult]
+
+    @property
+    def report(self) -> str:
+        return str(self.steps["report"].receipt)
+
+    @property
+    def store_dir(self) -> Path:
+        return self.root / ".nscas"
+
+    def record(self, oid: str) -> dict[str, Any]:
+        return self.store.get_record(Digest.parse(oid))
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]:
+    import torch
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("report-experiment")
+    (root / "experiment.toml").write_text(PIPELINE)
+    store = init_store(root)
+    steps = {r.step: r for r in run_file(store, root / "experiment.toml")}
+    yield Experiment(root=root, store=store, steps=steps)
+    store.close()
+
+
+def by_name(report: Report) -> dict[str, Any]:
+    return {c.name: c for c in report.checks}
+
+
+def failed(report: Report) -> set[str]:
+    return {c.name for c in report.checks if c.status == "failed"}
+
+
+def label(receipt: str) -> str:
+    return f"report.{receipt[7:15]}"
+
+
+def store_receipt(e: Experiment, change: Any) -> str:
+    """The report receipt with ``change`` applied to a copy, stored through the store API."""
+    record = copy.deepcopy(e.record(e.report))
+    change(record)
+    return str(e.store.put_record(record))
+
+
+def rank0_seconds(e: Experiment, step: str) -> list[float]:
+    """The update seconds of rank 0's journal, read here without the verifiers."""
+    for journal in e.record(str(e.steps[step].receipt))["journals"]:
+        record = e.record(journal)
+        if record["rank"] == 0:
+            lines = e.store.get_bytes(Digest.parse(record["entries"])).decode().splitlines()
+            return [x["seconds"] for x in map(json.loads, lines)
+                    if "step" in x and "event" not in x]
+    raise AssertionError("no rank 0 journal")
+
+
+def test_the_report_verifies_with_every_claim_recomputed(experiment: Experiment) -> None:
+    report = verify(experiment.report, store=experiment.store_dir)
+    assert report.ok and exit_code(report) == 0, report.failures
+    checks = by_name(report)
+    name = label(experiment.report)
+    claims = {c.removeprefix(f"{name}.claims.") for c in checks
+              if c.startswith(f"{name}.claims.")}
+    assert claims == CLAIMS
+    for claim in CLAIMS:
+        assert checks[f"{name}.claims.{claim}"].status == "passed", claim
+    for check in REPORT_CHECKS:
+        assert checks[f"{name}.{check}"].status == "passed", check
+    # The report recipe's count of its own comparisons is listed, not passed.
+    assert checks[f"{name}.json.header.not_recomputed"].status == "skipped"
+    recomputed = {c: checks[f"{name}.claims.{c}"].recomputed for c in CLAIMS}
+    assert recomputed["documents"] == 16
+    single, pair = rank0_seconds(experiment, "train-single"), rank0_seconds(experiment,
+                                                                            "train-pair")
+    assert len(single) == len(pair) == 4
+    assert math.isclose(recomputed["update_seconds.clean-pair"], sum(pair), rel_tol=1e-12)
+    assert math.isclose(recomputed["median_update_seconds.clean-single"],
+                        statistics.median(single), rel_tol=1e-12)
+    assert math.isclose(recomputed["update_seconds_ratio.clean-pair:clean-single"],
+                        sum(pair) / sum(single), rel_tol=1e-9)
+    for arm in ARMS[1:]:  # p is the exact McNemar tail of the comparison's wins and losses
+        p = recomputed[f"p.{arm}"]
+        assert isinstance(p, Fraction) and recomputed[f"p_exact.{arm}"] == (
+            f"{p.numerator}/{p.denominator}")
+    assert recomputed["cache_hits"] == 0 and recomputed["identical_outputs"] is True
+
+
+@pytest.mark.parametrize(("claim", "change"), [
+    ("correct.seed", lambda v: v + 1),
+    ("p_exact.clean-pair", lambda v: "1/2"),
+    ("update_seconds_ratio.clean-pair:clean-single", lambda v: v * 1.01),
+    ("identical_outputs", lambda v: not v),
+])
+def test_a_changed_claim_fails_naming_it(experiment: Experiment, claim: str, change: Any) -> None:
+    def edit(record: dict[str, Any]) -> None:
+        record["claims"][claim]["value"] = change(record["claims"][claim]["value"])
+
+    tampered = store_receipt(experiment, edit)
+    report = verify(tampered, store=experiment.store_dir)
+    assert failed(report) == {f"{label(tampered)}.claims.{claim}"}
+    assert exit_code(report) == 1
+
+
+def restore_report(e: Experiment, tmp_path: Path, edit: Any) -> str:
+    """The report tree materialised, ``edit(dir)`` applied, re-put as a new tree/1 and a new
+    receipt pointing at it: consistent for integrity, only the content is wrong."""
+    out = tmp_path / "report"
+    e.store.materialise(Digest.parse(e.record(e.report)["outputs"]["report"]), out)
+    edit(out)
+    tree = str(e.store.put_tree(out))
+    return store_receipt(e, lambda r: r["outputs"].update(report=tree))
+
+
+def test_an_edited_report_json_fails_naming_each_field(experiment: Experiment,
+                                                       tmp_path: Path) -> None:
+    def edit(out: Path) -> None:
+        data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        data["learning"]["arms"]["clean-single"]["correct"] += 1
+        data["training"]["arms"]["clean-pair"]["updates"] += 1
+        data["serving"]["phases"]["pair"]["wall_seconds"] *= 0.5
+        data["resources"]["notes"] = ["prose is not compared"]
+        (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    report = verify(tampered, store=experiment.store_dir)
+    name = label(tampered)
+    assert failed(report) == {
+        f"{name}.json.learning.arms.clean-single.correct",
+        f"{name}.json.training.arms.clean-pair.updates",
+        f"{name}.json.serving.phases.pair.wall_seconds",
+        f"{name}.resources_json",  # resources.json still holds the original notes
+    }
+    check = by_name(report)[f"{name}.json.learning.arms.clean-single.correct"]
+    assert check.recomputed + 1 == check.claimed
+    # The claims are the receipt's, untouched: they still verify.
+    assert by_name(report)[f"{name}.claims.correct.clean-single"].status == "passed"
+
+
+def test_a_page_without_a_task_fails(experiment: Experiment, tmp_path: Path) -> None:
+    test = experiment.record(str(experiment.steps["prepare"].outputs["test"]))
+    first = test["ids"][0]
+
+    def edit(out: Path) -> None:
+        page = (out / "generations.html").read_text(encoding="utf-8")
+        assert first in page
+        (out / "generations.html").write_text(page.replace(first, "gone"), encoding="utf-8")
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    report = verify(tampered, store=experiment.store_dir)
+    assert failed(report) == {f"{label(tampered)}.page.tasks"}
+    assert first in by_name(report)[f"{label(tampered)}.page.tasks"].message
+
+
+def test_an_export_bundle_verifies_offline(experiment: Experiment, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    target = Digest.parse(experiment.report)
+    export_bundle(experiment.store, target, tmp_path / "full")
+    export_bundle(experiment.store, target, tmp_path / "light", weights=False)
+    if shutil.which("sha256sum"):
+        done = subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"],
+                              cwd=tmp_path / "full", capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    monkeypatch.delenv("NSCAS_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)  # no store here or above
+    name = label(experiment.report)
+    full = verify(str(tmp_path / "full"))
+    assert full.ok, full.failures
+    checks = by_name(full)
+    for check in (*REPORT_CHECKS, *(f"claims.{c}" for c in CLAIMS)):
+        assert checks[f"{name}.{check}"].status == "passed", check
+    light = verify(str(tmp_path / "light"))
+    assert light.ok, light.failures
+    weights = by_name(light)[f"{name}.weights"]
+    assert weights.status == "skipped" and "weights" in weights.message
+    assert by_name(light)[f"{name}.json.learning"].status == "passed"
+
+
+def test_an_unreadable_report_json_skips_its_comparisons_not_the_claims(
+        experiment: Experiment, tmp_path: Path) -> None:
+    def edit(out: Path) -> None:
+        (out / "report.json").write_text('{"learning": NaN}\n', encoding="utf-8")
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    report = verify(tampered, store=experiment.store_dir)
+    name = label(tampered)
+    checks = by_name(report)
+    assert failed(report) == {f"{name}.files.report.json"}
+    for part in ("learning", "training", "serving", "resources", "header"):
+        assert checks[f"{name}.json.{part}"].status == "skipped", part
+    assert checks[f"{name}.weights"].status == "skipped"
+    assert all(checks[f"{name}.claims.{claim}"].status == "passed" for claim in CLAIMS)
