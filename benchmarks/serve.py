@@ -1,0 +1,239 @@
+"""Serving throughput: two replicas against one, and dynamic batching against none.
+
+Builds everything it needs in a temporary store: a checkpoint (a seeded llama preset with a
+tokenizer trained on the prompts, or --model-dir, an HF directory whose tokenizer has a chat
+template), a dev set of grounded tasks, and three real replica processes on 127.0.0.1
+(``python -m nscas.cli.serve_model``), then drives them with the serve recipe's load client:
+
+1. replicas: one replica against two, both without batching (max_batch 1), so the only
+   difference is the second replica (target: at least 1.9x requests/s on CPU with one torch
+   thread per replica). Concurrency 4 by default: at 2, the client's routing rule (request i
+   to replica i mod 2) puts both requests in flight on one replica, leaving the other idle,
+   whenever answers of different lengths let one worker overtake the other; that measures
+   the rule, not the second replica (the published run, at 2, got 1.67x);
+2. batching: one replica at concurrency 8 with max_batch 1 against one with max_batch 8
+   (target: at least 3x requests/s, and the same tokens for every task).
+
+Each comparison runs --runs times, alternating the two sides; the tables show medians. On
+CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES (replica k on GPU k mod the
+GPU count; the batched replica shares GPU 0 with replica 0, which is idle while it runs).
+
+Examples:
+    .venv/bin/python benchmarks/serve.py --device cpu
+    python3 benchmarks/serve.py --device cuda --preset llama-small
+    python3 benchmarks/serve.py --device cuda --model-dir path/to/hf-model
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nscas.recipes.common import tasks as T
+from nscas.recipes.serve.client import Attempt, LoadPlan, first_failure, run_phase
+from nscas.recipes.serve.metrics import phase_numbers
+from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
+from nscas.store import init_store
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Served:
+    store_path: Path
+    checkpoint: str
+    tasks: str
+    model_digest: str
+    task_ids: tuple[str, ...]
+    described: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Side:
+    """Every run of one side of a comparison."""
+
+    label: str
+    numbers: tuple[dict[str, Any], ...]
+    outputs: dict[str, tuple[int, ...]]
+    """Task id -> output ids of the last run."""
+
+    def median(self, key: str) -> float:
+        return statistics.median(n[key] for n in self.numbers)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model-dir", type=Path, help="an HF model directory (with tokenizer)")
+    parser.add_argument("--preset", default="llama-tiny", help="model preset without --model-dir")
+    parser.add_argument("--sharpen", type=float, default=6.0,
+                        help="scale a built model's matrices so prompts get distinct answers")
+    parser.add_argument("--requests", type=int, default=32, help="requests per measurement")
+    parser.add_argument("--runs", type=int, default=3, help="runs per side (median)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--batch", type=int, default=8, help="max_batch of the batched replica")
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--pair-concurrency", type=int, default=4)
+    parser.add_argument("--batch-concurrency", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="warm-up requests per replica (default: every task once, so that "
+                             "on CUDA no prompt shape is first seen while measured)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for ready")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="nscas-bench-serve-") as tmp:
+        served = prepare(Path(tmp), args)
+        gpus = _gpu_count() if args.device == "cuda" else 0
+        with ReplicaGroup(Path(tmp)) as group:
+            def start(max_batch: int, gpu: int) -> Any:
+                options = ReplicaOptions(threads=args.threads, max_batch=max_batch,
+                                         max_wait_ms=args.max_wait_ms,
+                                         max_new_tokens=args.max_new_tokens, device=args.device)
+                env = {"CUDA_VISIBLE_DEVICES": str(gpu % gpus)} if gpus else None
+                return group.start(replica_command(served.checkpoint, store_path=served.store_path,
+                                                   tasks=served.tasks, options=options), env=env)
+
+            note("starting three replicas")
+            started = [start(1, 0), start(1, 1), start(args.batch, 0)]
+            first, second, batched = group.wait_ready(started, timeout=args.timeout,
+                                                      model_digest=served.model_digest)
+            note(f"replicas ready at {first} {second} {batched}")
+            replicas, batching = asyncio.run(measure(args, served, first, second, batched))
+    print(f"model: {served.described}; device {args.device}"
+          + (f" ({gpus} GPUs)" if gpus else f"; torch threads per replica {args.threads}"))
+    print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
+          f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
+    print()
+    table(f"1. replicas (max_batch 1, concurrency {args.pair_concurrency})", replicas,
+          target=1.9)
+    print()
+    table(f"2. dynamic batching (one replica, concurrency {args.batch_concurrency})", batching,
+          target=3.0)
+
+
+def prepare(tmp: Path, args: argparse.Namespace) -> Served:
+    """A store holding the checkpoint and a dev set of ``args.requests`` grounded tasks."""
+    import torch
+
+    from nscas.recipes.init.presets import build_model, save_hf_dir
+    from nscas.recipes.tokenizer.bpe import train_tokenizer
+
+    torch.set_num_threads(max(1, args.threads))
+    dev = T.generate_role("dev", args.requests, T.DEFAULT_SEED, T.default_wordings())
+    if args.model_dir is not None:
+        model_dir, described = args.model_dir, str(args.model_dir)
+    else:
+        from transformers import AutoTokenizer
+
+        tok_dir = train_tokenizer([t.prompt for t in dev] + [t.target for t in dev],
+                                  vocab_size=2048, out_dir=tmp / "tokenizer")
+        with torch.no_grad():
+            model = build_model(args.preset, vocab_size=len(AutoTokenizer.from_pretrained(tok_dir)),
+                                seed=0)
+            for parameter in model.parameters():
+                if parameter.dim() >= 2:
+                    parameter.mul_(args.sharpen)
+        model_dir = save_hf_dir(model, tok_dir, tmp / "model")
+        scalars = sum(p.numel() for p in model.parameters())
+        described = f"{args.preset} (seeded, x{args.sharpen:g}), {scalars:,} parameters"
+    with init_store(tmp) as store:
+        checkpoint = store.put_checkpoint(model_dir, step=0, parent=None)
+        records = store.put_bytes(T.records_jsonl(dev, 1))
+        tasks = store.put_record({"nscas": "tasks/1", "role": "dev", "records": str(records),
+                                  "count": len(dev), "ids": [t.id for t in dev]})
+        return Served(store_path=store.root, checkpoint=str(checkpoint), tasks=str(tasks),
+                      model_digest=store.get_record(checkpoint)["params"],
+                      task_ids=tuple(t.id for t in dev), described=described)
+
+
+async def measure(args: argparse.Namespace, served: Served, first: str, second: str,
+                  batched: str) -> tuple[tuple[Side, Side], tuple[Side, Side]]:
+    async def phase(name: str, endpoints: Sequence[str], concurrency: int, run_id: str,
+                    task_ids: Sequence[str]) -> list[Attempt]:
+        attempts = await run_phase(LoadPlan(
+            phase=name, run_id=run_id, endpoints=tuple(endpoints), task_ids=tuple(task_ids),
+            model_digest=served.model_digest, concurrency=concurrency, attempts=1))
+        failure = first_failure(attempts)
+        if failure is not None:
+            raise SystemExit(f"benchmark request failed: {failure}")
+        return attempts
+
+    warm = served.task_ids if args.warmup is None else served.task_ids[: args.warmup]
+    note(f"warming up each replica with {len(warm)} requests")
+    for k, endpoint in enumerate((first, second, batched)):
+        await phase("single", [endpoint], args.batch_concurrency, f"warm{k}", warm)
+
+    async def compare(labels: tuple[str, str], setups: tuple[tuple[list[str], int], ...],
+                      tag: str) -> tuple[Side, Side]:
+        numbers: list[list[dict[str, Any]]] = [[], []]
+        outputs: list[dict[str, tuple[int, ...]]] = [{}, {}]
+        for run in range(args.runs):
+            note(f"{tag}: run {run + 1} of {args.runs}")
+            # Alternate which side goes first, so both meet the same drift in background load.
+            for side in (0, 1) if run % 2 == 0 else (1, 0):
+                endpoints, concurrency = setups[side]
+                attempts = await phase("pair", endpoints, concurrency, f"{tag}{run}s{side}",
+                                       served.task_ids)
+                numbers[side].append(phase_numbers([a.to_json() for a in attempts]))
+                outputs[side] = {a.task_id: a.output_ids for a in attempts if a.ok}
+        return tuple(Side(label=labels[i], numbers=tuple(numbers[i]), outputs=outputs[i])
+                     for i in (0, 1))  # type: ignore[return-value]
+
+    replicas = await compare(("one replica", "two replicas"),
+                             (([first], args.pair_concurrency),
+                              ([first, second], args.pair_concurrency)), "replicas")
+    batching = await compare(("max_batch 1", f"max_batch {args.batch}"),
+                             (([first], args.batch_concurrency),
+                              ([batched], args.batch_concurrency)), "batching")
+    return replicas, batching
+
+
+def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
+    left, right = sides
+    print(title)
+    print(f"{'':<24}{left.label:>16}{right.label:>16}")
+    for key, label, fmt in (("requests_per_second", "requests/s", "{:.2f}"),
+                            ("wall_seconds", "wall seconds", "{:.2f}"),
+                            ("median_latency_seconds", "median latency s", "{:.3f}"),
+                            ("p95_latency_seconds", "p95 latency s", "{:.3f}")):
+        print(f"{label:<24}{fmt.format(left.median(key)):>16}"
+              f"{fmt.format(right.median(key)):>16}")
+    for side in sides:
+        runs = ", ".join(f"{n['requests_per_second']:.2f}" for n in side.numbers)
+        print(f"requests/s of each run, {side.label}: {runs}")
+    ratio = right.median("requests_per_second") / left.median("requests_per_second")
+    verdict = "met" if ratio >= target else "NOT met"
+    print(f"ratio ({right.label} / {left.label}): {ratio:.2f}x (target >= {target:g}x: {verdict})")
+    same = sum(left.outputs[t] == right.outputs.get(t) for t in left.outputs)
+    print(f"outputs identical: {'yes' if same == len(left.outputs) else 'no'} "
+          f"({same}/{len(left.outputs)} tasks)")
+
+
+_STARTED = time.monotonic()
+
+
+def note(message: str) -> None:
+    """A progress line on stderr, so a slow or stopped run shows how far it got."""
+    sys.stderr.write(f"[{time.monotonic() - _STARTED:7.1f} s] {message}\n")
+    sys.stderr.flush()
+
+
+def _gpu_count() -> int:
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise SystemExit("--device cuda: no CUDA device is visible")
+    return count
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Dynamic batching and the bounded retry cache of a replica (both live on the event loop).
+
+Requests that arrive together are generated together: the batcher takes the first waiting
+request, then keeps collecting until ``max_batch`` are in hand or no request has come for
+``max_wait`` seconds, and runs that batch in its one worker thread while the loop keeps
+accepting requests.
+Greedy batched generation gives each row the tokens it would get alone, so batching changes
+throughput, never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from nscas.errors import InvalidInput
+
+Generate = Callable[[Sequence[Sequence[int]], int], list[Any]]
+"""(prompts, max_new_tokens) -> one generation per prompt, in order; blocking."""
+
+
+class RequestConflict(InvalidInput):
+    """A request id already names another request (another task or another prompt)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request id {request_id!r} was already used for another request")
+        self.request_id = request_id
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Counters a test or an operator can read back (``GET /stats``)."""
+
+    batches: int = 0
+    rows: int = 0
+    largest: int = 0
+    sizes: dict[int, int] = field(default_factory=dict)
+    """Batch size -> how many batches had it."""
+
+    def record(self, size: int) -> None:
+        self.batches += 1
+        self.rows += size
+        self.largest = max(self.largest, size)
+        self.sizes[size] = self.sizes.get(size, 0) + 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batches": self.batches, "rows": self.rows, "largest_batch": self.largest,
+                "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())}}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pending:
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    future: asyncio.Future[Any]
+
+
+class Batcher:
+    """Collects concurrent generation requests into batches; one batch runs at a time."""
+
+    def __init__(self, generate: Generate, *, max_batch: int, max_wait_s: float) -> None:
+        if max_batch < 1 or max_wait_s < 0:
+            raise InvalidInput(f"max_batch must be >= 1 and max_wait >= 0, got {max_batch}, "
+                               f"{max_wait_s}")
+        self._generate = generate
+        self._max_batch = max_batch
+        self._max_wait = max_wait_s
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        # One thread: the model is not shared between threads, and batches run one at a time.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nscas-generate")
+        self._task: asyncio.Task[None] | None = None
+        self.stats = BatchStats()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="nscas-batcher")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, prompt: Sequence[int], max_new_tokens: int) -> Any:
+        """The generation of ``prompt``, produced in whatever batch it lands in."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(prompt=tuple(prompt), max_new_tokens=max_new_tokens,
+                                       future=future))
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            # The batch stays open while requests keep coming: each arrival grants the next
+            # one max_wait. Replies to a finished batch go out one by one, so the requests
+            # that follow them arrive spread out; a fixed window would split them.
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), self._max_wait))
+                except TimeoutError:
+                    break
+            # Whatever queued while we waited joins too (never more than max_batch).
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._generate_batch([p for p in batch if not p.future.done()])
+
+    async def _generate_batch(self, batch: list[_Pending]) -> None:
+        # One generate call takes a single max_new_tokens; rows with other limits run apart.
+        groups: dict[int, list[_Pending]] = {}
+        for pending in batch:
+            groups.setdefault(pending.max_new_tokens, []).append(pending)
+        loop = asyncio.get_running_loop()
+        for limit, rows in groups.items():
+            self.stats.record(len(rows))
+            try:
+                results = await loop.run_in_executor(
+                    self._executor, self._generate, [r.prompt for r in rows], limit)
+            except Exception as exc:  # every row learns of it; the batcher serves on
+                for row in rows:
+                    if not row.future.done():
+                        row.future.set_exception(exc)
+                continue
+            for row, result in zip(rows, results, strict=True):
+                if not row.future.done():
+                    row.future.set_result(result)
+
+
+class RetryCache:
+    """Request id -> the answer (or the in-flight work) of its first request, LRU-bounded.
+
+    A retry with the same id and the same fingerprint (what was asked) gets the first answer,
+    computed once; the same id with another fingerprint is a conflict. Only finished entries
+    are evicted, oldest first, once more than ``size`` are held.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise InvalidInput(f"the retry cache needs a size of at least 1, got {size}")
+        self._size = size
+        self._entries: OrderedDict[str, tuple[Hashable, asyncio.Future[Any]]] = OrderedDict()
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def run(self, request_id: str, fingerprint: Hashable,
+                  compute: Callable[[], Any]) -> tuple[Any, bool]:
+        """(result, cached): the stored result of ``request_id`` or a fresh ``await compute()``.
+
+        Raises ``RequestConflict`` if ``request_id`` was used with another fingerprint.
+        A failed computation is not kept, so a retry computes again.
+        """
+        entry = self._entries.get(request_id)
+        if entry is not None:
+            if entry[0] != fingerprint:
+                raise RequestConflict(request_id)
+            self._entries.move_to_end(request_id)
+            self.hits += 1
+            return await asyncio.shield(entry[1]), True
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._entries[request_id] = (fingerprint, future)
+        try:
+            result = await compute()
+        except BaseException as exc:
+            del self._entries[request_id]
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+                future.exception()  # retrieved here: waiters, if any, get it raised
+            else:
+                future.cancel()
+            raise
+        future.set_result(result)
+        self._evict()
+        return result, False
+
+    def _evict(self) -> None:
+        excess = len(self._entries) - self._size
+        for key in [k for k, (_, f) in self._entries.items() if f.done()][:max(0, excess)]:
+            del self._entries[key]

@@ -1,0 +1,126 @@
+"""What one replica serves: a checkpoint loaded from the store, checked, and its task prompts.
+
+A replica never serves weights it has not checked: the checkpoint's files are materialised,
+the parameter digest is recomputed from the materialised safetensors bytes (by the
+independent verifier code, not by the store that wrote it) and must equal the checkpoint's
+``params`` before the model is even loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nscas.digests import Digest
+from nscas.errors import IntegrityError, RecipeError
+
+MAX_TOKENS_LIMIT = 4096
+"""The most tokens one chat completion may ask for (positions are checked separately)."""
+
+
+class ReplicaLoadError(RecipeError):
+    """A replica cannot serve ``what`` (a checkpoint or task set) for the reason given."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"cannot serve {what}: {reason}")
+        self.what = what
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replica:
+    """A loaded, checked model ready to generate; used by one generation thread only."""
+
+    model: Any
+    """The Hugging Face causal LM, in eval mode, on ``device``."""
+    tokenizer: Any
+    """The checkpoint's own tokenizer (it carries the chat template)."""
+    model_digest: str
+    """The checked parameter digest (a ``params/1`` ID): every answer echoes it."""
+    prompts: Mapping[str, tuple[int, ...]]
+    """Task id -> prompt token ids, for the committed tasks this replica answers."""
+    eos_ids: frozenset[int]
+    """Generation stops at these ids: the tokenizer's end-of-turn token."""
+    device: str
+    """``cpu`` or ``cuda``."""
+    max_positions: int | None
+    """The model's position limit (``max_position_embeddings``), if it has one."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Any]:
+        """Greedy generations of ``prompts`` as one batch (blocking; call it off the loop)."""
+        from nscas.recipes.common.generate import generate_greedy
+
+        return generate_greedy(
+            self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
+            batch_size=max(1, len(prompts)), eos_ids=set(self.eos_ids), device=self.device)
+
+    def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token ids of a chat rendered with the template and its generation prompt.
+
+        The same two steps as ``encode_prompt`` (which covers one user turn only), so a chat
+        holding one user message encodes exactly as the task prompt it repeats.
+        """
+        text = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def positions_needed(self, prompt_length: int, max_new_tokens: int) -> str | None:
+        """Why a prompt cannot be generated from without truncation, or None if it can."""
+        needed = prompt_length + max_new_tokens - 1
+        if self.max_positions is not None and needed > self.max_positions:
+            return (f"the prompt has {prompt_length} tokens; with {max_new_tokens} new tokens it "
+                    f"needs {needed} positions but the model has {self.max_positions}")
+        return None
+
+
+def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device: str,
+                 workdir: Path, threads: int) -> Replica:
+    """Materialise ``checkpoint`` into ``workdir``, check its parameter digest, load it, and
+    encode the prompts of ``tasks`` (a ``tasks/1`` of grounded tasks) if given."""
+    import torch
+
+    from nscas.recipes.init.presets import load_hf_dir
+    from nscas.verifiers.params import params_digest
+
+    if threads < 1:
+        raise ReplicaLoadError(str(checkpoint), f"threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+    record = _record_of_kind(store, checkpoint, "checkpoint/1")
+    model_dir = workdir / "model"
+    store.materialise(Digest.parse(record["files"]), model_dir)
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights:
+        raise ReplicaLoadError(str(checkpoint), "its files hold no *.safetensors weights")
+    recomputed = params_digest(weights).id
+    if recomputed != record["params"]:
+        raise IntegrityError(f"parameters of checkpoint {checkpoint}", record["params"],
+                             recomputed)
+    model, tokenizer = load_hf_dir(model_dir, device=device)
+    model.eval()
+    if tokenizer.eos_token_id is None:
+        raise ReplicaLoadError(str(checkpoint), "its tokenizer has no eos (end-of-turn) token")
+    prompts = _task_prompts(store, tasks, tokenizer) if tasks is not None else {}
+    return Replica(model=model, tokenizer=tokenizer, model_digest=record["params"],
+                   prompts=prompts, eos_ids=frozenset({tokenizer.eos_token_id}),
+                   device=device,
+                   max_positions=getattr(model.config, "max_position_embeddings", None))
+
+
+def _task_prompts(store: Any, tasks: Digest, tokenizer: Any) -> dict[str, tuple[int, ...]]:
+    from nscas.recipes.common.tasks import read_records
+    from nscas.recipes.common.tokenise import encode_prompt
+
+    record = _record_of_kind(store, tasks, "tasks/1")
+    records = read_records(store.get_bytes(Digest.parse(record["records"])))
+    if [r["id"] for r in records] != record["ids"]:
+        raise ReplicaLoadError(str(tasks), "its records blob does not hold its ids in order")
+    return {r["id"]: tuple(encode_prompt(tokenizer, r["prompt"])) for r in records}
+
+
+def _record_of_kind(store: Any, oid: Digest, kind: str) -> dict[str, Any]:
+    got = store.info(oid).kind
+    if got != kind:
+        raise ReplicaLoadError(str(oid), f"it is a {got or 'blob'}, not a {kind}")
+    return store.get_record(oid)

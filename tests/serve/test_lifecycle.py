@@ -1,0 +1,114 @@
+"""A replica's life: it refuses weights whose digest is wrong, and on SIGTERM it finishes what
+it accepted, answers 503 to anything new, and exits 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
+from nscas.store import open_store
+
+from .conftest import Served, start_replicas
+
+SERVE = [sys.executable, "-m", "nscas.cli.serve_model"]
+
+
+def test_sigterm_drains_then_exits_zero(served: Served, tmp_path: Path) -> None:
+    with ReplicaGroup(tmp_path) as group:
+        # One request per batch and long answers: the accepted requests take seconds.
+        [endpoint] = start_replicas(group, served, 1, max_batch=1, max_new_tokens=150)
+        replica = group.replicas[0]
+
+        def ask(index: int) -> httpx.Response:
+            return httpx.post(f"{endpoint}/infer", trust_env=False, timeout=120,
+                              json={"request_id": f"drain-{index}",
+                                    "task_id": served.task_ids[index]})
+
+        with ThreadPoolExecutor(6) as pool:
+            accepted = [pool.submit(ask, i) for i in range(6)]
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{endpoint}/stats", trust_env=False).json()["rows"] < 1:
+                assert time.monotonic() < deadline, "no request started"
+                time.sleep(0.05)
+            time.sleep(0.3)  # the others have long arrived and wait in the queue
+            replica.process.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            late = httpx.post(f"{endpoint}/infer", trust_env=False, timeout=30,
+                              json={"request_id": "late", "task_id": served.task_ids[0]})
+            health = httpx.get(f"{endpoint}/health", trust_env=False, timeout=30)
+            answers = [f.result() for f in accepted]
+        assert late.status_code == 503 and late.json() == {"error": "the replica is shutting down"}
+        assert health.status_code == 503
+        assert [a.status_code for a in answers] == [200] * 6
+        assert [a.json()["request_id"] for a in answers] == [f"drain-{i}" for i in range(6)]
+        assert replica.process.wait(timeout=30) == 0
+
+
+def test_a_checkpoint_whose_digest_is_wrong_is_never_served(served: Served,
+                                                            tmp_path: Path) -> None:
+    import torch
+
+    from nscas.recipes.init.presets import build_model, save_hf_dir
+
+    other_dir = tmp_path / "other"
+    with torch.no_grad():
+        other = build_model("llama-tiny", vocab_size=_vocab(served), seed=8)
+    tok_dir = tmp_path / "tokenizer"  # the served model's tokenizer files, without the model
+    tok_dir.mkdir()
+    for path in served.model_dir.iterdir():
+        if path.name not in ("config.json", "generation_config.json", "model.safetensors"):
+            (tok_dir / path.name).write_bytes(path.read_bytes())
+    save_hf_dir(other, tok_dir, other_dir)
+    with open_store(served.store_path) as store:
+        genuine = store.get_record(served.checkpoint)
+        other_params = store.get_record(store.put_checkpoint(other_dir, step=0, parent=None))
+        forged = store.put_record({**genuine, "params": other_params["params"]})
+    argv = replica_command(str(forged), store_path=served.store_path, tasks=None,
+                           options=ReplicaOptions())
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "listening" not in done.stdout
+    assert done.stderr.startswith("nscas: error: corrupt data in parameters of checkpoint")
+    assert f"expected {other_params['params']}, got {served.model_digest}" in done.stderr
+
+
+def _vocab(served: Served) -> int:
+    import json
+
+    return json.loads((served.model_dir / "config.json").read_text())["vocab_size"]
+
+
+def test_cli_help_and_bad_options() -> None:
+    helped = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "Example: nscas serve-model" in helped.stdout
+    bad = subprocess.run([*SERVE, "blake3:" + "0" * 64, "--max-batch", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr == "nscas: error: --max-batch must be at least 1, got 0\n"
+
+
+def test_the_command_mounts_in_a_group_as_main_registers_it() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from nscas.cli import serve_model
+
+    root = typer.Typer()
+
+    @root.callback()
+    def _root() -> None:
+        pass
+
+    root.add_typer(serve_model.app)
+    result = CliRunner().invoke(root, ["serve-model", "--help"])
+    assert result.exit_code == 0, result.output
+    for option in ("--host", "--port", "--store", "--tasks", "--max-batch", "--max-wait-ms",
+                   "--threads", "--max-new-tokens", "--cache-size", "--device", "--json"):
+        assert option in result.output
