@@ -193,7 +193,9 @@ def effective_steps(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
             kept = {s: e for s, e in kept.items() if isinstance(s, int) and s <= start}
         elif "step" in entry and "event" not in entry:
             kept[entry["step"]] = entry
-    return [kept[s] for s in sorted(kept, key=lambda s: (not isinstance(s, int), str(s)))]
+    # Numeric order for integer steps (10 after 9); anything else after them, by its text.
+    return [kept[s] for s in sorted(kept, key=lambda s: (0, s, "") if isinstance(s, int)
+                                     and not isinstance(s, bool) else (1, 0, str(s)))]
 
 
 def journal_checks(objects: Objects, journal_ids: Sequence[str],
