@@ -13,6 +13,7 @@ from nscas.digests import Digest, is_digest_text
 from nscas.errors import RecordError
 
 MAX_RECORD_BYTES = 16 << 20
+_SAFE_INT = 2**53 - 1  # the integers rfc8785 accepts as Python ints
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -22,6 +23,14 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise RecordError(f"duplicate key {key!r}")
         out[key] = value
     return out
+
+
+def _json_int(text: str) -> int | float:
+    # JCS numbers are IEEE-754 doubles: rfc8785 writes an integral float of 2**53 or more (1e20)
+    # as digits, and refuses Python ints that large. Such digits are the float they denote, so
+    # the bytes rfc8785 wrote decode to a value that re-encodes to the same bytes.
+    value = int(text)
+    return value if -_SAFE_INT <= value <= _SAFE_INT else float(text)
 
 
 def _no_constant(name: str) -> Any:
@@ -61,7 +70,8 @@ def decode(data: bytes) -> dict[str, Any]:
         raise RecordError(f"record is {len(data)} bytes; records stay under {MAX_RECORD_BYTES} bytes")
     try:
         text = bytes(data).decode("utf-8")
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                           parse_int=_json_int)
     except UnicodeDecodeError:
         raise RecordError("not valid UTF-8") from None
     except json.JSONDecodeError as exc:

@@ -29,6 +29,7 @@ _SAMPLE = 64 << 10  # bytes compressed first to decide whether zstd pays off
 _MIN_SAVING = 0.9  # compress only if the sample shrinks below 90 %
 _ZSTD_LEVEL = 3
 _SAFETENSORS_HEADER_MAX = 100 << 20
+_VERIFY_BLOCK = 4 << 20  # read-back block when re-hashing a chunk file just written
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,7 +124,7 @@ class ChunkFiles:
             cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
             sample = bytes(data[:_SAMPLE])
             if len(cctx.compress(sample)) < _MIN_SAVING * len(sample):
-                packed = cctx.compress(bytes(data))
+                packed = cctx.compress(data)  # a buffer, not bytes(data): no 32 MiB copy
                 if len(packed) < _MIN_SAVING * len(data):
                     return "zstd", packed
         return "raw", data
@@ -139,7 +140,7 @@ class ChunkFiles:
                 f.write(stored)
                 f.flush()
                 os.fsync(f.fileno())
-            got = _hash_hex(self._decode(tmp.read_bytes(), codec))
+            got = self._rehash_file(tmp, codec, hex_id)
             if got != hex_id:
                 raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
             os.replace(tmp, final)
@@ -148,12 +149,28 @@ class ChunkFiles:
             raise
         _fsync_dir(final.parent)
 
+    def _rehash_file(self, path: Path, codec: str, hex_id: str) -> str:
+        """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
+        if codec not in ("raw", "zstd"):
+            raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        with path.open("rb") as f:
+            src = f if codec == "raw" else zstandard.ZstdDecompressor().stream_reader(f)
+            try:
+                while block := src.read(_VERIFY_BLOCK):
+                    h.update(block)
+            except zstandard.ZstdError as exc:
+                raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}",
+                                     f"undecodable zstd data ({exc})") from None
+        return h.hexdigest()
+
     def read(self, hex_id: str, codec: str) -> bytes:
         """The plain bytes of a leaf, checked against its ID."""
         try:
             stored = self.path(hex_id).read_bytes()
         except FileNotFoundError:
-            raise IntegrityError(f"object blake3:{hex_id}", "its chunk file", "no file") from None
+            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                                 f"no chunk file at {self.path(hex_id)}") from None
         data = self._decode(stored, codec, hex_id)
         got = _hash_hex(data)
         if got != hex_id:
@@ -164,10 +181,18 @@ class ChunkFiles:
         if codec == "raw":
             return stored
         if codec == "zstd":
+            # Streaming, not ZstdDecompressor.decompress: that allocates whatever size the frame
+            # header claims, and one flipped bit there asks for terabytes (MemoryError).
+            dobj = zstandard.ZstdDecompressor().decompressobj(write_size=1 << 20)
             try:
-                return zstandard.ZstdDecompressor().decompress(stored)
+                data = dobj.decompress(stored)
             except zstandard.ZstdError as exc:
-                raise IntegrityError(f"object blake3:{hex_id}", "a valid zstd frame", str(exc)) from None
+                raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                                     f"undecodable zstd data ({exc})") from None
+            if not dobj.eof or dobj.unused_data:
+                raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                                     "truncated zstd data or bytes after its end")
+            return data
         raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
 
     def remove(self, hex_id: str) -> None:

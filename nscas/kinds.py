@@ -30,14 +30,16 @@ class _Check:
     def fail(self, path: str, message: str) -> None:
         raise RecordError(message, kind=self.kind, path=path)
 
-    def members(self, rec: dict[str, Any], required: set[str], *, exact: bool = False) -> None:
+    def members(self, rec: dict[str, Any], required: set[str], *, exact: bool = False,
+                path: str = "$") -> None:
         missing = sorted(required - rec.keys())
         if missing:
-            self.fail("$", f"missing required member(s): {', '.join(missing)}")
+            self.fail(path, f"missing required member(s): {', '.join(missing)}")
         if exact:
-            extra = sorted(rec.keys() - required - {"nscas"})
+            # Only the record itself carries "nscas"; nested objects may not sneak it in.
+            extra = sorted(rec.keys() - required - ({"nscas"} if path == "$" else set()))
             if extra:
-                self.fail("$", f"unexpected member(s): {', '.join(extra)}")
+                self.fail(path, f"unexpected member(s): {', '.join(extra)}")
 
     def link(self, value: Any, path: str, *, nullable: bool = False) -> None:
         if value is None and nullable:
@@ -86,7 +88,7 @@ def _tree(rec: dict[str, Any], kind: str) -> None:
         if not _safe_relpath(path):
             c.fail(where, "entry paths are relative POSIX paths without '.', '..' or empty parts")
         e = c.mapping(entry, where)
-        c.members(e, {"id", "size", "sha256"}, exact=True)
+        c.members(e, {"id", "size", "sha256"}, exact=True, path=where)
         c.link(e["id"], f"{where}.id")
         c.integer(e["size"], f"{where}.size")
         if not isinstance(e["sha256"], str) or not _SHA256.fullmatch(e["sha256"]):
@@ -101,7 +103,7 @@ def _params(rec: dict[str, Any], kind: str) -> None:
         if not name:
             c.fail(where, "tensor names are non-empty")
         t = c.mapping(t, where)
-        c.members(t, {"dtype", "shape", "data"}, exact=True)
+        c.members(t, {"dtype", "shape", "data"}, exact=True, path=where)
         if t["dtype"] not in SAFETENSORS_DTYPES:
             c.fail(f"{where}.dtype", f"unknown safetensors dtype {_show(t['dtype'])}")
         if not isinstance(t["shape"], list):
@@ -195,7 +197,7 @@ def _receipt(rec: dict[str, Any], kind: str) -> None:
     for name, claim in c.mapping(rec["claims"], "$.claims").items():
         where = f"$.claims[{name!r}]"
         claim = c.mapping(claim, where)
-        c.members(claim, {"value", "verifier"}, exact=True)
+        c.members(claim, {"value", "verifier"}, exact=True, path=where)
         c.string(claim["verifier"], f"{where}.verifier")
     c.string(rec["started"], "$.started")
     c.string(rec["finished"], "$.finished")

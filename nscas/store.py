@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from nscas import canonical, kinds
 from nscas.chunks import INLINE_MAX, ChunkFiles, Segment, plan_segments, split_ranges
-from nscas.db import check_revision, make_engine, upgrade
+from nscas.db import check_revision, make_engine, refuse_unknown_revision, upgrade
 from nscas.digests import Digest, DualHasher, blake3_hex, parse_prefix, sha256_hex
 from nscas.errors import (
     AmbiguousPrefix,
@@ -111,6 +111,8 @@ def init_store(path: Path) -> Store:
     """Create (or upgrade) a store at ``path/.nscas``, or at ``path`` if it ends in ``.nscas``."""
     root = path if path.name == STORE_DIR else path / STORE_DIR
     root.mkdir(parents=True, exist_ok=True)
+    if (root / DB_NAME).is_file():
+        refuse_unknown_revision(make_engine(root / DB_NAME, readonly=True, writer=False), root)
     ChunkFiles(root).ensure()
     upgrade(root / DB_NAME)
     return Store(root)
@@ -169,7 +171,9 @@ class Store:
         if _REF.fullmatch(text_) and not _HEXISH.fullmatch(text_):
             target = self.ref_get(text_)
             if target is None:
-                raise NotFound(f"ref {text_!r}")
+                hint = ("; ID prefixes need at least 8 lowercase hex digits"
+                        if re.fullmatch(r"(blake3:)?[0-9a-fA-F]{1,64}", text_) else "")
+                raise NotFound(f"ref {text_!r}{hint}")
             return target
         prefix = parse_prefix(text_)
         with self._reader.connect() as c:
@@ -207,6 +211,8 @@ class Store:
 
     def open(self, oid: Digest) -> BinaryIO:
         """A reader over an object's bytes, each leaf checked as it is read."""
+        if not self.has(oid):  # fail at open, not at the first read
+            raise NotFound(str(oid))
         return io.BufferedReader(_LeafReader(self, oid), buffer_size=1 << 20)
 
     def leaves(self, oid: Digest) -> Iterator[tuple[str, str, bytes | None]]:
@@ -284,20 +290,33 @@ class Store:
 
     def put_record(self, value: dict[str, Any] | bytes) -> Digest:
         """Validate (canonical bytes, schema of the kind, closure) and store a record."""
-        if isinstance(value, bytes | bytearray | memoryview):
-            data = bytes(value)
-            record = canonical.decode(data)
-        else:
-            record = value
-            data = canonical.encode(value)
-        kind = kinds.validate(record)
-        found = list(canonical.iter_links(record))
-        hex_id = blake3_hex(data)
-        leaf = _Leaf(hex=hex_id, size=len(data), sha256=sha256_hex(data), storage="inline",
-                     stored_size=len(data), data=data, kind=kind)
-        link_rows = [{"parent": hex_id, "path": path, "child": d.hex} for path, d in found]
-        self._insert([leaf], [], link_rows, require={d.hex for _, d in found})
-        return Digest(hex_id)
+        return self.put_records([value])[0]
+
+    def put_records(self, values: Iterable[dict[str, Any] | bytes]) -> list[Digest]:
+        """Validate and store many records in one transaction: all of them or none.
+
+        A record may link to records earlier in the same batch (bulk imports, benchmarks).
+        """
+        leaves: list[_Leaf] = []
+        link_rows: list[dict[str, Any]] = []
+        require: set[str] = set()
+        for value in values:
+            if isinstance(value, bytes | bytearray | memoryview):
+                data = bytes(value)
+                record = canonical.decode(data)
+            else:
+                record = value
+                data = canonical.encode(value)
+            kind = kinds.validate(record)
+            hex_id = blake3_hex(data)
+            leaves.append(_Leaf(hex=hex_id, size=len(data), sha256=sha256_hex(data),
+                                storage="inline", stored_size=len(data), data=data, kind=kind))
+            for path, d in canonical.iter_links(record):
+                link_rows.append({"parent": hex_id, "path": path, "child": d.hex})
+                require.add(d.hex)
+        if leaves:
+            self._insert(leaves, [], link_rows, require=require)
+        return [Digest(leaf.hex) for leaf in leaves]
 
     def put_file(self, path: Path) -> Digest:
         """Stream a file into the store; safetensors files are cut at tensor boundaries."""
@@ -324,21 +343,30 @@ class Store:
         # Two workers hash, compress and write chunks while this thread reads and hashes the
         # whole file; at most `window` chunks are in flight so memory stays bounded.
         window = 3
+        # `window` read buffers, reused in turn: a fresh 32 MiB bytes object per piece left freed
+        # memory in glibc's per-thread arenas, so peak RSS grew with thread timing. Piece n goes
+        # into slot n % window, whose previous piece (n - window) is done once fewer than
+        # `window` futures are pending.
+        slots = [bytearray() for _ in range(window)]
+        n = 0
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="nscas-put") as pool:
             for seg in segments:
                 ranges = split_ranges(seg.length) if seg.tensor is not None else [(0, seg.length)]
                 seg_hash = DualHasher() if len(ranges) > 1 else None
                 subs: list[tuple[int, Future[_Leaf]]] = []
                 for off, length in ranges:
-                    buf = f.read(length)
-                    if len(buf) != length:
+                    while len(pending) >= window:
+                        pending.popleft().result()
+                    if len(slots[n % window]) < length:
+                        slots[n % window] = bytearray(length)
+                    buf = memoryview(slots[n % window])[:length]
+                    n += 1
+                    if _read_exactly(f, buf) != length:
                         raise StoreError("file changed size while it was being added")
                     whole.update(buf)
                     if seg_hash is not None:
                         seg_hash.update(buf)
-                    while len(pending) >= window:
-                        pending.popleft().result()
-                    fut = pool.submit(self._make_leaf, memoryview(buf))
+                    fut = pool.submit(self._make_leaf, buf)
                     pending.append(fut)
                     subs.append((off, fut))
                 plan.append((seg.offset, subs, seg_hash))
@@ -374,10 +402,13 @@ class Store:
         if len(data) <= INLINE_MAX:
             return _Leaf(hex=hex_id, size=len(data), sha256=h.sha256(), storage="inline",
                           stored_size=len(data), data=bytes(data))
-        if self.has(Digest(hex_id)) and self.chunks.exists(hex_id):
+        # Already stored (as a chunk file, or as parts when the same bytes came in as a large
+        # file): reuse it. A row of storage "file" whose chunk file is gone is rewritten.
+        if self.has(Digest(hex_id)):
             info = self.info(Digest(hex_id))
-            return _Leaf(hex=hex_id, size=info.size, sha256=info.sha256, storage=info.storage,
-                         codec=info.codec, stored_size=info.stored_size)
+            if info.storage != "file" or self.chunks.exists(hex_id):
+                return _Leaf(hex=hex_id, size=info.size, sha256=info.sha256, storage=info.storage,
+                             codec=info.codec, stored_size=info.stored_size)
         codec, stored = self.chunks.encode(data)
         self.chunks.write(hex_id, stored, codec)
         return _Leaf(hex=hex_id, size=len(data), sha256=h.sha256(), storage="file", codec=codec,
@@ -625,6 +656,17 @@ class _LeafReader(io.RawIOBase):
         b[:n] = self._buf[self._pos:self._pos + n]
         self._pos += n
         return n
+
+
+def _read_exactly(f: BinaryIO, buf: memoryview) -> int:
+    """Fill ``buf`` from ``f``; fewer bytes only at end of file."""
+    got = 0
+    while got < len(buf):
+        n = f.readinto(buf[got:])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def check_ref_name(name: str) -> None:

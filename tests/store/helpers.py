@@ -1,0 +1,129 @@
+"""Test helpers for the store tests: independent hashing, files on disk, raw database access.
+
+Hashes here come straight from ``blake3`` and ``hashlib`` (never from nscas) so that a test
+compares the store against the definition of an ID, not against itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+from safetensors.numpy import save_file
+
+from nscas.digests import Digest
+from nscas.store import DB_NAME, Store
+
+EMPTY_BLAKE3 = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def b3(data: bytes) -> str:
+    """The object ID of ``data`` as ``b3sum`` names it, with the ``blake3:`` prefix."""
+    return "blake3:" + blake3.blake3(data).hexdigest()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def random_bytes(n: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).bytes(n)
+
+
+def random_f32(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> bytes:
+    """Write ``tensors`` with the safetensors library and return the file's bytes."""
+    save_file(tensors, str(path))
+    return path.read_bytes()
+
+
+def chunk_files(store: Store) -> dict[str, tuple[int, int]]:
+    """{relative path: (inode, mtime_ns)} of every chunk file of the store."""
+    data = store.root / "data"
+    return {p.relative_to(data).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted(data.rglob("*")) if p.is_file()}
+
+
+def chunk_path(store: Store, oid: Digest) -> Path:
+    return store.root / "data" / oid.hex[:2] / oid.hex[2:]
+
+
+def flip_byte(path: Path, offset: int, mask: int = 0x01) -> None:
+    """Corrupt one byte of a file in place (as bit rot would)."""
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ mask]))
+
+
+def raw_db(store: Store) -> sqlite3.Connection:
+    """A plain sqlite3 connection to the store's database, outside the store's code."""
+    return sqlite3.connect(store.root / DB_NAME, isolation_level=None)
+
+
+def rewrite_inline(store: Store, oid: Digest, data: bytes) -> None:
+    """Replace an object's inline bytes behind the store's back (simulated corruption).
+
+    The insert-only triggers let changes through only while ``gc_session`` holds a row, so the
+    corruption is done inside one such transaction.
+    """
+    con = raw_db(store)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("INSERT INTO gc_session (token) VALUES (1)")
+        con.execute("UPDATE objects SET data = ? WHERE id = ?", (data, oid.hex))
+        con.execute("DELETE FROM gc_session")
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def row_counts(store: Store) -> dict[str, int]:
+    con = raw_db(store)
+    try:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("objects", "parts", "links", "refs", "ref_log")}
+    finally:
+        con.close()
+
+
+def build_records(store: Store) -> dict[str, tuple[Digest, dict[str, Any]]]:
+    """One valid record of every v1 kind, stored in dependency order: {kind: (ID, value)}."""
+    text = b"hello world"
+    blob = store.put_bytes(text)
+    weights = store.put_bytes(np.arange(2, dtype="<f4").tobytes())
+    out: dict[str, tuple[Digest, dict[str, Any]]] = {}
+
+    def put(value: dict[str, Any]) -> str:
+        oid = store.put_record(value)
+        out[value["nscas"]] = (oid, value)
+        return str(oid)
+
+    tree = put({"nscas": "tree/1",
+                "entries": {"a/b.txt": {"id": str(blob), "size": len(text), "sha256": sha256(text)}}})
+    params = put({"nscas": "params/1",
+                  "tensors": {"w": {"dtype": "F32", "shape": [2], "data": str(weights)}}})
+    ckpt = put({"nscas": "checkpoint/1", "files": tree, "params": params, "step": 3, "parent": None})
+    put({"nscas": "tasks/1", "role": "eval", "records": str(blob), "count": 2, "ids": ["t1", "t2"]})
+    action = put({"nscas": "action/1", "recipe": "train@1", "code": tree, "inputs": {"base": ckpt},
+                  "params": {"steps": 3, "lr": 0.5}})
+    env = put({"nscas": "environment/1", "python": "3.11.9", "platform": "linux-x86_64",
+               "packages": {"torch": "2.13.0"}, "torch": None, "devices": ["cpu"],
+               "determinism": {"deterministic_algorithms": True}})
+    journal = put({"nscas": "journal/1", "rank": 0, "world": 1, "entries": str(blob), "head": None})
+    put({"nscas": "commitment/1", "subjects": {"candidate": ckpt}, "purpose": "fix the candidate",
+         "previous": None})
+    put({"nscas": "receipt/1", "action": action, "environment": env, "outputs": {"checkpoint": ckpt},
+         "journals": [journal], "claims": {"loss": {"value": 1.5, "verifier": "train-loss"}},
+         "started": "2025-01-01T00:00:00Z", "finished": "2025-01-01T00:01:00Z",
+         "status": "succeeded"})
+    return out

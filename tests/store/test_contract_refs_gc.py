@@ -1,0 +1,139 @@
+"""Contract: refs (compare-and-swap, immutable tags, append-only log), gc and fsck (SPEC 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nscas.digests import Digest
+from nscas.errors import InvalidInput, NotFound, RefConflict, TagImmutable
+from nscas.fsck import fsck, gc
+from nscas.store import RefEntry, Store
+from tests.store.helpers import b3, build_records, chunk_files, chunk_path, write_safetensors
+
+
+def _log(store: Store, name: str) -> list[tuple[Digest | None, Digest]]:
+    return [(e.old, e.new) for e in reversed(store.ref_log(name))]
+
+
+class TestRefsContract:
+    def test_compare_and_swap(self, any_store: Store) -> None:
+        a, b, c = (any_store.put_bytes(x) for x in (b"a", b"b", b"c"))
+        name = "experiments/coop/clean-single"
+        assert any_store.ref_get(name) is None
+        any_store.ref_set(name, a, expect=None)  # expect "unset": creates
+        with pytest.raises(RefConflict) as err:
+            any_store.ref_set(name, b, expect=None)
+        assert (err.value.expected, err.value.actual) == (None, str(a))
+        any_store.ref_set(name, b, expect=a)  # match: moves
+        with pytest.raises(RefConflict) as err:
+            any_store.ref_set(name, c, expect=a)  # a stale expectation never overwrites
+        assert (err.value.expected, err.value.actual) == (str(a), str(b))
+        assert any_store.ref_get(name) == b
+        any_store.ref_set(name, c)  # no expectation: unconditional
+        assert any_store.ref_get(name) == c
+        assert _log(any_store, name) == [(None, a), (a, b), (b, c)]
+        with pytest.raises(RefConflict):
+            any_store.ref_set("experiments/other", a, expect=b)  # expecting a value of an unset ref
+        assert any_store.ref_get("experiments/other") is None
+
+    def test_ref_to_absent_object_and_bad_names(self, any_store: Store) -> None:
+        with pytest.raises(NotFound):
+            any_store.ref_set("x", Digest.parse(b3(b"absent")))
+        oid = any_store.put_bytes(b"x")
+        for bad in ("", "/a", "a/", "a//b", "a/../b", "-a", "a b", "deadbeef", "blake3:deadbeef00"):
+            with pytest.raises(InvalidInput):
+                any_store.ref_set(bad, oid)
+        assert any_store.ref_list() == []
+
+    def test_tags_never_move(self, any_store: Store) -> None:
+        a, b = any_store.put_bytes(b"a"), any_store.put_bytes(b"b")
+        any_store.ref_set("tags/v1", a)
+        any_store.ref_set("tags/v1", a)  # setting the same value again is no move
+        for expect in (None, a):
+            with pytest.raises((TagImmutable, RefConflict)):
+                any_store.ref_set("tags/v1", b, expect=expect)
+        with pytest.raises(TagImmutable) as err:
+            any_store.ref_set("tags/v1", b)
+        assert err.value.current == str(a)
+        assert any_store.ref_get("tags/v1") == a
+        assert _log(any_store, "tags/v1") == [(None, a)]
+
+    def test_ref_log_is_append_only_history(self, any_store: Store) -> None:
+        ids = [any_store.put_bytes(b"%d" % i) for i in range(5)]
+        for i, oid in enumerate(ids):
+            any_store.ref_set("r", oid, message=f"step {i}")
+        any_store.ref_set("s", ids[0])
+        log = any_store.ref_log()
+        assert [(e.name, e.message) for e in log[:2]] == [("s", ""), ("r", "step 4")]
+        assert any_store.ref_log("r", limit=2) == [
+            RefEntry(name="r", old=ids[3], new=ids[4], at=log[1].at, message="step 4"),
+            RefEntry(name="r", old=ids[2], new=ids[3], at=log[2].at, message="step 3")]
+        assert _log(any_store, "r") == list(zip([None, *ids[:-1]], ids, strict=True))
+        assert any_store.ref_list() == [("r", ids[4]), ("s", ids[0])]
+        assert any_store.ref_list("s") == [("s", ids[0])]
+
+    def test_resolve(self, any_store: Store) -> None:
+        oid = any_store.put_bytes(b"resolve me")
+        any_store.ref_set("runs/x", oid)
+        assert any_store.resolve(str(oid)) == oid
+        assert any_store.resolve("runs/x") == oid
+        assert any_store.resolve(oid.hex[:8]) == oid
+        with pytest.raises(NotFound):
+            any_store.resolve("runs/y")
+
+
+class TestMaintenanceContract:
+    def test_fsck_clean_on_a_good_store(self, any_store: Store, tmp_path: Path) -> None:
+        built = build_records(any_store)
+        write_safetensors(tmp_path / "m.safetensors",
+                          {"w": np.ones((64, 64), np.float32), "b": np.arange(5000, dtype=np.float32)})
+        any_store.put_file(tmp_path / "m.safetensors")
+        any_store.ref_set("r", built["receipt/1"][0])
+        report = fsck(any_store, deep=True)
+        assert report.findings == ()
+        assert report.ok and report.complete
+        assert report.objects == any_store.counts()["objects"]
+        # Every top-level object re-hashed: all but the file's three parts.
+        assert report.deep_checked == report.objects - 3
+
+    def test_gc_keeps_reachable_and_removes_the_rest(self, any_store: Store, tmp_path: Path) -> None:
+        built = build_records(any_store)  # no ref; the receipt is a root of its own
+        tensors = {"kept": np.arange(4000, dtype=np.float32), "big": np.ones(3000, np.float32)}
+        write_safetensors(tmp_path / "m.safetensors", tensors)
+        model = any_store.put_file(tmp_path / "m.safetensors")
+        by_ref = any_store.put_record({"nscas": "commitment/1", "subjects": {"model": str(model)},
+                                       "purpose": "keep", "previous": None})
+        any_store.ref_set("keep/model", by_ref)
+        lost_blob = any_store.put_bytes(np.random.default_rng(1).bytes(9000))
+        lost_record = any_store.put_record({"nscas": "commitment/1", "subjects": {"x": str(lost_blob)},
+                                            "purpose": "lost", "previous": None})
+        (any_store.root / "tmp" / "interrupted.tmp").write_bytes(b"half a chunk")
+        orphan = any_store.root / "data" / "ff" / ("f" * 62)
+        orphan.parent.mkdir(exist_ok=True)
+        orphan.write_bytes(b"no row uses me")
+        kept = any_store.closure([built["receipt/1"][0], by_ref], with_parts=True)
+        assert len(kept) == 14  # receipt: 7 records, 2 blobs; ref: record, file, header, 2 tensors
+        # The tasks and commitment records are reached from no ref and no receipt; the blob they
+        # share with the receipt's closure stays.
+        lost = {lost_blob, lost_record, built["tasks/1"][0], built["commitment/1"][0]}
+
+        dry = gc(any_store, dry_run=True)
+        assert set(dry.objects) == lost
+        assert any_store.has(lost_blob) and orphan.exists()
+
+        report = gc(any_store)
+        assert set(report.objects) == lost
+        assert report.temporary_files == (any_store.root / "tmp" / "interrupted.tmp",)
+        assert report.orphan_chunks == ("f" * 64,)
+        assert not any(any_store.has(oid) for oid in lost)
+        assert not chunk_path(any_store, lost_blob).exists() and not orphan.exists()
+        assert list((any_store.root / "tmp").iterdir()) == []
+        for oid in kept:
+            assert any_store.has(oid)
+            assert str(oid) == b3(any_store.get_bytes(oid))
+        assert len(chunk_files(any_store)) == 2  # the two tensors
+        assert fsck(any_store, deep=True).findings == ()
+        assert gc(any_store).objects == ()  # nothing left to collect
