@@ -9,7 +9,7 @@ from sqlalchemy import Engine, create_engine, event, inspect, text
 from nscas.errors import StoreError
 
 # The alembic revision this code was written for; tests keep it equal to the migrations' head.
-SCHEMA_HEAD = "0001_initial"
+SCHEMA_HEAD = "0002_lineage_indexes"
 BUSY_TIMEOUT_MS = 60_000
 
 

@@ -36,6 +36,7 @@ objects = Table(
     Column("data", LargeBinary, nullable=True),
     Column("created", Float, nullable=False),
     Index("ix_objects_records", "kind", "seq", sqlite_where=text("kind IS NOT NULL")),
+    Index("ix_objects_record_seq", "seq", sqlite_where=text("kind IS NOT NULL")),
 )
 
 # The ordered pieces of an object stored as parts (tensors of a safetensors file, fixed-size
@@ -57,7 +58,7 @@ links = Table(
     Column("parent", CHAR(64), ForeignKey("objects.id"), primary_key=True),
     Column("path", Text, primary_key=True),
     Column("child", CHAR(64), ForeignKey("objects.id"), nullable=False),
-    Index("ix_links_child", "child"),
+    Index("ix_links_child", "child", "parent", "path"),
 )
 
 refs = Table(

@@ -62,8 +62,15 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def _number_from_digits(text: str) -> int | float:
+    """JSON numbers are IEEE-754 doubles (RFC 8785 3.2.2.3): digits beyond 2**53 - 1 denote the
+    double they round to, which is how a canonical writer prints an integral 1e20."""
+    value = int(text)
+    return value if abs(value) <= 2**53 - 1 else float(value)
+
+
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_object, parse_constant=_reject_constant,
-                            parse_float=_finite_float)
+                            parse_float=_finite_float, parse_int=_number_from_digits)
 
 
 def parse_json(data: bytes | str, *, what: str = "JSON text") -> Any:

@@ -56,3 +56,41 @@ def test_migrations_install_the_insert_only_triggers(store: Store) -> None:
     finally:
         con.close()
     assert names == {f"{t}_no_{verb}" for t in INSERT_ONLY for verb in ("update", "delete")}
+
+
+def test_a_store_of_the_first_schema_upgrades_in_place(tmp_path) -> None:
+    """A store made by an older nscas is refused until `nscas init --upgrade`, then keeps
+    every object it held and gains the new indexes."""
+    import hashlib
+    import sqlite3
+
+    import blake3
+    import pytest
+    from alembic import command
+
+    from nscas.chunks import ChunkFiles
+    from nscas.digests import Digest
+    from nscas.errors import StoreError
+    from nscas.store import init_store, open_store
+
+    root = tmp_path / ".nscas"
+    root.mkdir()
+    ChunkFiles(root).ensure()
+    cfg = Config()
+    cfg.set_main_option("script_location", migrations_dir())
+    cfg.set_main_option("sqlalchemy.url", f"sqlite:///{root / 'nscas.db'}")
+    command.upgrade(cfg, "0001_initial")
+    data = b"written under the first schema"
+    hex_id = blake3.blake3(data).hexdigest()
+    with sqlite3.connect(root / "nscas.db", isolation_level=None) as db:
+        db.execute("INSERT INTO objects (id, size, sha256, kind, storage, codec, stored_size, data,"
+                   " created) VALUES (?, ?, ?, NULL, 'inline', 'raw', ?, ?, 0)",
+                   (hex_id, len(data), hashlib.sha256(data).hexdigest(), len(data), data))
+    with pytest.raises(StoreError, match="init --upgrade"):
+        open_store(tmp_path)
+    init_store(tmp_path).close()
+    with open_store(tmp_path) as store:
+        assert store.get_bytes(Digest(hex_id)) == data
+        with raw_db(store) as db:
+            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"ix_links_child", "ix_objects_record_seq"} <= names

@@ -191,3 +191,16 @@ def test_file_digests_stream_a_file(tmp_path) -> None:
 def test_size_limit() -> None:
     big = rfc8785.dumps(record("environment/1", padding="x" * (16 * 1024 * 1024)))
     assert statuses(check_record(big))["size"] == "failed"
+
+
+def test_large_integral_numbers_are_the_doubles_they_denote() -> None:
+    """A canonical writer prints the double 1e20 as 21 digits; reading them back must give a
+    value whose canonical form is those same bytes."""
+    import rfc8785
+
+    from nscas.verifiers.records import parse_json
+
+    data = rfc8785.dumps({"big": 1e20, "small": 3})
+    value = parse_json(data)
+    assert rfc8785.dumps(value) == data
+    assert value["small"] == 3 and isinstance(value["small"], int)
