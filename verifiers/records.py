@@ -70,10 +70,13 @@ def _number_from_digits(text: str) -> int | float:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_object, parse_constant=_reject_constant,
-                            parse_float=_finite_float, parse_int=_number_from_digits)
+                            parse_float=_finite_float)
+# For RFC 8785 text (records, journal lines), where every number is a double.
+_JCS_DECODER = json.JSONDecoder(object_pairs_hook=_unique_object, parse_constant=_reject_constant,
+                                parse_float=_finite_float, parse_int=_number_from_digits)
 
 
-def parse_json(data: bytes | str, *, what: str = "JSON text") -> Any:
+def parse_json(data: bytes | str, *, what: str = "JSON text", jcs: bool = False) -> Any:
     """Parse strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, one value with only
     JSON whitespace around it. Raises ``RecordParseError`` naming ``what``."""
     if isinstance(data, bytes):
@@ -85,7 +88,7 @@ def parse_json(data: bytes | str, *, what: str = "JSON text") -> Any:
     else:
         text = data
     try:
-        return _DECODER.decode(text)
+        return (_JCS_DECODER if jcs else _DECODER).decode(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise RecordParseError(str(exc), what=what) from None
 
@@ -166,7 +169,7 @@ def parse_record(data: bytes) -> Record:
     """
     if len(data) > MAX_RECORD_BYTES:
         raise RecordParseError(f"{len(data)} bytes exceeds the {MAX_RECORD_BYTES}-byte limit")
-    value = parse_json(data, what="record")
+    value = parse_json(data, what="record", jcs=True)
     for problem in (_kind_problem(value), _canonical_problem(data, value)):
         if problem:
             raise RecordParseError(problem)
@@ -194,7 +197,7 @@ def check_record(data: bytes, *, name: str = "record", expected_id: str | None =
                                 recomputed=len(data),
                                 message=f"record exceeds {MAX_RECORD_BYTES} bytes"))
     try:
-        value = parse_json(data, what="record")
+        value = parse_json(data, what="record", jcs=True)
     except RecordParseError as exc:
         checks.append(Check.failed(f"{name}.json", exc.why))
         for aspect in ("canonical", "kind", "schema"):

@@ -74,7 +74,7 @@ def _lines(data: bytes) -> list[bytes]:
 def _read_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """(entry, problem); entry is None when the line cannot be read at all."""
     try:
-        value = parse_json(line, what="journal line")
+        value = parse_json(line, what="journal line", jcs=True)
     except RecordParseError as exc:
         return None, exc.why
     if not isinstance(value, dict):
