@@ -50,7 +50,9 @@ def check_order(ctx: RunContext, tasks: dict[str, Any]) -> None:
                           f"({', '.join(sorted(subjects))}); commit it before test-set scoring")
 
 
-def _baseline(ctx: RunContext, ids: list[str]) -> dict[str, Digest] | None:
+def _baseline(ctx: RunContext, ids: list[str],
+              probe_ids: list[str] | None) -> dict[str, Digest] | None:
+    """The baseline's outputs, once its task ids (and probe ids) are known to match ours."""
     if "baseline" not in ctx.inputs:
         return None
     store = ctx.store
@@ -64,6 +66,17 @@ def _baseline(ctx: RunContext, ids: list[str]) -> dict[str, Digest] | None:
         same = set(base_ids) == set(ids)
         raise RecipeError("the baseline evaluated " + ("the same task ids in another order" if same
                           else f"other task ids ({len(base_ids)} vs {len(ids)})") + "; compare like with like")
+    # Checked here, before any generation, rather than by the statistics after it.
+    if probe_ids is not None:
+        if "retention" not in outputs:
+            raise RecipeError("a retention set was given but the baseline has no retention losses")
+        base_probes = [x["id"] for x in _jsonl(store, outputs["retention"])]
+        if base_probes != probe_ids:
+            same = set(base_probes) == set(probe_ids)
+            raise RecipeError("the retention set holds " + (
+                "the baseline's probe ids in another order" if same
+                else f"other probe ids than the baseline's ({len(probe_ids)} vs {len(base_probes)})")
+                + "; compare like with like")
     return outputs
 
 
@@ -83,7 +96,13 @@ def run(ctx: RunContext) -> RecipeResult:
         raise RecipeError(f"task set {ctx.inputs['tasks']} is empty; nothing to evaluate")
     check_order(ctx, tasks)
     ids = [r["id"] for r in records]
-    base_out = _baseline(ctx, ids)
+    probes = None
+    if "retention" in ctx.inputs:
+        probes = _jsonl(store, Digest.parse(store.get_record(ctx.inputs["retention"])["records"]))
+        if not probes:
+            raise RecipeError(f"retention set {ctx.inputs['retention']} is empty; "
+                              "there is no loss to measure")
+    base_out = _baseline(ctx, ids, None if probes is None else [pr["id"] for pr in probes])
     if p.device == "cuda" and not torch.cuda.is_available():
         raise RecipeError("device 'cuda' was asked for but torch sees no CUDA device")
     if p.threads:
@@ -119,12 +138,11 @@ def run(ctx: RunContext) -> RecipeResult:
         outcomes.append((r["id"], c.correct))
     outputs = {"generations": store.put_bytes(_dump(gen_lines)), "checks": store.put_bytes(_dump(check_lines))}
     claims = _score_claims(check_lines)
-    if "retention" in ctx.inputs:
-        probes = _jsonl(store, Digest.parse(store.get_record(ctx.inputs["retention"])["records"]))
+    if probes is not None:
         losses = [{"id": pr["id"], "loss": retention_loss(model, encode_document(tokenizer, pr, max_length=limit))}
                   for pr in probes]
         outputs["retention"] = store.put_bytes(_dump(losses))
-        claims["retention_mean_loss"] = Claim(value=sum(x["loss"] for x in losses) / max(len(losses), 1),
+        claims["retention_mean_loss"] = Claim(value=sum(x["loss"] for x in losses) / len(losses),
                                               verifier="statistics")
     if base_out is not None:
         base_checks = _jsonl(store, base_out["checks"])
@@ -136,9 +154,7 @@ def run(ctx: RunContext) -> RecipeResult:
             "exact_one_sided_p": Claim(value=cmp.test.p_float, verifier="statistics"),
         })
         upper = None
-        if "retention" in ctx.inputs:
-            if "retention" not in base_out:
-                raise RecipeError("a retention set was given but the baseline has no retention losses")
+        if probes is not None:
             base_losses = _jsonl(store, base_out["retention"])
             ret = retention([(x["id"], x["loss"]) for x in base_losses],
                             [(x["id"], x["loss"]) for x in losses])
