@@ -8,7 +8,8 @@ Every comparison is measured side by side in one invocation, runs interleaved, m
 Sections (``--only`` picks some):
   add      1 GiB safetensors (64 tensors of 4M random F32): nscas add (CLI and library, durable)
            vs dvc add, dd conv=fsync (the durable-copy floor), b3sum, sha256sum
-  fsck     nscas fsck --deep vs b3sum over the same bytes
+  fsck     (part of "add") nscas fsck --deep (every stored leaf once) and --full (whole
+           objects: BLAKE3 + SHA-256) vs b3sum over the same bytes
   second   a second checkpoint with 90 % of the tensors unchanged: stored bytes and time
   records  log --limit 20 and lineage on stores of 100,000 and 1,000,000 records
   memory   peak RSS of adding a 4 GiB sparse safetensors file
@@ -178,7 +179,7 @@ def bench_add_fsck_second(b: Bench, f1: Path, f2: Path) -> None:
     runs = b.args.runs
     t: dict[str, list[Sample]] = {k: [] for k in (
         "cli", "lib", "dvc", "dd", "b3sum", "sha256sum", "cli2", "lib2", "dvc2",
-        "fsck_cli", "fsck_lib", "py_b3", "b3sum_chunks")}
+        "fsck_cli", "fsck_lib", "fsck_full_lib", "py_b3", "b3sum_chunks")}
     stored2: list[float] = []
     b3sum = shutil.which("b3sum")
     nscas = [str(NSCAS), "--store"]
@@ -196,6 +197,7 @@ def bench_add_fsck_second(b: Bench, f1: Path, f2: Path) -> None:
         with init_store(b.fresh("lib-store")) as store:
             t["lib"].append(b.timed_call(lambda st=store: st.put_file(f1)))
             t["fsck_lib"].append(b.timed_call(lambda st=store: _fsck_ok(st)))
+            t["fsck_full_lib"].append(b.timed_call(lambda st=store: _fsck_ok(st, full=True)))
             if b3sum:  # the store's chunk files, as b3sum reads them
                 chunks = sorted(str(p) for p in (store.root / "data").rglob("*") if p.is_file())
                 t["b3sum_chunks"].append(b.timed([b3sum, "--no-names", *chunks]))
@@ -239,8 +241,9 @@ def bench_add_fsck_second(b: Bench, f1: Path, f2: Path) -> None:
         ("b3sum FILE", t["b3sum"], "the 1 GiB file"),
         ("b3sum CHUNK-FILES", t["b3sum_chunks"], "the store's 64 chunk files"),
         ("python blake3 AUTO update_mmap FILE", t["py_b3"], "in-process"),
-        ("nscas fsck --deep (CLI)", t["fsck_cli"], ""),
-        ("fsck(deep=True) (library)", t["fsck_lib"], ""),
+        ("nscas fsck --deep (CLI)", t["fsck_cli"], "every stored leaf once; start-up included"),
+        ("fsck(deep=True) (library)", t["fsck_lib"], "every stored leaf once, 2 threads"),
+        ("fsck(full=True) (library)", t["fsck_full_lib"], "whole objects: BLAKE3 + SHA-256"),
     ], base=base)
     frac = statistics.median(stored2)
     r["second"] = table("3. second checkpoint, 90 % of tensors unchanged", [
@@ -259,9 +262,9 @@ def bench_add_fsck_second(b: Bench, f1: Path, f2: Path) -> None:
           f"{median(t['cli2'], 1) / median(t['cli'], 1):.2f} CPU")
 
 
-def _fsck_ok(store: Store) -> None:
-    report = fsck(store, deep=True)
-    if not report.ok:
+def _fsck_ok(store: Store, *, full: bool = False) -> None:
+    report = fsck(store, deep=True, full=full)
+    if not report.ok or report.deep_bytes < TENSORS * FLOATS * 4:
         raise SystemExit(f"fsck found errors: {report.errors[:3]}")
 
 

@@ -8,6 +8,7 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
+from nscas.fsck import DEFAULT_MIN_AGE
 from nscas.fsck import gc as collect
 
 app = command_app()
@@ -18,18 +19,29 @@ def gc_(
     ctx: typer.Context,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Only say what would be removed.")] = False,
+    min_age: Annotated[float, typer.Option(
+        "--min-age", metavar="SECONDS", min=0.0,
+        help="Keep objects, temporary files and chunk files younger than this: a put running in "
+             "another process may still need them. Must exceed the longest put; 0 only when "
+             "nothing else writes to the store.")] = DEFAULT_MIN_AGE,
     as_json: JsonFlag = False,
 ) -> None:
     """Remove objects that no ref, tag or receipt reaches, temporary files and orphan chunks.
 
-    Example: nscas gc --dry-run
+    Anything younger than --min-age stays (an object with everything it reaches), so that a
+    put in another process, which writes chunk files before their rows and names its objects
+    only after storing them, is never broken.
+
+    Example: nscas gc --dry-run --min-age 86400
     """
     with open_cli_store(ctx, readonly=dry_run) as store:
-        report = collect(store, dry_run=dry_run)
+        report = collect(store, dry_run=dry_run, min_age=min_age)
     if as_json:
-        render.json_out({"dry_run": report.dry_run, "objects": len(report.objects),
-                         "bytes": report.bytes, "temporary_files": len(report.temporary_files),
+        render.json_out({"dry_run": report.dry_run, "min_age": report.min_age,
+                         "objects": len(report.objects), "bytes": report.bytes,
+                         "temporary_files": len(report.temporary_files),
                          "orphan_chunks": len(report.orphan_chunks),
+                         "young_objects": report.young_objects, "young_files": report.young_files,
                          "removed": [str(d) for d in report.objects]})
         return
     verb = "would remove" if dry_run else "removed"
@@ -37,4 +49,6 @@ def gc_(
         render.text(f"{verb} {oid}")
     render.text(f"{verb} {len(report.objects)} object(s) ({report.bytes} bytes stored), "
                 f"{len(report.temporary_files)} temporary file(s), "
-                f"{len(report.orphan_chunks)} orphan chunk file(s)")
+                f"{len(report.orphan_chunks)} orphan chunk file(s); kept "
+                f"{report.young_objects} object(s) and {report.young_files} file(s) younger "
+                f"than {report.min_age:g} s")

@@ -3,7 +3,8 @@
 Only this module touches chunk files. A leaf object's bytes live in ``data/<2 hex>/<62 hex>``,
 raw or zstd-compressed (only when that saves space). Files are written to ``tmp/`` first,
 fsync'ed, re-read and re-hashed, then renamed into place: a crash leaves a stray temporary
-file (removed by ``gc``) or a complete verified chunk, never a partial one.
+file (removed by ``gc`` once older than its minimum age) or a complete verified chunk, never a
+partial one.
 """
 
 from __future__ import annotations
@@ -151,18 +152,17 @@ class ChunkFiles:
 
     def _rehash_file(self, path: Path, codec: str, hex_id: str) -> str:
         """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
-        if codec not in ("raw", "zstd"):
-            raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
-        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        with path.open("rb") as f:
-            src = f if codec == "raw" else zstandard.ZstdDecompressor().stream_reader(f)
-            try:
-                while block := src.read(_VERIFY_BLOCK):
-                    h.update(block)
-            except zstandard.ZstdError as exc:
-                raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}",
-                                     f"undecodable zstd data ({exc})") from None
-        return h.hexdigest()
+        try:
+            return _plain_digest(path, codec, hex_id)[0]
+        except IntegrityError as exc:
+            raise IntegrityError(f"chunk written for {hex_id}", exc.expected, exc.actual) from None
+
+    def verify(self, hex_id: str, codec: str) -> tuple[str, int]:
+        """(BLAKE3 hex, size) of a stored leaf's plain bytes, streamed in bounded memory.
+
+        Raises ``IntegrityError`` if the chunk file is missing or its zstd data does not decode.
+        """
+        return _plain_digest(self.path(hex_id), codec, hex_id)
 
     def read(self, hex_id: str, codec: str) -> bytes:
         """The plain bytes of a leaf, checked against its ID."""
@@ -195,8 +195,9 @@ class ChunkFiles:
             return data
         raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
 
-    def remove(self, hex_id: str) -> None:
-        self.path(hex_id).unlink(missing_ok=True)
+    def remove(self, hex_id: str, *, before: float | None = None) -> bool:
+        """Delete a chunk file (only if last written at or before ``before``); True if deleted."""
+        return _unlink(self.path(hex_id), before)
 
     def iter_ids(self) -> Iterator[str]:
         if not self.data.is_dir():
@@ -207,7 +208,72 @@ class ChunkFiles:
                     yield sub.name + f.name
 
     def temporary_files(self) -> list[Path]:
+        """Files in ``tmp/``: a write in progress, or one a crash interrupted."""
         return sorted(self.tmp.iterdir()) if self.tmp.is_dir() else []
+
+    @staticmethod
+    def written_before(path: Path, before: float) -> bool:
+        """True if ``path`` (a chunk or temporary file) was last written at or before ``before``."""
+        return _written_before(path, before)
+
+    def remove_temporary(self, path: Path, *, before: float | None = None) -> bool:
+        if path.parent != self.tmp:
+            raise StoreError(f"{path} is not a temporary file of this store")
+        return _unlink(path, before)
+
+
+def _written_before(path: Path, before: float) -> bool:
+    """True if ``path`` was last modified at or before ``before`` (False if it is gone)."""
+    try:
+        return path.stat().st_mtime <= before
+    except FileNotFoundError:
+        return False
+
+
+def _unlink(path: Path, before: float | None) -> bool:
+    # The age check and the unlink are two steps: a writer replacing this very file in between
+    # loses it. gc passes ``before`` = now - min_age, so that needs a write at the exact moment
+    # gc removes the same, long-unused chunk.
+    if before is not None and not _written_before(path, before):
+        return False
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _plain_digest(path: Path, codec: str, hex_id: str) -> tuple[str, int]:
+    """(BLAKE3 hex, size) of a chunk file's plain bytes, read in blocks (zstd decoded)."""
+    if codec not in ("raw", "zstd"):
+        raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+    # One thread per file: callers hash several files at once (fsck) or run in a pool (put).
+    h = blake3.blake3()
+    size = 0
+    buf = bytearray(_VERIFY_BLOCK)
+    view = memoryview(buf)
+    try:
+        with path.open("rb") as f:
+            if codec == "raw":
+                while n := f.readinto(buf):
+                    h.update(view[:n])
+                    size += n
+            else:
+                # Bounded output per read: a corrupt frame may describe far more data than it
+                # holds. Across frames, so that bytes after the frame are decoded too (and fail)
+                # rather than ignored: the same bytes must pass here that pass a read.
+                src = zstandard.ZstdDecompressor().stream_reader(
+                    f, read_size=_VERIFY_BLOCK, read_across_frames=True)
+                while n := src.readinto(buf):
+                    h.update(view[:n])
+                    size += n
+    except FileNotFoundError:
+        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                             f"no chunk file at {path}") from None
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                             f"undecodable zstd data ({exc})") from None
+    return h.hexdigest(), size
 
 
 def _hash_hex(data: bytes | memoryview) -> str:

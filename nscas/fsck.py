@@ -1,11 +1,29 @@
-"""Store checks (``fsck``) and garbage collection (``gc``): every finding, never just the first."""
+"""Store checks (``fsck``) and garbage collection (``gc``): every finding, never just the first.
+
+fsck has three depths, each proving more than the one before:
+
+- rows (the default; reads no stored bytes): every inline row holds ``size`` bytes, every chunk
+  file exists with its recorded stored size, every parts list tiles its object (no gap, no
+  overlap, every part present, sizes summing to the object's), every record is canonical, valid
+  for its kind, with its links indexed and present, and every ref names a present object.
+- deep: also every stored leaf (chunk file, zstd decoded, or inline row) read once and hashed
+  with BLAKE3 against its ID, its plain size against the row. Every stored byte belongs to
+  exactly one leaf, so any change to what a leaf holds is found, at about one BLAKE3 pass over
+  the store. No SHA-256; of a parts row, only that its part exists with the right size.
+- full: instead re-read every top-level object (no part of another) through its parts: each
+  leaf against its ID, and the object's BLAKE3 (the ID), SHA-256 and size. This also proves that
+  the parts rows assemble the right bytes and that top-level SHA-256 values hold, for a SHA-256
+  pass and one read of a shared part per object using it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import random
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -13,13 +31,18 @@ from typing import TYPE_CHECKING, Literal
 import blake3
 
 from nscas import canonical, kinds
-from nscas.digests import Digest
-from nscas.errors import NscasError
+from nscas.digests import Digest, blake3_hex
+from nscas.errors import IntegrityError, InvalidInput, NscasError
 
 if TYPE_CHECKING:
     from nscas.store import ObjectInfo, Store
 
 Severity = Literal["error", "note"]
+Mode = Literal["rows", "deep", "full"]
+
+DEFAULT_MIN_AGE = 3600.0  # seconds; gc keeps anything younger (see gc)
+_THREADS = 2  # leaves hashed at once: blake3 and hashlib release the GIL on large inputs
+_IN_FLIGHT = 4  # leaves submitted but not yet checked: bounds memory and the --max-seconds overrun
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,8 +57,9 @@ class Finding:
 class FsckReport:
     findings: tuple[Finding, ...]
     objects: int
-    deep_checked: int
-    deep_bytes: int
+    mode: Mode
+    deep_checked: int  # leaves hashed (deep) or top-level objects re-read (full)
+    deep_bytes: int  # plain bytes hashed
     complete: bool  # False when --max-seconds stopped the deep pass early
     seconds: float
 
@@ -51,21 +75,27 @@ class FsckReport:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GcReport:
     dry_run: bool
+    min_age: float
     objects: tuple[Digest, ...]
     bytes: int
     temporary_files: tuple[Path, ...]
     orphan_chunks: tuple[str, ...] = field(default=())
+    young_objects: int = 0  # unreachable, but kept (with all they reach): younger than min_age
+    young_files: int = 0  # temporary and orphan chunk files kept: younger than min_age
 
 
-def fsck(store: Store, *, deep: bool = False, sample: float = 1.0, max_seconds: float | None = None,
-         seed: int | None = None, on_object: Callable[[int], None] | None = None) -> FsckReport:
-    """Check rows, records, links, refs and (``deep``) every stored byte against its ID."""
+def fsck(store: Store, *, deep: bool = False, full: bool = False, sample: float = 1.0,
+         max_seconds: float | None = None, seed: int | None = None,
+         on_object: Callable[[int], None] | None = None) -> FsckReport:
+    """Check rows, records, links and refs; ``deep``: every stored leaf against its ID once;
+    ``full`` (implies deep): every top-level object re-read whole (BLAKE3, SHA-256, size)."""
     t0 = time.monotonic()
+    mode: Mode = "full" if full else "deep" if deep else "rows"
     findings: list[Finding] = []
     rng = random.Random(seed)
     infos: dict[str, ObjectInfo] = {}
     file_leaves: set[str] = set()
-    deep_checked = deep_bytes = 0
+    checked = checked_bytes = 0
     complete = True
     for info in store.iter_objects():
         infos[info.id.hex] = info
@@ -76,32 +106,58 @@ def fsck(store: Store, *, deep: bool = False, sample: float = 1.0, max_seconds: 
             findings.extend(_check_record(store, info))
         if on_object is not None:
             on_object(1)
-    if deep:
-        tops = _top_level(store, infos)
+    if mode != "rows":
+        if mode == "full":
+            targets = _top_level(store, infos)
+        else:
+            targets = [i for i in infos.values() if i.storage != "parts"]
         if sample < 1.0:
-            tops = [t for t in tops if rng.random() < sample]
-        verified: set[str] = set()
-        for info in tops:
-            if max_seconds is not None and time.monotonic() - t0 > max_seconds:
-                complete = False
-                findings.append(Finding(object=None, problem="incomplete", severity="note",
-                                        detail=f"--max-seconds {max_seconds:g} reached after {deep_checked} objects"))
-                break
-            findings.extend(_rehash(store, info, verified))
-            deep_checked += 1
-            deep_bytes += info.size
+            targets = [t for t in targets if rng.random() < sample]
+
+        def check(info: ObjectInfo) -> list[Finding]:
+            return _rehash(store, info) if mode == "full" else _check_leaf(store, info)
+
+        deadline = None if max_seconds is None else t0 + max_seconds
+        for info, found in _two_at_a_time(targets, check, deadline):
+            findings.extend(found)
+            checked += 1
+            checked_bytes += info.size
+        if checked < len(targets):
+            complete = False
+            findings.append(Finding(object=None, problem="incomplete", severity="note",
+                                    detail=f"--max-seconds {max_seconds:g} reached after {checked} "
+                                           f"of {len(targets)} objects"))
     for name, target in store.ref_list():
         if target.hex not in infos:
             findings.append(Finding(object=name, problem="dangling-ref", detail=f"ref points at absent {target}"))
     for path in store.chunks.temporary_files():
         findings.append(Finding(object=str(path), problem="temporary-file", severity="note",
-                                detail="left by an interrupted write; 'nscas gc' removes it"))
+                                detail="left by a write in progress or one a crash interrupted; "
+                                       "'nscas gc' removes it once older than --min-age"))
     orphans = [h for h in store.chunks.iter_ids() if h not in file_leaves]
     if orphans:
         findings.append(Finding(object=None, problem="orphan-chunks", severity="note",
-                                detail=f"{len(orphans)} chunk file(s) no object uses; 'nscas gc' removes them"))
-    return FsckReport(findings=tuple(findings), objects=len(infos), deep_checked=deep_checked,
-                      deep_bytes=deep_bytes, complete=complete, seconds=time.monotonic() - t0)
+                                detail=f"{len(orphans)} chunk file(s) no object uses; 'nscas gc' "
+                                       "removes those older than --min-age"))
+    return FsckReport(findings=tuple(findings), objects=len(infos), mode=mode, deep_checked=checked,
+                      deep_bytes=checked_bytes, complete=complete, seconds=time.monotonic() - t0)
+
+
+def _two_at_a_time(targets: Iterable[ObjectInfo], check: Callable[[ObjectInfo], list[Finding]],
+                   deadline: float | None) -> Iterable[tuple[ObjectInfo, list[Finding]]]:
+    """(object, findings) in the order given, two checked at a time; none begun after ``deadline``."""
+    pending: deque[tuple[ObjectInfo, Future[list[Finding]]]] = deque()
+    with ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="nscas-fsck") as pool:
+        for info in targets:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            while len(pending) >= _IN_FLIGHT:
+                done, fut = pending.popleft()
+                yield done, fut.result()
+            pending.append((info, pool.submit(check, info)))
+        while pending:
+            done, fut = pending.popleft()
+            yield done, fut.result()
 
 
 def _check_row(store: Store, info: ObjectInfo) -> list[Finding]:
@@ -172,17 +228,38 @@ def _top_level(store: Store, infos: dict[str, ObjectInfo]) -> list[ObjectInfo]:
     return [i for h, i in infos.items() if h not in inner]
 
 
-def _rehash(store: Store, info: ObjectInfo, verified: set[str]) -> list[Finding]:
+def _check_leaf(store: Store, info: ObjectInfo) -> list[Finding]:
+    """A stored leaf's plain bytes: BLAKE3 against its ID, size against its row."""
+    oid = str(info.id)
+    try:
+        if info.storage == "inline":
+            data = store.inline_data(info.id)
+            if data is None:
+                return []  # reported by the row check
+            got, size = blake3_hex(data), len(data)
+        else:
+            got, size = store.chunks.verify(info.id.hex, info.codec)
+    except NscasError as exc:
+        return [Finding(object=oid, problem="hash-mismatch", detail=exc.message)]
+    if got != info.id.hex:
+        return [Finding(object=oid, problem="hash-mismatch",
+                        detail=IntegrityError(f"object {oid}", oid, f"blake3:{got}").message)]
+    if size != info.size:
+        return [Finding(object=oid, problem="size-mismatch",
+                        detail=f"recorded {info.size}, bytes give {size}")]
+    return []
+
+
+def _rehash(store: Store, info: ObjectInfo) -> list[Finding]:
     """One read of every leaf: each leaf's BLAKE3, and the whole object's BLAKE3, SHA-256 and size."""
     oid = str(info.id)
-    whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    whole = blake3.blake3()
     sha = hashlib.sha256()
     size = 0
     out: list[Finding] = []
     try:
         for hex_id, codec, inline in store.leaves(info.id):
             data = store.read_leaf(hex_id, codec, inline)  # checks the leaf's own ID
-            verified.add(hex_id)
             whole.update(data)
             sha.update(data)
             size += len(data)
@@ -197,22 +274,40 @@ def _rehash(store: Store, info: ObjectInfo, verified: set[str]) -> list[Finding]
     return out
 
 
-def gc(store: Store, *, dry_run: bool = False) -> GcReport:
-    """Remove objects no ref, tag or receipt reaches, plus temporary and orphan chunk files."""
+def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE) -> GcReport:
+    """Remove objects no ref, tag or receipt reaches, plus temporary and orphan chunk files.
+
+    Nothing younger than ``min_age`` seconds goes. A put in another process writes its chunk
+    files before it inserts their rows, and names what it stored (a ref, a receipt) only after
+    storing it: an object created since the cutoff (with all it reaches), a temporary file or a
+    chunk file written since then may belong to such a put. ``min_age`` must therefore exceed the
+    longest put; 0 is safe only while no other process writes to the store.
+    """
+    if min_age < 0:
+        raise InvalidInput(f"gc minimum age must be at least 0 seconds, not {min_age:g}")
+    cutoff = time.time() - min_age
+    infos = list(store.iter_objects())
     roots = [target for _, target in store.ref_list()]
-    roots += [info.id for info in store.iter_objects() if info.kind == "receipt/1"]
-    keep = {d.hex for d in store.closure(roots, with_parts=True)}
-    doomed = [info for info in store.iter_objects() if info.id.hex not in keep]
-    file_ids = {info.id.hex for info in store.iter_objects() if info.storage == "file" and info.id.hex in keep}
-    orphans = tuple(h for h in store.chunks.iter_ids() if h not in file_ids and h not in {d.id.hex for d in doomed})
-    temps = tuple(store.chunks.temporary_files())
-    report = GcReport(dry_run=dry_run, objects=tuple(i.id for i in doomed),
-                      bytes=sum(i.stored_size for i in doomed), temporary_files=temps, orphan_chunks=orphans)
+    roots += [info.id for info in infos if info.kind == "receipt/1"]
+    named = {d.hex for d in store.closure(roots, with_parts=True)}
+    young = [info.id for info in infos if info.created >= cutoff and info.id.hex not in named]
+    spared = {d.hex for d in store.closure(young, with_parts=True)} - named
+    keep = named | spared
+    doomed = {info.id.hex: info for info in infos if info.id.hex not in keep}
+    file_ids = {info.id.hex for info in infos if info.storage == "file" and info.id.hex in keep}
+    unused = [h for h in store.chunks.iter_ids() if h not in file_ids and h not in doomed]
+    orphans = tuple(h for h in unused if store.chunks.written_before(store.chunks.path(h), cutoff))
+    every_temp = store.chunks.temporary_files()
+    temps = tuple(p for p in every_temp if store.chunks.written_before(p, cutoff))
+    removed = [info.id for info in doomed.values()]
     if not dry_run:
-        if doomed:
-            store.delete_objects([i.id for i in doomed])
+        if removed:
+            removed = store.delete_objects(removed, files_before=cutoff)
         for h in orphans:
-            store.chunks.remove(h)
+            store.chunks.remove(h, before=cutoff)
         for p in temps:
-            p.unlink(missing_ok=True)
-    return report
+            store.chunks.remove_temporary(p, before=cutoff)
+    return GcReport(dry_run=dry_run, min_age=min_age, objects=tuple(removed),
+                    bytes=sum(doomed[d.hex].stored_size for d in removed), temporary_files=temps,
+                    orphan_chunks=orphans, young_objects=len(spared),
+                    young_files=len(unused) - len(orphans) + len(every_temp) - len(temps))

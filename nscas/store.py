@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -10,12 +11,13 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import blake3
 from sqlalchemy import Connection, delete, func, insert, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -42,6 +44,7 @@ ENV_VAR = "NSCAS_STORE"
 _REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 _HEXISH = re.compile(r"(blake3:)?[0-9a-f]{8,}")
 _UNSET: Any = object()
+_PUT_ATTEMPTS = 3  # a put retries when a concurrent gc removed an object it meant to reuse
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +87,24 @@ class _Leaf:
     stored_size: int = 0
     data: bytes | None = None
     kind: str | None = None
+    reused: bool = False  # already stored: its row must still be there when this put commits
+
+
+@dataclass(slots=True)
+class _SplitHash:
+    """Hashes of a tensor stored as several pieces; SHA-256 only once it is known to be new."""
+
+    b3: Any = field(default_factory=blake3.blake3)
+    sha: Any = None  # hashlib.sha256() when needed
+
+
+class _LeavesVanished(StoreError):
+    """A concurrent ``gc`` removed objects this put found stored and meant to reuse."""
+
+    def __init__(self, ids: list[str]) -> None:
+        super().__init__(f"{len(ids)} stored object(s) this put reused were removed by a "
+                         f"concurrent gc (first: blake3:{ids[0]}); add it again")
+        self.ids = ids
 
 
 def find_store(start: Path | None = None) -> Path:
@@ -284,7 +305,11 @@ class Store:
     # -------------------------------------------------------------------- puts
 
     def put_bytes(self, data: bytes | bytearray | memoryview) -> Digest:
-        leaf = self._make_leaf(memoryview(data))
+        view = memoryview(data)
+        return _retry_vanished(lambda: self._put_leaf(view), lambda: None)
+
+    def _put_leaf(self, data: memoryview) -> Digest:
+        leaf = self._make_leaf(data)
         self._insert([leaf], [], [])
         return Digest(leaf.hex)
 
@@ -334,85 +359,148 @@ class Store:
             if segments is None:
                 data = f.read()
                 return self.put_bytes(data)
-            return self._put_segments(f, segments)
+            return _retry_vanished(lambda: self._put_segments(f, segments), lambda: f.seek(0))
 
     def _put_segments(self, f: BinaryIO, segments: list[Segment]) -> Digest:
-        whole = DualHasher()
-        plan: list[tuple[int, list[tuple[int, Future[_Leaf]]], DualHasher | None]] = []
-        pending: deque[Future[_Leaf]] = deque()
-        # Two workers hash, compress and write chunks while this thread reads and hashes the
-        # whole file; at most `window` chunks are in flight so memory stays bounded.
+        # One thread per hash: the put runs four threads already, and BLAKE3's own pool
+        # (max_threads=AUTO) only adds CPU time for its hand-offs when no core is idle.
+        whole = blake3.blake3()
+        whole_sha = hashlib.sha256()
+        size = 0
+        plan: list[tuple[Segment, list[tuple[int, Future[_Leaf]]], _SplitHash | None]] = []
+        # Per piece: its leaf (hashed, looked up, maybe written) and its SHA-256 updates, which
+        # one thread of their own applies in file order.
+        pending: deque[tuple[Future[Any], ...]] = deque()
+        # Two workers make leaves (BLAKE3, lookup; for new bytes SHA-256, compression, durable
+        # write) while the whole file's SHA-256, the longest single chain of work, runs on its
+        # own thread and this one reads and computes the file's BLAKE3. At most `window` pieces
+        # are in flight, so memory stays bounded.
         window = 3
         # `window` read buffers, reused in turn: a fresh 32 MiB bytes object per piece left freed
         # memory in glibc's per-thread arenas, so peak RSS grew with thread timing. Piece n goes
         # into slot n % window, whose previous piece (n - window) is done once fewer than
-        # `window` futures are pending.
+        # `window` pieces are pending. (On an error the pools' shutdown waits for every task, so
+        # no thread reads a buffer after this function returns.)
         slots = [bytearray() for _ in range(window)]
         n = 0
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="nscas-put") as pool:
+        with (ThreadPoolExecutor(max_workers=2, thread_name_prefix="nscas-put") as pool,
+              ThreadPoolExecutor(max_workers=1, thread_name_prefix="nscas-sha") as sha_pool):
             for seg in segments:
-                ranges = split_ranges(seg.length) if seg.tensor is not None else [(0, seg.length)]
-                seg_hash = DualHasher() if len(ranges) > 1 else None
+                ranges = (split_ranges(seg.length) if seg.tensor is not None
+                          else [(0, seg.length)])
+                split = _SplitHash() if len(ranges) > 1 else None
                 subs: list[tuple[int, Future[_Leaf]]] = []
                 for off, length in ranges:
                     while len(pending) >= window:
-                        pending.popleft().result()
+                        for task in pending.popleft():
+                            task.result()
                     if len(slots[n % window]) < length:
                         slots[n % window] = bytearray(length)
                     buf = memoryview(slots[n % window])[:length]
                     n += 1
                     if _read_exactly(f, buf) != length:
                         raise StoreError("file changed size while it was being added")
+                    tasks: list[Future[Any]] = [sha_pool.submit(whole_sha.update, buf)]
                     whole.update(buf)
-                    if seg_hash is not None:
-                        seg_hash.update(buf)
-                    fut = pool.submit(self._make_leaf, buf)
-                    pending.append(fut)
-                    subs.append((off, fut))
-                plan.append((seg.offset, subs, seg_hash))
+                    size += length
+                    leaf = pool.submit(self._make_leaf, buf)
+                    if split is not None:
+                        split.b3.update(buf)
+                        # A large tensor whose first piece is already stored is most likely
+                        # stored whole: skip its SHA-256 (the row has it). A new first piece
+                        # means new bytes, whose SHA-256 is needed.
+                        if off == 0 and not leaf.result().reused:
+                            split.sha = hashlib.sha256()
+                        if split.sha is not None:
+                            tasks.append(sha_pool.submit(split.sha.update, buf))
+                    pending.append((leaf, *tasks))
+                    subs.append((off, leaf))
+                plan.append((seg, subs, split))
             if f.read(1):
                 raise StoreError("file grew while it was being added")
         leaves: list[_Leaf] = []
         part_rows: list[dict[str, Any]] = []
         top: list[tuple[int, str]] = []
-        for offset, subs, seg_hash in plan:
+        for seg, subs, split in plan:
             done = [(off, fut.result()) for off, fut in subs]
             leaves.extend(leaf for _, leaf in done)
-            if seg_hash is None:
-                top.append((offset, done[0][1].hex))
+            if split is None:
+                top.append((seg.offset, done[0][1].hex))
                 continue
-            seg_hex = seg_hash.digest().hex
+            seg_hex = split.b3.hexdigest()
             part_rows += [{"object_id": seg_hex, "idx": i, "offset": off, "part_id": leaf.hex}
                           for i, (off, leaf) in enumerate(done)]
-            leaves.append(_Leaf(hex=seg_hex, size=seg_hash.size, sha256=seg_hash.sha256(),
-                                storage="parts"))
-            top.append((offset, seg_hex))
-        whole_hex = whole.digest().hex
+            if split.sha is not None:
+                sha = split.sha.hexdigest()
+            else:
+                sha = self._segment_sha256(f, seg, seg_hex)
+            leaves.append(_Leaf(hex=seg_hex, size=seg.length, sha256=sha, storage="parts"))
+            top.append((seg.offset, seg_hex))
+        whole_hex = whole.hexdigest()
         if not (len(top) == 1 and top[0][1] == whole_hex):  # a one-part file is that part
             part_rows += [{"object_id": whole_hex, "idx": i, "offset": off, "part_id": hex_}
                           for i, (off, hex_) in enumerate(top)]
-            leaves.append(_Leaf(hex=whole_hex, size=whole.size, sha256=whole.sha256(), storage="parts"))
+            leaves.append(_Leaf(hex=whole_hex, size=size, sha256=whole_sha.hexdigest(),
+                                storage="parts"))
         self._insert(leaves, part_rows, [])
         return Digest(whole_hex)
 
-    def _make_leaf(self, data: memoryview) -> _Leaf:
+    def _segment_sha256(self, f: BinaryIO, seg: Segment, hex_id: str) -> str:
+        """The SHA-256 of a large tensor whose SHA-256 the put skipped: from its row if it is
+        stored, else read again from the file (and checked to be the bytes first read)."""
+        with self._reader.connect() as c:
+            sha = c.execute(select(objects.c.sha256).where(objects.c.id == hex_id)).scalar()
+        if sha is not None:
+            return sha
+        at = f.tell()
+        f.seek(seg.offset)
         h = DualHasher()
-        h.update(data)
-        hex_id = h.digest().hex
+        buf = bytearray(4 << 20)
+        view = memoryview(buf)
+        while h.size < seg.length:
+            got = _read_exactly(f, view[:min(len(buf), seg.length - h.size)])
+            if not got:
+                break
+            h.update(view[:got])
+        f.seek(at)
+        if h.digest().hex != hex_id or h.size != seg.length:
+            raise StoreError("file changed while it was being added")
+        return h.sha256()
+
+    def _make_leaf(self, data: memoryview) -> _Leaf:
+        """Hash, look up, and only for new bytes compute SHA-256, compress and write durably.
+
+        BLAKE3 comes first because it names the leaf: bytes the store already holds (most
+        tensors of a second checkpoint) then cost one hash pass and one lookup, their SHA-256
+        coming from the row.
+        """
+        hex_id = blake3.blake3(data).hexdigest()  # one thread: two workers already run
         if len(data) <= INLINE_MAX:
-            return _Leaf(hex=hex_id, size=len(data), sha256=h.sha256(), storage="inline",
-                          stored_size=len(data), data=bytes(data))
-        # Already stored (as a chunk file, or as parts when the same bytes came in as a large
-        # file): reuse it. A row of storage "file" whose chunk file is gone is rewritten.
-        if self.has(Digest(hex_id)):
-            info = self.info(Digest(hex_id))
-            if info.storage != "file" or self.chunks.exists(hex_id):
-                return _Leaf(hex=hex_id, size=info.size, sha256=info.sha256, storage=info.storage,
-                             codec=info.codec, stored_size=info.stored_size)
+            return _Leaf(hex=hex_id, size=len(data), sha256=sha256_hex(data), storage="inline",
+                         stored_size=len(data), data=bytes(data))
+        known = self._stored_leaf(hex_id)
+        if known is not None:
+            return known
+        sha = sha256_hex(data)
         codec, stored = self.chunks.encode(data)
         self.chunks.write(hex_id, stored, codec)
-        return _Leaf(hex=hex_id, size=len(data), sha256=h.sha256(), storage="file", codec=codec,
+        return _Leaf(hex=hex_id, size=len(data), sha256=sha, storage="file", codec=codec,
                      stored_size=len(stored))
+
+    def _stored_leaf(self, hex_id: str) -> _Leaf | None:
+        """The stored object with this ID, if it can be reused as it is.
+
+        A chunk file or parts (the same bytes came in as a large file) both serve; a row of
+        storage "file" whose chunk file is gone is not reused, so the caller rewrites the file.
+        """
+        with self._reader.connect() as c:
+            row = c.execute(select(objects.c.size, objects.c.sha256, objects.c.storage,
+                                   objects.c.codec, objects.c.stored_size)
+                            .where(objects.c.id == hex_id)).first()
+        if row is None or (row.storage == "file" and not self.chunks.exists(hex_id)):
+            return None
+        return _Leaf(hex=hex_id, size=row.size, sha256=row.sha256, storage=row.storage,
+                     codec=row.codec, stored_size=row.stored_size, reused=True)
 
     def _insert(self, leaves: list[_Leaf], part_rows: list[dict[str, Any]],
                 link_rows: list[dict[str, Any]], require: Iterable[str] = ()) -> None:
@@ -425,12 +513,17 @@ class Store:
         with self._writer.begin() as c:
             needed = set(require) - {lf.hex for lf in leaves}
             if needed:
-                present = set()
-                for batch in _batches(sorted(needed), 500):
-                    present.update(c.execute(select(objects.c.id).where(objects.c.id.in_(batch))).scalars())
-                missing = sorted(needed - present)
+                missing = sorted(needed - _present(c, needed))
                 if missing:
                     raise ClosureError([f"blake3:{m}" for m in missing])
+            # A reused object must still be stored now, inside this write transaction: a gc that
+            # committed since the lookup may have removed it (and its chunk file). Inserting the
+            # row again would name a chunk file that is gone.
+            reused = {lf.hex for lf in leaves if lf.reused}
+            if reused:
+                vanished = sorted(reused - _present(c, reused))
+                if vanished:
+                    raise _LeavesVanished(vanished)
             # Parts before their parents, links after their record: insert order = dependency order.
             if rows:
                 c.execute(sqlite_insert(objects).on_conflict_do_nothing(index_elements=["id"]), rows)
@@ -606,20 +699,30 @@ class Store:
             nrefs = c.execute(select(func.count()).select_from(refs)).scalar() or 0
         return {"objects": n, "records": r, "refs": nrefs}
 
-    def delete_objects(self, ids: list[Digest]) -> None:
-        """Remove objects, their parts and links, inside one gc transaction (triggers allow it)."""
-        hexes = [d.hex for d in ids]
+    def delete_objects(self, ids: list[Digest], *,
+                       files_before: float | None = None) -> list[Digest]:
+        """Remove objects, their parts and links, inside one gc transaction (triggers allow it).
+
+        The caller chose ``ids`` before this transaction began; a put that committed since may
+        have made some of them parts or children of its new objects. Those stay, with all they
+        reach. Chunk files go after the commit, only those last written before ``files_before``
+        (a put may be writing the same bytes afresh). Returns the IDs actually removed.
+        """
+        doomed = {d.hex for d in ids}
         with self._writer.begin() as c:
+            doomed -= _rescued(c, doomed)
+            gone = sorted(doomed)
             c.execute(insert(gc_session).values(token=1))
-            for batch in _batches(hexes, 500):
+            for batch in _batches(gone, 500):
                 c.execute(delete(links).where(links.c.parent.in_(batch)))
                 c.execute(delete(parts).where(parts.c.object_id.in_(batch)))
             # Parts may be shared: delete objects only once nothing still points at them.
-            for batch in _batches(hexes, 500):
+            for batch in _batches(gone, 500):
                 c.execute(delete(objects).where(objects.c.id.in_(batch)))
             c.execute(delete(gc_session))
-        for h in hexes:
-            self.chunks.remove(h)
+        for h in gone:
+            self.chunks.remove(h, before=files_before)
+        return [Digest(h) for h in gone]
 
     def execute_raw(self, sql: str) -> None:
         """For tests of the database's own guards only."""
@@ -682,6 +785,51 @@ def _info(row: Any) -> ObjectInfo:
     return ObjectInfo(id=Digest(row.id), size=row.size, sha256=row.sha256, kind=row.kind,
                       storage=row.storage, codec=row.codec, stored_size=row.stored_size,
                       created=row.created)
+
+
+def _retry_vanished(put: Callable[[], Digest], rewind: Callable[[], object]) -> Digest:
+    """Run a put again if a concurrent gc removed objects it reused: they are gone now, so the
+    next attempt writes those bytes afresh."""
+    for _ in range(_PUT_ATTEMPTS - 1):
+        try:
+            return put()
+        except _LeavesVanished:
+            rewind()
+    return put()
+
+
+def _present(c: Connection, ids: set[str]) -> set[str]:
+    """Which of ``ids`` the objects table holds."""
+    out: set[str] = set()
+    for batch in _batches(sorted(ids), 500):
+        out.update(c.execute(select(objects.c.id).where(objects.c.id.in_(batch))).scalars())
+    return out
+
+
+def _rescued(c: Connection, doomed: set[str]) -> set[str]:
+    """Doomed objects that an object outside ``doomed`` links to or holds as a part, and all
+    that those reach: they gained a parent after gc computed what is unreachable."""
+    rescued: set[str] = set()
+    for batch in _batches(sorted(doomed), 500):
+        for child, parent in c.execute(select(links.c.child, links.c.parent)
+                                       .where(links.c.child.in_(batch))):
+            if parent not in doomed:
+                rescued.add(child)
+        for part, whole in c.execute(select(parts.c.part_id, parts.c.object_id)
+                                     .where(parts.c.part_id.in_(batch))):
+            if whole not in doomed:
+                rescued.add(part)
+    frontier = sorted(rescued)
+    while frontier:
+        below: set[str] = set()
+        for batch in _batches(frontier, 500):
+            below.update(c.execute(select(links.c.child)
+                                   .where(links.c.parent.in_(batch))).scalars())
+            below.update(c.execute(select(parts.c.part_id)
+                                   .where(parts.c.object_id.in_(batch))).scalars())
+        frontier = sorted((below & doomed) - rescued)
+        rescued.update(frontier)
+    return rescued
 
 
 def _batches(items: list[str], n: int) -> Iterator[list[str]]:

@@ -105,9 +105,21 @@ def test_usage_errors_exit_2(nscas: Nscas) -> None:
     assert nscas("show").exit_code == 2  # missing ID
     assert nscas("log", "--limit", "0").exit_code == 2
     assert nscas("fsck", "--sample", "1.5").exit_code == 2
+    assert nscas("gc", "--min-age", "-1").exit_code == 2
     assert nscas("lineage", "x", "--format", "svg").exit_code == 2
 
 
 def test_module_runs_as_a_script(tmp_path: Path) -> None:
     r = run_process("--version", cwd=tmp_path)
     assert (r.exit_code, r.stdout, r.stderr) == (0, f"nscas {nscas_pkg.__version__}\n", "")
+
+
+def test_fsck_help_says_what_each_mode_proves() -> None:
+    r = CliRunner().invoke(app, ["fsck", "--help"], prog_name="nscas")
+    description = r.stdout.split("\nOptions:")[0]
+    modes = [line.split()[0] for line in description.splitlines()
+             if line.startswith(("  (no flag)", "  --deep", "  --full"))]
+    assert modes == ["(no", "--deep", "--full"]  # one paragraph each, kept as written
+    text = " ".join(description.split())
+    assert "must hash with BLAKE3 to its ID and have its recorded size" in text
+    assert "checks its BLAKE3 (the ID), recorded SHA-256 and size" in text

@@ -10,6 +10,7 @@ import blake3
 
 from nscas.digests import Digest
 from nscas.store import open_store
+from tests.store.helpers import raw_update
 
 from .conftest import Nscas, assert_user_error, run_process
 
@@ -101,3 +102,18 @@ def test_corrupt_cat_as_a_real_process(nscas: Nscas, store: Path, tmp_path: Path
     r = run_process("fsck", "--deep", "--json", cwd=tmp_path, env={"NSCAS_STORE": str(store)})
     assert r.exit_code == 1
     assert json.loads(r.stdout)["findings"][0]["object"] == str(oid)
+
+
+def test_fsck_full_checks_what_deep_does_not(nscas: Nscas, store: Path, tmp_path: Path) -> None:
+    oid, _ = _add_random_file(nscas, tmp_path)
+    with open_store(store) as s:
+        raw_update(s, "UPDATE objects SET sha256 = ? WHERE id = ?", ("f" * 64, oid.hex))
+    deep = nscas("fsck", "--deep")
+    assert deep.exit_code == 0
+    assert deep.stdout.splitlines()[-1].startswith(
+        "ok: 1 objects checked, 1 leaves re-hashed (65536 bytes); 0 error(s), 0 note(s)")
+    full = nscas("fsck", "--full", "--json")
+    assert full.exit_code == 1
+    body = full.json()
+    assert (body["mode"], body["deep_checked"], body["deep_bytes"]) == ("full", 1, 65536)
+    assert [(f["object"], f["problem"]) for f in body["findings"]] == [(str(oid), "sha256-mismatch")]

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import blake3
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
+from nscas import chunks
+from nscas import store as store_module
 from nscas.digests import Digest
 from nscas.store import DB_NAME, Store
 
@@ -76,11 +81,17 @@ def rewrite_inline(store: Store, oid: Digest, data: bytes) -> None:
     The insert-only triggers let changes through only while ``gc_session`` holds a row, so the
     corruption is done inside one such transaction.
     """
+    raw_update(store, "UPDATE objects SET data = ? WHERE id = ?", (data, oid.hex))
+
+
+def raw_update(store: Store, sql: str, params: tuple[Any, ...]) -> None:
+    """Change rows behind the store's back (simulated corruption, or a clock set back), inside
+    one ``gc_session`` transaction so that the insert-only triggers let it through."""
     con = raw_db(store)
     try:
         con.execute("BEGIN IMMEDIATE")
         con.execute("INSERT INTO gc_session (token) VALUES (1)")
-        con.execute("UPDATE objects SET data = ? WHERE id = ?", (data, oid.hex))
+        con.execute(sql, params)
         con.execute("DELETE FROM gc_session")
         con.execute("COMMIT")
     finally:
@@ -127,3 +138,14 @@ def build_records(store: Store) -> dict[str, tuple[Digest, dict[str, Any]]]:
          "started": "2025-01-01T00:00:00Z", "finished": "2025-01-01T00:01:00Z",
          "status": "succeeded"})
     return out
+
+
+@contextmanager
+def small_chunks(size: int = 5000, tensor_split: int = 6000) -> Iterator[None]:
+    """Shrink the chunking constants so that a few kilobytes already make several parts."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chunks, "CHUNK_SIZE", size)
+        mp.setattr(chunks, "SINGLE_MAX", size)
+        mp.setattr(chunks, "TENSOR_SPLIT", tensor_split)
+        mp.setattr(store_module, "INLINE_MAX", 256)
+        yield

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,31 @@ from nscas.digests import Digest
 from nscas.errors import InvalidInput, NotFound, RefConflict, TagImmutable
 from nscas.fsck import fsck, gc
 from nscas.store import RefEntry, Store
-from tests.store.helpers import b3, build_records, chunk_files, chunk_path, write_safetensors
+from tests.store.helpers import (
+    b3,
+    build_records,
+    chunk_files,
+    chunk_path,
+    random_bytes,
+    raw_update,
+    write_safetensors,
+)
+
+HOUR = 3600.0
+
+
+def _age(store: Store, oids: list[Digest], seconds: float) -> None:
+    """Make objects (and their chunk files) look ``seconds`` older than they are."""
+    for oid in oids:
+        raw_update(store, "UPDATE objects SET created = created - ? WHERE id = ?", (seconds, oid.hex))
+        path = chunk_path(store, oid)
+        if path.exists():
+            _set_back(path, seconds)
+
+
+def _set_back(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
 
 
 def _log(store: Store, name: str) -> list[tuple[Digest | None, Digest]]:
@@ -94,10 +120,15 @@ class TestMaintenanceContract:
         any_store.ref_set("r", built["receipt/1"][0])
         report = fsck(any_store, deep=True)
         assert report.findings == ()
-        assert report.ok and report.complete
+        assert report.ok and report.complete and report.mode == "deep"
         assert report.objects == any_store.counts()["objects"]
-        # Every top-level object re-hashed: all but the file's three parts.
-        assert report.deep_checked == report.objects - 3
+        # Every stored leaf hashed once: every object but the file, which is only its parts.
+        assert report.deep_checked == report.objects - 1
+        full = fsck(any_store, full=True)
+        assert full.findings == () and full.mode == "full"
+        # Every top-level object re-read whole: all but the file's three parts.
+        assert full.deep_checked == full.objects - 3
+        assert fsck(any_store).mode == "rows" and fsck(any_store).deep_checked == 0
 
     def test_gc_keeps_reachable_and_removes_the_rest(self, any_store: Store, tmp_path: Path) -> None:
         built = build_records(any_store)  # no ref; the receipt is a root of its own
@@ -120,11 +151,17 @@ class TestMaintenanceContract:
         # share with the receipt's closure stays.
         lost = {lost_blob, lost_record, built["tasks/1"][0], built["commitment/1"][0]}
 
-        dry = gc(any_store, dry_run=True)
+        # Everything here was written a moment ago: with the default minimum age gc removes
+        # nothing, since a put in another process could still be using any of it.
+        young = gc(any_store)
+        assert (young.objects, young.temporary_files, young.orphan_chunks) == ((), (), ())
+        assert (young.young_objects, young.young_files) == (len(lost), 2)
+
+        dry = gc(any_store, dry_run=True, min_age=0)
         assert set(dry.objects) == lost
         assert any_store.has(lost_blob) and orphan.exists()
 
-        report = gc(any_store)
+        report = gc(any_store, min_age=0)
         assert set(report.objects) == lost
         assert report.temporary_files == (any_store.root / "tmp" / "interrupted.tmp",)
         assert report.orphan_chunks == ("f" * 64,)
@@ -136,4 +173,70 @@ class TestMaintenanceContract:
             assert str(oid) == b3(any_store.get_bytes(oid))
         assert len(chunk_files(any_store)) == 2  # the two tensors
         assert fsck(any_store, deep=True).findings == ()
-        assert gc(any_store).objects == ()  # nothing left to collect
+        assert gc(any_store, min_age=0).objects == ()  # nothing left to collect
+
+    def test_gc_keeps_young_orphans_and_temporary_files(self, any_store: Store) -> None:
+        # A put in another process writes chunk files (through tmp/) before it inserts their rows.
+        temp = any_store.root / "tmp" / "in-progress.tmp"
+        temp.write_bytes(b"a put is writing me")
+        orphan = any_store.root / "data" / "ee" / ("e" * 62)
+        orphan.parent.mkdir(exist_ok=True)
+        orphan.write_bytes(b"a put will insert my row")
+        report = gc(any_store)
+        assert (report.temporary_files, report.orphan_chunks, report.young_files) == ((), (), 2)
+        assert temp.exists() and orphan.exists()
+
+        _set_back(orphan, 2 * HOUR)
+        report = gc(any_store)
+        assert (report.temporary_files, report.orphan_chunks, report.young_files) == ((), ("e" * 64,), 1)
+        assert temp.exists() and not orphan.exists()
+
+        _set_back(temp, HOUR + 60)
+        assert gc(any_store, min_age=2 * HOUR).temporary_files == ()  # a longer minimum age
+        report = gc(any_store)
+        assert (report.temporary_files, report.young_files, report.min_age) == ((temp,), 0, HOUR)
+        assert not temp.exists()
+
+    def test_gc_keeps_young_objects_and_all_they_reach(self, any_store: Store) -> None:
+        old_blob = any_store.put_bytes(random_bytes(9000, seed=7))
+        _age(any_store, [old_blob], 2 * HOUR)
+        # A put that just stored a record naming the old blob has not set its ref yet.
+        young_record = any_store.put_record({"nscas": "commitment/1", "subjects": {"x": str(old_blob)},
+                                             "purpose": "about to get a ref", "previous": None})
+        lone = any_store.put_bytes(b"a young blob nobody names yet")
+        report = gc(any_store)
+        assert (report.objects, report.young_objects) == ((), 3)
+        assert all(any_store.has(d) for d in (old_blob, young_record, lone))
+        assert chunk_path(any_store, old_blob).is_file()
+
+        _age(any_store, [young_record, lone], 2 * HOUR)
+        stored = sum(any_store.info(d).stored_size for d in (old_blob, young_record, lone))
+        report = gc(any_store)
+        assert set(report.objects) == {old_blob, young_record, lone}
+        assert (report.bytes, report.young_objects) == (stored, 0)
+        assert not any(any_store.has(d) for d in (old_blob, young_record, lone))
+        assert not chunk_path(any_store, old_blob).exists()
+        assert fsck(any_store, deep=True).findings == ()
+
+    def test_gc_spares_what_gained_a_parent_after_it_looked(self, any_store: Store,
+                                                           tmp_path: Path) -> None:
+        """The deletion re-checks inside its transaction: a put that committed after gc computed
+        what is unreachable may link to, or reuse as a part, an object gc chose to remove."""
+        blob = any_store.put_bytes(random_bytes(9000, seed=8))
+        tree = any_store.put_record({"nscas": "tree/1", "entries": {
+            "b": {"id": str(blob), "size": 9000, "sha256": any_store.info(blob).sha256}}})
+        tensors = {"a": np.arange(3000, dtype=np.float32), "b": np.ones(3000, np.float32)}
+        write_safetensors(tmp_path / "m.safetensors", tensors)
+        model = any_store.put_file(tmp_path / "m.safetensors")
+        parts = [p for _, p in any_store.part_ids(model)]
+        # gc looked before these puts: it saw the tree, the blob and the parts unreachable.
+        late = any_store.put_record({"nscas": "commitment/1", "subjects": {"t": str(tree)},
+                                     "purpose": "put while gc ran", "previous": None})
+        assert any_store.delete_objects([tree, blob, *parts], files_before=time.time()) == []
+        for oid in (tree, blob, *parts):
+            assert any_store.has(oid)
+        assert fsck(any_store, deep=True).findings == ()
+        # Once their parents go too, they go.
+        removed = any_store.delete_objects([late, tree, blob, model, *parts], files_before=time.time())
+        assert set(removed) == {late, tree, blob, model, *parts}
+        assert any_store.counts()["objects"] == 0 and chunk_files(any_store) == {}

@@ -18,13 +18,12 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nscas import canonical, chunks
-from nscas import store as store_module
+from nscas import canonical
 from nscas.digests import Digest
 from nscas.errors import RecordError
 from nscas.fsck import fsck
 from nscas.store import Store, init_store, open_store
-from tests.store.helpers import b3, chunk_path, flip_byte, rewrite_inline, sha256
+from tests.store.helpers import b3, chunk_path, flip_byte, rewrite_inline, sha256, small_chunks
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -39,17 +38,6 @@ json_values = st.recursive(
     max_leaves=25,
 )
 json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=6)
-
-
-@contextmanager
-def small_chunks(size: int = 5000, tensor_split: int = 6000) -> Iterator[None]:
-    """Shrink the chunking constants so that a few kilobytes already make several parts."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(chunks, "CHUNK_SIZE", size)
-        mp.setattr(chunks, "SINGLE_MAX", size)
-        mp.setattr(chunks, "TENSOR_SPLIT", tensor_split)
-        mp.setattr(store_module, "INLINE_MAX", 256)
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +199,7 @@ def test_any_flipped_stored_byte_is_found_by_deep_fsck(empty_store: Path,
             return
         assert report.errors, f"flipping byte {offset} of {where} object {oid} went unnoticed"
         assert any(str(oid) in f.detail or f.object == str(oid) for f in report.errors)
+        assert fsck(s, full=True).errors  # whatever --deep finds, --full finds too
 
 
 def _unzstd(stored: bytes) -> bytes:
