@@ -15,48 +15,10 @@ from nscas.fsck import fsck
 from nscas.importing import import_bundle
 from nscas.store import init_store
 from tests.export.conftest import read_tree
+from tests.pipelines import evaluate_step, tiny_pipeline
 
-PIPELINE = """
-[[step]]
-name = "prepare"
-recipe = "prepare"
-[step.params]
-counts = { test = 8, dev = 4, train = 8 }
-replay_count = 4
-retention_count = 4
-[[step]]
-name = "tokenizer"
-recipe = "tokenizer"
-inputs = { prepared = "step.prepare.prepared" }
-params = { vocab_size = 512 }
-[[step]]
-name = "init"
-recipe = "init"
-inputs = { tokenizer = "step.tokenizer.tokenizer" }
-[[step]]
-name = "commit"
-recipe = "commit"
-inputs = { prepared = "step.prepare.prepared", seed = "step.init.checkpoint" }
-[[step]]
-name = "eval-seed"
-recipe = "evaluate"
-params = { max_new_tokens = 8 }
-[step.inputs]
-model = "step.init.checkpoint"
-tasks = "step.prepare.test"
-commitment = "step.commit.commitment"
-retention = "step.prepare.retention"
-[[step]]
-name = "eval-again"
-recipe = "evaluate"
-params = { max_new_tokens = 8, batch_size = 4 }
-[step.inputs]
-model = "step.init.checkpoint"
-tasks = "step.prepare.test"
-commitment = "step.commit.commitment"
-retention = "step.prepare.retention"
-baseline = "step.eval-seed.receipt"
-"""
+PIPELINE = tiny_pipeline() + evaluate_step("eval-seed", max_new_tokens=8) + evaluate_step(
+    "eval-again", baseline="eval-seed", max_new_tokens=8, batch_size=4)
 
 
 @pytest.fixture(scope="module")

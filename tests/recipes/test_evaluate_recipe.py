@@ -18,45 +18,14 @@ from nscas.recipes.common.checker import check
 from nscas.recipes.common.stats import paired
 from nscas.runner import StepFailed, StepResult, run_file
 from nscas.store import Store, init_store
+from tests.pipelines import evaluate_step, tiny_pipeline
 
 torch.set_num_threads(1)
 
-PIPELINE = """
-[[step]]
-name = "prepare"
-recipe = "prepare"
-[step.params]
-counts = { test = 8, dev = 4, train = 8 }
-replay_count = 4
-retention_count = 4
-[[step]]
-name = "tokenizer"
-recipe = "tokenizer"
-inputs = { prepared = "step.prepare.prepared" }
-params = { vocab_size = 512 }
-[[step]]
-name = "init"
-recipe = "init"
-inputs = { tokenizer = "step.tokenizer.tokenizer" }
-[[step]]
-name = "commit"
-recipe = "commit"
-inputs = { prepared = "step.prepare.prepared", seed = "step.init.checkpoint" }
-[[step]]
-name = "eval-test"
-recipe = "evaluate"
-params = { max_new_tokens = 8, batch_size = 8, threads = 1 }
-[step.inputs]
-model = "step.init.checkpoint"
-tasks = "step.prepare.test"
-commitment = "step.commit.commitment"
-retention = "step.prepare.retention"
-[[step]]
-name = "eval-dev"
-recipe = "evaluate"
-inputs = { model = "step.init.checkpoint", tasks = "step.prepare.dev" }
-params = { max_new_tokens = 8, threads = 1 }
-"""
+PIPELINE = (tiny_pipeline()
+            + evaluate_step("eval-test", max_new_tokens=8, batch_size=8, threads=1)
+            + evaluate_step("eval-dev", tasks="dev", commitment=False, retention=False,
+                            max_new_tokens=8, threads=1))
 """prepare -> tokenizer -> init -> commit -> a test-role and a dev-role evaluation."""
 
 TIMING = {"seconds", "tokens_per_second"}

@@ -14,43 +14,13 @@ from nscas.digests import Digest
 from nscas.recipes.report.recipe import RECIPE as REPORT
 from nscas.runner import run_file, run_step
 from nscas.store import Store
+from tests.pipelines import commit_step, evaluate_step, init_step, tokenizer_step
 from tests.runner.helpers import PREPARE_STEP, write
 
-PIPELINE = PREPARE_STEP + """
-[[step]]
-name = "tokenizer"
-recipe = "tokenizer"
-inputs = { prepared = "step.prepare.prepared" }
-params = { vocab_size = 512 }
-[[step]]
-name = "init"
-recipe = "init"
-inputs = { tokenizer = "step.tokenizer.tokenizer" }
-params = { preset = "llama-tiny" }
-[[step]]
-name = "commit"
-recipe = "commit"
-inputs = { prepared = "step.prepare.prepared", seed = "step.init.checkpoint" }
-[[step]]
-name = "eval-seed"
-recipe = "evaluate"
-params = { max_new_tokens = 12, threads = 1 }
-[step.inputs]
-model = "step.init.checkpoint"
-tasks = "step.prepare.test"
-commitment = "step.commit.commitment"
-retention = "step.prepare.retention"
-[[step]]
-name = "eval-again"
-recipe = "evaluate"
-params = { max_new_tokens = 12, batch_size = 4, threads = 1 }
-[step.inputs]
-model = "step.init.checkpoint"
-tasks = "step.prepare.test"
-commitment = "step.commit.commitment"
-retention = "step.prepare.retention"
-baseline = "step.eval-seed.receipt"
-"""
+PIPELINE = (PREPARE_STEP + tokenizer_step() + init_step(preset="llama-tiny") + commit_step()
+            + evaluate_step("eval-seed", max_new_tokens=12, threads=1)
+            + evaluate_step("eval-again", baseline="eval-seed", max_new_tokens=12, batch_size=4,
+                            threads=1))
 
 
 def test_report_over_real_evaluations(store: Store, tmp_path: Path) -> None:

@@ -19,39 +19,11 @@ import pytest
 from nscas.digests import Digest
 from nscas.runner import StepResult, run_file
 from nscas.store import Store, init_store
+from tests.pipelines import evaluate_step, tiny_pipeline
 
-PIPELINE = """
-[[step]]
-name = "prepare"
-recipe = "prepare"
-[step.params]
-counts = { test = 16, dev = 8, train = 32 }
-replay_count = 8
-retention_count = 4
-[[step]]
-name = "tokenizer"
-recipe = "tokenizer"
-inputs = { prepared = "step.prepare.prepared" }
-params = { vocab_size = 512 }
-[[step]]
-name = "init"
-recipe = "init"
-inputs = { tokenizer = "step.tokenizer.tokenizer" }
-[[step]]
-name = "commit"
-recipe = "commit"
-inputs = { prepared = "step.prepare.prepared", seed = "step.init.checkpoint" }
-[[step]]
-name = "eval-seed"
-recipe = "evaluate"
-inputs = { model = "step.init.checkpoint", tasks = "step.prepare.test", commitment = "step.commit.commitment", retention = "step.prepare.retention" }
-params = { max_new_tokens = 16 }
-[[step]]
-name = "eval-again"
-recipe = "evaluate"
-inputs = { model = "step.init.checkpoint", tasks = "step.prepare.test", commitment = "step.commit.commitment", retention = "step.prepare.retention", baseline = "step.eval-seed.receipt" }
-params = { max_new_tokens = 16, batch_size = 4 }
-"""
+PIPELINE = (tiny_pipeline(test=16, dev=8, train=32, replay=8)
+            + evaluate_step("eval-seed", max_new_tokens=16)
+            + evaluate_step("eval-again", baseline="eval-seed", max_new_tokens=16, batch_size=4))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

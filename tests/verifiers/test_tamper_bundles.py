@@ -28,39 +28,11 @@ from nscas.runner import StepResult, run_file
 from nscas.store import Store, init_store
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
+from tests.pipelines import evaluate_step, serve_step, tiny_pipeline
 
-PIPELINE = """
-[[step]]
-name = "prepare"
-recipe = "prepare"
-[step.params]
-counts = { test = 8, dev = 4, train = 16 }
-replay_count = 4
-retention_count = 2
-[[step]]
-name = "tokenizer"
-recipe = "tokenizer"
-inputs = { prepared = "step.prepare.prepared" }
-params = { vocab_size = 512 }
-[[step]]
-name = "init"
-recipe = "init"
-inputs = { tokenizer = "step.tokenizer.tokenizer" }
-[[step]]
-name = "commit"
-recipe = "commit"
-inputs = { prepared = "step.prepare.prepared", seed = "step.init.checkpoint" }
-[[step]]
-name = "evaluate"
-recipe = "evaluate"
-inputs = { model = "step.init.checkpoint", tasks = "step.prepare.test", commitment = "step.commit.commitment" }
-params = { max_new_tokens = 8, threads = 1 }
-[[step]]
-name = "serve"
-recipe = "serve"
-inputs = { model = "step.init.checkpoint", tasks = "step.prepare.dev", commitment = "step.commit.commitment" }
-params = { replicas = 2, requests = 4, concurrency = 2, warmup = 1, max_new_tokens = 8 }
-"""
+PIPELINE = (tiny_pipeline(train=16, retention=2)
+            + evaluate_step("evaluate", retention=False, max_new_tokens=8, threads=1)
+            + serve_step(replicas=2, requests=4, concurrency=2, warmup=1, max_new_tokens=8))
 SUMS, MANIFEST, TARBALL = "SHA256SUMS", "manifest.json", "measurements.tar.gz"
 
 
