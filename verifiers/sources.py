@@ -310,6 +310,10 @@ class BundleSource:
         self._parents: dict[str, list[str]] | None = None
         self._read_sections()
 
+    def listed_ids(self) -> set[str]:
+        """Every object the manifest accounts for: files, derived ranges and omitted ones."""
+        return set(self._by_id) | set(self._derived) | set(self._omitted)
+
     def _file_bytes(self, rel: str) -> bytes:
         path = self.root / rel
         try:

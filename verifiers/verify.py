@@ -72,6 +72,8 @@ def _verify(source: Source, target: str, oid: str, *, strict: bool) -> Report:
         checks.extend(bundle_checks(source))
     closure, integrity = walk(objects, oid)
     checks.extend(integrity)
+    if isinstance(source, BundleSource):
+        checks.append(_unreached(source, closure.order))
     checkers: tuple[tuple[str, Checker], ...] = (
         ("receipt/1", check_receipt), ("tasks/1", check_task_set),
         ("checkpoint/1", checkpoint_checks))
@@ -79,6 +81,16 @@ def _verify(source: Source, target: str, oid: str, *, strict: bool) -> Report:
         for member in closure.of_kind(kind):
             checks.extend(_guarded(checker, objects, member))
     return Report.of(checks, strict=strict)
+
+
+def _unreached(bundle: BundleSource, reached: tuple[str, ...]) -> Check:
+    """A bundle holds the target's closure and nothing else: an object no link reaches is
+    something the exporter never wrote (import refuses it too)."""
+    stray = sorted(bundle.listed_ids() - set(reached))
+    return Check.verdict("bundle.closure", not stray, claimed=len(bundle.listed_ids()),
+                         recomputed=len(reached),
+                         message=f"{len(stray)} object(s) in the manifest that the target does "
+                                 f"not reach: {', '.join(stray[:3])}")
 
 
 Checker = Callable[[Objects, str], list[Check]]
