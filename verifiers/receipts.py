@@ -9,7 +9,7 @@ passed) otherwise, with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from .ordering import ordering_checks, test_evaluations_behind
 from .records import parse_json
 from .report import Check
 from .reportchecks import REPORT_VERIFIERS, check_report
+from .runs import Run
 from .taskchecks import prepare_claims
 from .throughput import check_serving
 from .training import (
@@ -41,30 +42,6 @@ from .training import (
     run_values,
     schedule_check,
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Run:
-    """One receipt with its action, ready for a checker."""
-
-    id: str
-    name: str
-    """Prefix of every check about this receipt: ``<recipe>.<8 hex of its ID>``."""
-    receipt: Mapping[str, Any]
-    action: Mapping[str, Any]
-    recipe: str
-
-    @property
-    def inputs(self) -> Mapping[str, str]:
-        return self.action["inputs"]
-
-    @property
-    def outputs(self) -> Mapping[str, str]:
-        return self.receipt["outputs"]
-
-    @property
-    def params(self) -> Mapping[str, Any]:
-        return self.action["params"]
 
 
 @dataclass(slots=True)

@@ -36,12 +36,12 @@ from .errors import InvalidArgument
 from .evaluation import Scored, contract_claim, losses_of, rescore, retention_claims
 from .reportinputs import (
     BASELINE,
-    InputRun,
     Inputs,
     commitment_subjects,
     documents_kind,
     world_of,
 )
+from .runs import Run
 from .schedule import read_journal
 from .stats import (
     CONTRACT_MAX_P,
@@ -236,7 +236,7 @@ def _rank_numbers(entries: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _train_arm(objects: Objects, ins: Inputs, run: InputRun) -> dict[str, Any]:
+def _train_arm(objects: Objects, ins: Inputs, run: Run) -> dict[str, Any]:
     world = world_of(run)
     ranks: dict[int, dict[str, Any]] = {}
     records: dict[int, Mapping[str, Any]] = {}
@@ -281,7 +281,7 @@ def _train_arm(objects: Objects, ins: Inputs, run: InputRun) -> dict[str, Any]:
     }
 
 
-def _measured(run: InputRun, records: list[Mapping[str, Any]]) -> dict[str, Any]:
+def _measured(run: Run, records: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Loop seconds (rank 0's) and peak memory (per rank) as the journal records carry them,
     which is what the train receipt claims; the claims where the records carry none."""
     claims = run.claims

@@ -21,6 +21,7 @@ from typing import Any
 
 from .closure import Objects
 from .errors import InvalidArgument
+from .runs import Run
 
 BASELINE = "seed"
 """The arm every other arm is compared with (input ``evaluate.seed``)."""
@@ -29,64 +30,34 @@ ARMED = ("train", "evaluate")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class InputRun:
-    """One input receipt of the report with its action."""
-
-    name: str
-    """The input name, e.g. ``train.clean-pair``."""
-    recipe: str
-    """Recipe name from the action's ``name@version``."""
-    id: str
-    receipt: Mapping[str, Any]
-    action: Mapping[str, Any]
-
-    @property
-    def params(self) -> Mapping[str, Any]:
-        return self.action["params"]
-
-    @property
-    def inputs(self) -> Mapping[str, str]:
-        return self.action["inputs"]
-
-    @property
-    def outputs(self) -> Mapping[str, str]:
-        return self.receipt["outputs"]
-
-    @property
-    def claims(self) -> dict[str, Any]:
-        """Claimed values by name."""
-        return {k: v["value"] for k, v in self.receipt["claims"].items()}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Inputs:
     """Every input receipt by role; arms in report order."""
 
-    prepare: InputRun
-    commit: InputRun
-    train: dict[str, InputRun]
-    evaluate: dict[str, InputRun]
+    prepare: Run
+    commit: Run
+    train: dict[str, Run]
+    evaluate: dict[str, Run]
     """The baseline first."""
-    serve: InputRun | None
+    serve: Run | None
 
-    def runs(self) -> list[InputRun]:
+    def runs(self) -> list[Run]:
         """prepare, train, commit, evaluate, serve: the order of report.json's ``inputs``."""
         runs = [self.prepare, *self.train.values(), self.commit, *self.evaluate.values()]
         return runs + ([self.serve] if self.serve is not None else [])
 
 
-def _run(objects: Objects, name: str, oid: str) -> InputRun:
+def _run(objects: Objects, name: str, oid: str) -> Run:
     receipt = objects.record_of(oid, "receipt/1")
     action = objects.record_of(receipt["action"], "action/1")
-    return InputRun(name=name, recipe=action["recipe"].partition("@")[0], id=oid,
+    return Run(name=name, recipe=action["recipe"].partition("@")[0], id=oid,
                     receipt=receipt, action=action)
 
 
 def load_inputs(objects: Objects, inputs: Mapping[str, str]) -> tuple[Inputs, list[str]]:
     """The report's inputs by role, and every broken rule found among them. Raises
     ``InvalidArgument`` only for a report whose required inputs are absent or misnamed."""
-    single: dict[str, InputRun] = {}
-    armed: dict[str, dict[str, InputRun]] = {prefix: {} for prefix in ARMED}
+    single: dict[str, Run] = {}
+    armed: dict[str, dict[str, Run]] = {prefix: {} for prefix in ARMED}
     for name, oid in sorted(inputs.items()):
         prefix, dot, arm = name.partition(".")
         if not dot and prefix in SINGLE:
@@ -109,7 +80,7 @@ def load_inputs(objects: Objects, inputs: Mapping[str, str]) -> tuple[Inputs, li
     return ins, link_problems(objects, ins)
 
 
-def documents_kind(prepare: InputRun, train: InputRun) -> str:
+def documents_kind(prepare: Run, train: Run) -> str:
     """``clean`` or ``damaged`` by the prepared set the arm trained on, else ``other``."""
     documents = train.inputs.get("documents")
     if documents is not None and documents == prepare.outputs.get("train"):
@@ -119,12 +90,12 @@ def documents_kind(prepare: InputRun, train: InputRun) -> str:
     return "other"
 
 
-def world_of(run: InputRun) -> int:
+def world_of(run: Run) -> int:
     return int(run.params.get("world", 1))
 
 
-def arm_order(prepare: InputRun, train: Mapping[str, InputRun],
-              evaluate: Mapping[str, InputRun]) -> list[str]:
+def arm_order(prepare: Run, train: Mapping[str, Run],
+              evaluate: Mapping[str, Run]) -> list[str]:
     def key(arm: str) -> tuple[int, int, int, str]:
         if arm == BASELINE:
             return (0, 0, 0, arm)
@@ -176,7 +147,7 @@ def link_problems(objects: Objects, ins: Inputs) -> list[str]:
 
 # --- resources ---------------------------------------------------------------------------
 
-def _devices(run: InputRun) -> tuple[str, int]:
+def _devices(run: Run) -> tuple[str, int]:
     device = str(run.params.get("device", "cpu"))
     if run.recipe == "train":
         return device, world_of(run)
@@ -187,7 +158,7 @@ def _devices(run: InputRun) -> tuple[str, int]:
     return "cpu", 1
 
 
-def _wall_seconds(run: InputRun) -> float:
+def _wall_seconds(run: Run) -> float:
     try:
         started = datetime.fromisoformat(run.receipt["started"])
         finished = datetime.fromisoformat(run.receipt["finished"])
@@ -196,7 +167,7 @@ def _wall_seconds(run: InputRun) -> float:
     return (finished - started).total_seconds()
 
 
-def run_resources(objects: Objects, run: InputRun) -> dict[str, Any]:
+def run_resources(objects: Objects, run: Run) -> dict[str, Any]:
     """Where one input ran, for how long, on how many devices (from its receipt and
     environment records)."""
     device, used = _devices(run)
