@@ -84,6 +84,12 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=160, help="longest prompt, tokens")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=20260913)
+    parser.add_argument(
+        "--precision",
+        choices=("bf16", "fp32", "both"),
+        default="both",
+        help="CUDA: BF16 autocast, FP32 without TF32, or one table for each (CPU is FP32 anyway)",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -100,27 +106,40 @@ def main() -> None:
         args.prompts, args.min_length, args.max_length, model.config.vocab_size, eos_ids, args.seed
     )
 
-    def run(batch_size: int) -> list[Generation]:
+    print(
+        f"model: {described}, {parameters:,} parameters; device {args.device}; "
+        f"torch threads {args.threads}"
+    )
+    precisions = ("bf16", "fp32") if args.precision == "both" else (args.precision,)
+    if args.device == "cpu":
+        precisions = ("fp32",)
+    for precision in precisions:
+        compare(args, model, tokenizer, prompts, eos_ids, precision)
+
+
+def compare(
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    eos_ids: set[int],
+    precision: str,
+) -> None:
+    """One table: one-at-a-time against batched generation at ``precision``."""
+
+    def run(batch_size: int, new_tokens: int = args.max_new_tokens) -> list[Generation]:
         return generate_greedy(
             model,
             tokenizer,
-            prompts,
-            max_new_tokens=args.max_new_tokens,
+            prompts if new_tokens == args.max_new_tokens else prompts[:2],
+            max_new_tokens=new_tokens,
             batch_size=batch_size,
             eos_ids=eos_ids,
             device=args.device,
+            precision=precision,  # type: ignore[arg-type]
         )
 
-    # Warm-up, unmeasured: first kernels, allocator, caches.
-    generate_greedy(
-        model,
-        tokenizer,
-        prompts[:2],
-        max_new_tokens=4,
-        batch_size=2,
-        eos_ids=eos_ids,
-        device=args.device,
-    )
+    run(2, 4)  # warm-up, unmeasured: first kernels, allocator, caches
     # Alternate the modes so that both see the same background load on a shared machine.
     single, batched = timed(
         [lambda: run(1), lambda: run(args.batch_size)], args.repeats, args.device
@@ -131,15 +150,11 @@ def main() -> None:
         for a, b in zip(single.generations, batched.generations, strict=True)
     )
     lengths = [len(p) for p in prompts]
-    print(
-        f"model: {described}, {parameters:,} parameters; device {args.device}; "
-        f"torch threads {args.threads}"
-    )
-    print(
-        f"{len(prompts)} prompts of {min(lengths)}..{max(lengths)} tokens; "
-        f"max_new_tokens {args.max_new_tokens}; median of {args.repeats} runs"
-    )
     print()
+    print(
+        f"precision {precision}: {len(prompts)} prompts of {min(lengths)}..{max(lengths)} "
+        f"tokens; max_new_tokens {args.max_new_tokens}; median of {args.repeats} runs"
+    )
     header = f"batched ({args.batch_size})"
     print(f"{'':<20}{'one-at-a-time':>16}{header:>16}")
     print(f"{'seconds':<20}{single.median:>16.3f}{batched.median:>16.3f}")
@@ -150,7 +165,6 @@ def main() -> None:
     print(f"{'tokens generated':<20}{single.tokens:>16}{batched.tokens:>16}")
     print(f"{'runs (seconds)':<20}{fmt(single.seconds):>16}{fmt(batched.seconds):>16}")
     print(f"{'runs agree':<20}{yes(single.repeatable):>16}{yes(batched.repeatable):>16}")
-    print()
     print(f"ratio (one-at-a-time seconds / batched seconds): {single.median / batched.median:.2f}x")
     print(f"outputs identical: {yes(same == len(prompts))} ({same}/{len(prompts)} rows)")
     ended = sum(g.ended_with_eos for g in batched.generations)

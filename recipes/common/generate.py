@@ -9,7 +9,9 @@ On CPU (FP32) that noise is about 1e-6 of a logit, and batched output equals one
 output token for token (tests/recipes/test_generate.py). Under BF16 autocast on CUDA a product of
 another shape can round a value differently by a BF16 step: a trained model kept every token
 (same test, on an H200), but a random ~38M model, whose best logits are often close, changed
-tokens in 16 of 64 rows within 96 steps. On CUDA, record the batch size with the outputs.
+tokens in 16 of 64 rows within 96 steps. ``precision="fp32"`` turns autocast and TF32 off for
+the call: on CUDA the noise is then FP32's, as on CPU, at a cost in speed. Either way the batch
+size and the precision are recorded with the outputs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import inspect
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +60,7 @@ def generate_greedy(
     batch_size: int = 16,
     eos_ids: set[int],
     device: torch.device | str,
+    precision: Literal["bf16", "fp32"] = "bf16",
 ) -> list[Generation]:
     """Greedy continuations of ``prompts`` (token ids), in the order given.
 
@@ -65,16 +68,19 @@ def generate_greedy(
     decoder's last hidden state (Llama, Qwen2 and kin), already on ``device`` and in eval mode;
     ``tokenizer`` only decodes. Prompts are sorted by length into batches of ``batch_size``
     to limit padding. Each row stops at its first token in ``eos_ids`` or after
-    ``max_new_tokens`` tokens. BF16 autocast on CUDA, FP32 on CPU; nothing is truncated.
+    ``max_new_tokens`` tokens. ``precision`` "bf16": BF16 autocast on CUDA; "fp32": FP32 matrix
+    products without TF32. On CPU both are FP32. Nothing is truncated.
     """
     where = torch.device(device)
     _check(model, prompts, max_new_tokens, batch_size, eos_ids, where)
+    if precision not in ("bf16", "fp32"):
+        raise InvalidInput(f"precision must be 'bf16' or 'fp32', not {precision!r}")
     eos = frozenset(eos_ids)
     # Any valid id will do for padding: padded positions are masked out of every attention.
     pad_id = min(eos)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     results: dict[int, Generation] = {}
-    with torch.inference_mode(), _autocast(where):
+    with torch.inference_mode(), _precision(where, precision):
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             batch = [tuple(int(t) for t in prompts[i]) for i in rows]
@@ -232,12 +238,20 @@ def _generation(
 
 
 @contextlib.contextmanager
-def _autocast(device: torch.device) -> Iterator[None]:
-    if device.type == "cuda":
+def _precision(device: torch.device, precision: str) -> Iterator[None]:
+    if device.type != "cuda":
+        yield
+    elif precision == "bf16":
         with torch.autocast("cuda", dtype=torch.bfloat16):
             yield
     else:
-        yield
+        # TF32 would round FP32 products to a 10-bit mantissa: restore the caller's setting after.
+        saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _check(

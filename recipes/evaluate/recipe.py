@@ -19,6 +19,8 @@ class EvaluateParams:
     """Prompts generated together (outputs equal one-at-a-time generation)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where to run; BF16 autocast on CUDA, FP32 on CPU."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """On CUDA, "fp32" turns autocast and TF32 off so that batching moves no token (slower)."""
     threads: int = 0
     """torch CPU threads (0: torch's default)."""
 
@@ -125,7 +127,8 @@ def run(ctx: RunContext) -> RecipeResult:
     for start in range(0, len(prompts), p.batch_size * 4):
         chunk = prompts[start:start + p.batch_size * 4]
         gens += generate_greedy(model, tokenizer, chunk, max_new_tokens=p.max_new_tokens,
-                                batch_size=p.batch_size, eos_ids=eos, device=p.device)
+                                batch_size=p.batch_size, eos_ids=eos, device=p.device,
+                                precision=p.precision)
         ctx.progress.advance(len(chunk))
     gen_lines, check_lines, outcomes = [], [], []
     for r, g in zip(records, gens, strict=True):

@@ -271,6 +271,33 @@ def test_cuda_bf16_batched_equals_one_at_a_time(model, tokenizer, prompts) -> No
         assert [g.output_ids for g in on_gpu] == [g.output_ids for g in on_cpu]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fp32_batched_equals_one_at_a_time(model, tokenizer, prompts) -> None:
+    eot = tokenizer.eos_token_id
+    gpu_model = copy.deepcopy(model).to("cuda")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    runs = [
+        generate_greedy(gpu_model, tokenizer, prompts, batch_size=batch_size, eos_ids={eot},
+                        device="cuda", precision="fp32")
+        for batch_size in (1, len(prompts))
+    ]
+    assert [g.output_ids for g in runs[0]] == [g.output_ids for g in runs[1]]
+    assert torch.backends.cuda.matmul.allow_tf32 is True  # the caller's setting is restored
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_precision_is_fp32_on_cpu_either_way_and_checked(model, tokenizer, prompts) -> None:
+    eot = tokenizer.eos_token_id
+    bf16 = generate_greedy(model, tokenizer, prompts[:3], eos_ids={eot}, device="cpu")
+    fp32 = generate_greedy(model, tokenizer, prompts[:3], eos_ids={eot}, device="cpu",
+                           precision="fp32")
+    assert [g.output_ids for g in bf16] == [g.output_ids for g in fp32]
+    with pytest.raises(InvalidInput, match="precision must be 'bf16' or 'fp32', not 'fp16'"):
+        generate_greedy(model, tokenizer, prompts[:1], eos_ids={eot}, device="cpu",
+                        precision="fp16")
+
+
 def test_position_ids_count_from_each_rows_first_real_token(model, tokenizer, lines) -> None:
     # Rotary embeddings only see position differences, so a uniform shift of a row's positions
     # cannot change its tokens: the ids are checked where the decoder receives them.
