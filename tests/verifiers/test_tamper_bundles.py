@@ -149,11 +149,28 @@ class Tamperer:
 
     def edit(self, path: str, change: Callable[[bytes], bytes]) -> str:
         """Replace the file at ``path`` by ``change(its bytes)``; the new target ID."""
-        data = change((self.root / path).read_bytes())
-        self._replace(path, data)
+        replaced: dict[str, dict[str, Any]] = {}
+        self._write(path, change((self.root / path).read_bytes()), replaced)
+        # Relink to a fixed point: a record linking two edited objects is rewritten once per
+        # edit, and each rewrite is itself an edit. One pass in manifest order (IDs, so the
+        # order differs from run to run) could leave a rewritten record linking a stale ID.
+        changed = True
+        while changed:
+            changed = False
+            objects = self.manifest["objects"]
+            for other in list(objects):
+                if other not in objects or objects[other]["kind"] is None:
+                    continue
+                record = json.loads((self.root / other).read_bytes())
+                edited = record
+                for old, new in replaced.items():
+                    edited = relink(edited, old, new)
+                if edited != record:
+                    self._write(other, rfc8785.dumps(edited), replaced)
+                    changed = True
         return self.manifest["target"]
 
-    def _replace(self, path: str, data: bytes) -> None:
+    def _write(self, path: str, data: bytes, replaced: dict[str, dict[str, Any]]) -> None:
         objects = self.manifest["objects"]
         entry = objects.pop(path)
         old, new = entry["id"], object_id(data)
@@ -164,15 +181,9 @@ class Tamperer:
         (self.root / path).write_bytes(data)
         objects[path] = {**entry, "id": new, "size": len(data),
                          "sha256": hashlib.sha256(data).hexdigest()}
+        replaced[old] = objects[path]
         if self.manifest["target"] == old:
             self.manifest["target"] = new
-        for other in list(objects):  # a snapshot: relinking renames record files
-            if other not in objects or objects[other]["kind"] is None:
-                continue
-            record = json.loads((self.root / other).read_bytes())
-            edited = relink(record, old, objects[path])
-            if edited != record:
-                self._replace(other, rfc8785.dumps(edited))
 
     def seal(self) -> Path:
         """Rewrite manifest.json, the tarball (with its own manifest) and SHA256SUMS."""
