@@ -82,7 +82,7 @@ def train_rank(spec: WorkerSpec) -> RankResult:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world != params.world:
         raise RecipeError(f"launched with {world} ranks but params.world is {params.world}")
-    device = _device(params.device, local_rank)
+    device = _device(params.device, local_rank, deterministic=params.deterministic)
     configure_determinism(deterministic=params.deterministic)
     # Seeds offset by rank: nothing random is shared between ranks by accident.
     torch.manual_seed(params.schedule_seed + rank)
@@ -219,10 +219,13 @@ def _result(
     )
 
 
-def _device(name: str, local_rank: int) -> torch.device:
+def _device(name: str, local_rank: int, *, deterministic: bool) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    if deterministic:
+        # Deterministic cuBLAS needs a small fixed workspace, which also makes its products
+        # slower: set only when asked for (a worker started by hand may lack the launcher's).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     if not torch.cuda.is_available():
         raise InvalidInput("train param device is 'cuda' but no CUDA device is available here")
     if local_rank >= torch.cuda.device_count():
