@@ -82,7 +82,7 @@ def train_rank(spec: WorkerSpec) -> RankResult:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world != params.world:
         raise RecipeError(f"launched with {world} ranks but params.world is {params.world}")
-    device = _device(params.device, local_rank, deterministic=params.deterministic)
+    device = select_device(params.device, local_rank, deterministic=params.deterministic)
     configure_determinism(deterministic=params.deterministic)
     # Seeds offset by rank: nothing random is shared between ranks by accident.
     torch.manual_seed(params.schedule_seed + rank)
@@ -219,7 +219,7 @@ def _result(
     )
 
 
-def _device(name: str, local_rank: int, *, deterministic: bool) -> torch.device:
+def select_device(name: str, local_rank: int, *, deterministic: bool) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     if deterministic:

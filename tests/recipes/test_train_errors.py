@@ -15,6 +15,7 @@ from nscas.recipes.common.tokenise import DocumentTooLong
 from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.documents import TrainDocument, read_documents, write_documents
 from nscas.recipes.train.launch import StepProgress, check_devices, run_training
+from nscas.recipes.train.worker import select_device
 from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec, tiny  # noqa: F401
 
 
@@ -112,3 +113,14 @@ def test_a_dead_rank_stops_the_others_and_is_named(tiny: tuple[Path, Path, Path]
     assert killed and time.monotonic() - killed[0] < timeout
     assert "training rank 1 died (signal SIGKILL)" in str(caught.value)
     assert _worker_pid(spec_file, 0) is None and _worker_pid(spec_file, 1) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error path")
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_worker_restricts_the_cublas_workspace_only_for_deterministic_runs(
+        deterministic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The small fixed workspace deterministic cuBLAS needs also slows its products down.
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with pytest.raises(InvalidInput, match="no CUDA device is available here"):
+        select_device("cuda", 0, deterministic=deterministic)
+    assert ("CUBLAS_WORKSPACE_CONFIG" in os.environ) is deterministic
