@@ -183,18 +183,46 @@ def bench_add_fsck_second(b: Bench, f1: Path, f2: Path) -> None:
     stored2: list[float] = []
     b3sum = shutil.which("b3sum")
     nscas = [str(NSCAS), "--store"]
+    # Each contender's output is removed just before the next one's timed write, so that every
+    # write of 1 GiB starts with about as much memory freed moments ago. On a VM that hands
+    # freed memory back to the host (virtio-balloon free page reporting, as on the benchmark
+    # machine) touching pages freed seconds earlier costs a host fault each: writing 1 GiB into
+    # the page cache then took 2.5 s of system time instead of 0.4 s, so the order of the
+    # columns alone moved a column by a second.
+    leftovers: list[Path] = []
+
+    def ballast(mib: int) -> None:
+        """Memory to free before the next timed write, when no contender's output is at hand."""
+        path = b.work / f"ballast-{len(leftovers)}"
+        subprocess.run(["dd", f"if={f1}", f"of={path}", "bs=1M", f"count={mib}", "status=none"],
+                       check=True)
+        leftovers.append(path)
+
+    def release() -> None:
+        for p in leftovers:
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        leftovers.clear()
+
+    ballast(1024)
     for run in range(runs):
         print(f"run {run + 1}/{runs}", file=sys.stderr)
         # nscas through its CLI: a fresh store; fsck while it holds the first checkpoint only
         # (the same bytes b3sum reads); then the second checkpoint into the same store.
         s = b.fresh("cli-store")
         subprocess.run([str(NSCAS), "init", str(s)], check=True, stdout=subprocess.DEVNULL)
+        release()
         t["cli"].append(b.timed([*nscas, str(s), "add", str(f1)]))
         t["fsck_cli"].append(b.timed([*nscas, str(s), "fsck", "--deep"]))
+        ballast(256)  # the second add writes 6 new tensors (96 MiB)
+        release()
         t["cli2"].append(b.timed([*nscas, str(s), "add", str(f2)]))
-        shutil.rmtree(s)
+        leftovers.append(s)
         # nscas as a library, in this process (no interpreter start-up).
         with init_store(b.fresh("lib-store")) as store:
+            release()
             t["lib"].append(b.timed_call(lambda st=store: st.put_file(f1)))
             t["fsck_lib"].append(b.timed_call(lambda st=store: _fsck_ok(st)))
             t["fsck_full_lib"].append(b.timed_call(lambda st=store: _fsck_ok(st, full=True)))
@@ -202,9 +230,11 @@ def bench_add_fsck_second(b: Bench, f1: Path, f2: Path) -> None:
                 chunks = sorted(str(p) for p in (store.root / "data").rglob("*") if p.is_file())
                 t["b3sum_chunks"].append(b.timed([b3sum, "--no-names", *chunks]))
             before = data_bytes(store.root)
+            ballast(256)
+            release()
             t["lib2"].append(b.timed_call(lambda st=store: st.put_file(f2)))
             stored2.append((data_bytes(store.root) - before) / f2.stat().st_size)
-        shutil.rmtree(b.work / "lib-store")
+        leftovers.append(b.work / "lib-store")
         # dvc add in a throwaway repository (copying the file in is not timed).
         if b.args.dvc:
             dvc = str(b.args.dvc)
@@ -212,20 +242,23 @@ def bench_add_fsck_second(b: Bench, f1: Path, f2: Path) -> None:
             subprocess.run([dvc, "init", "--no-scm", "-q"], cwd=repo, check=True)
             subprocess.run([dvc, "config", "core.analytics", "false"], cwd=repo, check=True)
             shutil.copyfile(f1, repo / "model.safetensors")
+            release()
             t["dvc"].append(b.timed([dvc, "add", "-q", "model.safetensors"], cwd=repo))
-            os.unlink(repo / "model.safetensors")
-            shutil.copyfile(f2, repo / "model.safetensors")
+            shutil.copyfile(f2, repo / "model.next")
+            os.replace(repo / "model.next", repo / "model.safetensors")  # frees the first copy
             t["dvc2"].append(b.timed([dvc, "add", "-q", "model.safetensors"], cwd=repo))
-            shutil.rmtree(repo)
+            leftovers.append(repo)
         copy = b.work / "dd-copy"
+        release()
         t["dd"].append(b.timed(["dd", f"if={f1}", f"of={copy}", "bs=16M", "conv=fsync",
                                 "status=none"]))
-        copy.unlink()
+        leftovers.append(copy)
         if b3sum:
             t["b3sum"].append(b.timed([b3sum, str(f1)]))
         t["sha256sum"].append(b.timed(["sha256sum", str(f1)]))
         t["py_b3"].append(b.timed_call(
             lambda: blake3.blake3(max_threads=blake3.blake3.AUTO).update_mmap(f1)))
+    release()
 
     r = b.results
     r["add"] = table("1. add a 1 GiB safetensors file (64 x 16 MiB F32)", [

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
 import typer
 
 if TYPE_CHECKING:
+    from nscas.reading import StoreReader
     from nscas.store import Store
 
 
@@ -44,9 +45,16 @@ def state(ctx: typer.Context) -> CliState:
     return obj if isinstance(obj, CliState) else CliState(store=None)
 
 
-def open_cli_store(ctx: typer.Context, *, readonly: bool = False) -> Store:
-    """The store named by ``--store``/``$NSCAS_STORE``, else the ``.nscas`` found upwards."""
-    from nscas.store import open_store
+@overload
+def open_cli_store(ctx: typer.Context, *, readonly: Literal[False] = False) -> Store: ...
+@overload
+def open_cli_store(ctx: typer.Context, *, readonly: bool) -> StoreReader: ...
+def open_cli_store(ctx: typer.Context, *, readonly: bool = False) -> StoreReader:
+    """The store named by ``--store``/``$NSCAS_STORE``, else the ``.nscas`` found upwards.
+
+    ``readonly``: a reader, which keeps SQLAlchemy (a fifth of a second to import) unloaded.
+    """
+    from nscas.reading import open_store
 
     return open_store(state(ctx).store, readonly=readonly)
 

@@ -15,7 +15,8 @@ _LAZY = {
     "Digest": "nscas.digests",
     "NscasError": "nscas.errors",
     "Store": "nscas.store",
-    "open_store": "nscas.store",
+    "StoreReader": "nscas.reading",
+    "open_store": "nscas.reading",
     "init_store": "nscas.store",
 }
 

@@ -9,13 +9,15 @@ partial one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import blake3
 import zstandard
@@ -130,18 +132,27 @@ class ChunkFiles:
                     return "zstd", packed
         return "raw", data
 
-    def write(self, hex_id: str, stored: bytes | memoryview, codec: str) -> None:
-        """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir."""
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *,
+              written: Callable[[], object] = lambda: None) -> str:
+        """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir.
+
+        Returns the SHA-256 of the plain bytes, computed from the re-read that checks them
+        against their ID. ``written`` is called once ``stored`` is in the temporary file: the
+        caller may reuse its buffer from then on.
+        """
         final = self.path(hex_id)
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=hex_id[:16] + ".", dir=self.tmp)
         tmp = Path(tmp_name)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(stored)
-                f.flush()
-                os.fsync(f.fileno())
-            got = self._rehash_file(tmp, codec, hex_id)
+            try:
+                _write_all(fd, stored)
+                written()
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            sha = hashlib.sha256()
+            got = self._rehash_file(tmp, codec, hex_id, sha)
             if got != hex_id:
                 raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
             os.replace(tmp, final)
@@ -149,11 +160,12 @@ class ChunkFiles:
             tmp.unlink(missing_ok=True)
             raise
         _fsync_dir(final.parent)
+        return sha.hexdigest()
 
-    def _rehash_file(self, path: Path, codec: str, hex_id: str) -> str:
+    def _rehash_file(self, path: Path, codec: str, hex_id: str, also: Any) -> str:
         """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
         try:
-            return _plain_digest(path, codec, hex_id)[0]
+            return _plain_digest(path, codec, hex_id, also)[0]
         except IntegrityError as exc:
             raise IntegrityError(f"chunk written for {hex_id}", exc.expected, exc.actual) from None
 
@@ -243,12 +255,15 @@ def _unlink(path: Path, before: float | None) -> bool:
     return True
 
 
-def _plain_digest(path: Path, codec: str, hex_id: str) -> tuple[str, int]:
-    """(BLAKE3 hex, size) of a chunk file's plain bytes, read in blocks (zstd decoded)."""
+def _plain_digest(path: Path, codec: str, hex_id: str,
+                  also: Any = None) -> tuple[str, int]:
+    """(BLAKE3 hex, size) of a chunk file's plain bytes, read in blocks (zstd decoded);
+    ``also`` (a hashlib object) is fed the same blocks."""
     if codec not in ("raw", "zstd"):
         raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
     # One thread per file: callers hash several files at once (fsck) or run in a pool (put).
     h = blake3.blake3()
+    feed = [h.update] if also is None else [h.update, also.update]
     size = 0
     buf = bytearray(_VERIFY_BLOCK)
     view = memoryview(buf)
@@ -256,7 +271,8 @@ def _plain_digest(path: Path, codec: str, hex_id: str) -> tuple[str, int]:
         with path.open("rb") as f:
             if codec == "raw":
                 while n := f.readinto(buf):
-                    h.update(view[:n])
+                    for update in feed:
+                        update(view[:n])
                     size += n
             else:
                 # Bounded output per read: a corrupt frame may describe far more data than it
@@ -265,7 +281,8 @@ def _plain_digest(path: Path, codec: str, hex_id: str) -> tuple[str, int]:
                 src = zstandard.ZstdDecompressor().stream_reader(
                     f, read_size=_VERIFY_BLOCK, read_across_frames=True)
                 while n := src.readinto(buf):
-                    h.update(view[:n])
+                    for update in feed:
+                        update(view[:n])
                     size += n
     except FileNotFoundError:
         raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
@@ -279,6 +296,12 @@ def _plain_digest(path: Path, codec: str, hex_id: str) -> tuple[str, int]:
 def _hash_hex(data: bytes | memoryview) -> str:
     threads = blake3.blake3.AUTO if len(data) >= (1 << 20) else 1
     return blake3.blake3(data, max_threads=threads).hexdigest()
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _fsync_dir(path: Path) -> None:

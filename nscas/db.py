@@ -6,11 +6,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 
-from nscas.errors import StoreError
-
-# The alembic revision this code was written for; tests keep it equal to the migrations' head.
-SCHEMA_HEAD = "0002_lineage_indexes"
-BUSY_TIMEOUT_MS = 60_000
+from nscas.reading import BUSY_TIMEOUT_MS, newer_schema
+from nscas.reading import SCHEMA_HEAD as SCHEMA_HEAD  # defined where readers need it
 
 
 def make_engine(db_path: Path, *, readonly: bool = False, writer: bool = True) -> Engine:
@@ -47,32 +44,18 @@ def current_revision(engine: Engine) -> str | None:
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def check_revision(engine: Engine, where: Path) -> None:
-    rev = current_revision(engine)
-    if rev is None:
-        raise StoreError(f"{where} is not an initialised nscas store (run 'nscas init')")
-    if rev != SCHEMA_HEAD:
-        known = _known_revisions()
-        if rev not in known:
-            raise StoreError(
-                f"store {where} has schema version {rev!r}, newer than this nscas knows "
-                f"({SCHEMA_HEAD!r}); upgrade nscas"
-            )
-        raise StoreError(f"store {where} has schema version {rev!r}; run 'nscas init --upgrade'")
-
-
 def refuse_unknown_revision(engine: Engine, where: Path) -> None:
     """Refuse a store written by a newer nscas before alembic sees it."""
     try:
         rev = current_revision(engine)
     finally:
         engine.dispose()
-    if rev is not None and rev not in _known_revisions():
-        raise StoreError(f"store {where} has schema version {rev!r}, newer than this nscas knows "
-                         f"({SCHEMA_HEAD!r}); upgrade nscas")
+    if rev is not None and rev not in known_revisions():
+        raise newer_schema(rev, where)
 
 
-def _known_revisions() -> set[str]:
+def known_revisions() -> set[str]:
+    """Every revision the migrations know (alembic walks its scripts)."""
     from alembic.script import ScriptDirectory
 
     return {s.revision for s in ScriptDirectory(migrations_dir()).walk_revisions()}

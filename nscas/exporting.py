@@ -32,7 +32,7 @@ from nscas.digests import Digest, DualHasher, is_digest_text
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput
 
 if TYPE_CHECKING:
-    from nscas.store import ObjectInfo, Store
+    from nscas.reading import ObjectInfo, StoreReader
 
 FORMAT = "nscas-bundle/1"
 MANIFEST = "manifest.json"
@@ -156,7 +156,7 @@ class _Layout:
         return _Plan(files=files, derived=derived, omitted=omitted)
 
 
-def _layout(store: Store, target: Digest) -> _Layout:
+def _layout(store: StoreReader, target: Digest) -> _Layout:
     ids = sorted(store.closure([target]))
     infos = {d: store.info(d) for d in ids}
     records = {d: store.get_record(d) for d in ids if infos[d].kind is not None}
@@ -182,7 +182,7 @@ def _unique(wanted: Mapping[Digest, str], fallback: Callable[[Digest], str]) -> 
     return {d: name if count[name.casefold()] == 1 else fallback(d) for d, name in wanted.items()}
 
 
-def _suffix(store: Store, oid: Digest, size: int, name: str) -> str:
+def _suffix(store: StoreReader, oid: Digest, size: int, name: str) -> str:
     """A file suffix for an output blob, judged from its bytes (``.jsonl``, ``.svg`` ...)."""
     if "." in name or size == 0 or size > _SNIFF_MAX:
         return ""
@@ -208,7 +208,7 @@ def _suffix(store: Store, oid: Digest, size: int, name: str) -> str:
     return ".txt"
 
 
-def _paths(store: Store, c: _Closure) -> dict[Digest, str]:
+def _paths(store: StoreReader, c: _Closure) -> dict[Digest, str]:
     """The path of every object of the closure (docs/bundle.md, "Paths")."""
     recs = c.records
     named: dict[Digest, list[str]] = defaultdict(list)  # what commitments call their subjects
@@ -356,7 +356,7 @@ def _weight_only(c: _Closure) -> tuple[frozenset[Digest], frozenset[Digest]]:
     return only, frozenset(tensors)
 
 
-def _tensor_ranges(store: Store, c: _Closure) -> dict[Digest, tuple[Range, ...]]:
+def _tensor_ranges(store: StoreReader, c: _Closure) -> dict[Digest, tuple[Range, ...]]:
     """Where each tensor of a checkpoint's params/1 lies in that checkpoint's weight files,
     from the safetensors headers (the bytes are re-hashed when the file is written)."""
     recs = c.records
@@ -398,7 +398,7 @@ def _span(info: Any) -> tuple[int, int] | None:
 
 # --------------------------------------------------------------------------------- export
 
-def export_bundle(store: Store, target: Digest, dest: Path, *,
+def export_bundle(store: StoreReader, target: Digest, dest: Path, *,
                   weights: bool = True) -> ExportReport:
     """Write the closure of ``target`` as a bundle at ``dest`` (absent or an empty directory).
 
@@ -452,7 +452,7 @@ def _check_dest(dest: Path) -> None:
         raise InvalidInput(f"cannot export to {dest}: {dest.parent} is not a directory")
 
 
-def _copy_out(store: Store, oid: Digest, info: ObjectInfo, path: Path,
+def _copy_out(store: StoreReader, oid: Digest, info: ObjectInfo, path: Path,
               ranges: Iterable[Range]) -> dict[Range, tuple[Digest, str]]:
     """Write one object to a new file, re-hashing it and the byte ranges asked for."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,8 @@ from nscas.digests import Digest, blake3_hex
 from nscas.errors import IntegrityError, InvalidInput, NscasError
 
 if TYPE_CHECKING:
-    from nscas.store import ObjectInfo, Store
+    from nscas.reading import ObjectInfo, StoreReader
+    from nscas.store import Store
 
 Severity = Literal["error", "note"]
 Mode = Literal["rows", "deep", "full"]
@@ -84,7 +85,7 @@ class GcReport:
     young_files: int = 0  # temporary and orphan chunk files kept: younger than min_age
 
 
-def fsck(store: Store, *, deep: bool = False, full: bool = False, sample: float = 1.0,
+def fsck(store: StoreReader, *, deep: bool = False, full: bool = False, sample: float = 1.0,
          max_seconds: float | None = None, seed: int | None = None,
          on_object: Callable[[int], None] | None = None) -> FsckReport:
     """Check rows, records, links and refs; ``deep``: every stored leaf against its ID once;
@@ -160,7 +161,7 @@ def _two_at_a_time(targets: Iterable[ObjectInfo], check: Callable[[ObjectInfo], 
             yield done, fut.result()
 
 
-def _check_row(store: Store, info: ObjectInfo) -> list[Finding]:
+def _check_row(store: StoreReader, info: ObjectInfo) -> list[Finding]:
     oid = str(info.id)
     out: list[Finding] = []
     if info.storage == "inline":
@@ -194,7 +195,7 @@ def _check_row(store: Store, info: ObjectInfo) -> list[Finding]:
     return out
 
 
-def _check_record(store: Store, info: ObjectInfo) -> list[Finding]:
+def _check_record(store: StoreReader, info: ObjectInfo) -> list[Finding]:
     oid = str(info.id)
     data = store.inline_data(info.id)
     if data is None:
@@ -219,7 +220,7 @@ def _check_record(store: Store, info: ObjectInfo) -> list[Finding]:
     return out
 
 
-def _top_level(store: Store, infos: dict[str, ObjectInfo]) -> list[ObjectInfo]:
+def _top_level(store: StoreReader, infos: dict[str, ObjectInfo]) -> list[ObjectInfo]:
     """Objects that are not a part of another: re-hashing these covers every stored byte."""
     inner: set[str] = set()
     for info in infos.values():
@@ -228,7 +229,7 @@ def _top_level(store: Store, infos: dict[str, ObjectInfo]) -> list[ObjectInfo]:
     return [i for h, i in infos.items() if h not in inner]
 
 
-def _check_leaf(store: Store, info: ObjectInfo) -> list[Finding]:
+def _check_leaf(store: StoreReader, info: ObjectInfo) -> list[Finding]:
     """A stored leaf's plain bytes: BLAKE3 against its ID, size against its row."""
     oid = str(info.id)
     try:
@@ -250,7 +251,7 @@ def _check_leaf(store: Store, info: ObjectInfo) -> list[Finding]:
     return []
 
 
-def _rehash(store: Store, info: ObjectInfo) -> list[Finding]:
+def _rehash(store: StoreReader, info: ObjectInfo) -> list[Finding]:
     """One read of every leaf: each leaf's BLAKE3, and the whole object's BLAKE3, SHA-256 and size."""
     oid = str(info.id)
     whole = blake3.blake3()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from nscas.digests import Digest
 
 if TYPE_CHECKING:
-    from nscas.store import Store
+    from nscas.reading import StoreReader
 
 Direction = Literal["up", "down"]
 _MAX_FANOUT = 200  # children listed per node before the rest are summarised
@@ -36,7 +36,7 @@ class Node:
         return out
 
 
-def lineage(store: Store, oid: Digest, *, direction: Direction = "up", depth: int | None = None) -> Node:
+def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up", depth: int | None = None) -> Node:
     """A tree of links from ``oid``: up follows a record's links, down finds records linking to it."""
     seen: set[Digest] = set()
 

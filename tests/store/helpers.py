@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from nscas import chunks
-from nscas import store as store_module
+from nscas import chunks, putting
 from nscas.digests import Digest
 from nscas.store import DB_NAME, Store
 
@@ -147,5 +146,5 @@ def small_chunks(size: int = 5000, tensor_split: int = 6000) -> Iterator[None]:
         mp.setattr(chunks, "CHUNK_SIZE", size)
         mp.setattr(chunks, "SINGLE_MAX", size)
         mp.setattr(chunks, "TENSOR_SPLIT", tensor_split)
-        mp.setattr(store_module, "INLINE_MAX", 256)
+        mp.setattr(putting, "INLINE_MAX", 256)
         yield

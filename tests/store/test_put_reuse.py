@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nscas import store as store_module
+from nscas import chunks, putting
 from nscas.digests import Digest
 from nscas.fsck import fsck
 from nscas.store import Store
@@ -21,7 +21,8 @@ from tests.store.helpers import b3, chunk_files, sha256, small_chunks, write_saf
 
 
 class _Counting:
-    """Stands in for ``hashlib`` and ``sha256_hex`` in the store module: counts SHA-256 bytes."""
+    """Stands in for ``hashlib`` and ``sha256_hex`` in the put pipeline and the chunk writer:
+    counts SHA-256 bytes."""
 
     def __init__(self) -> None:
         self.bytes = 0
@@ -51,8 +52,9 @@ class _Counting:
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> _Counting:
     c = _Counting()
-    monkeypatch.setattr(store_module, "hashlib", c)
-    monkeypatch.setattr(store_module, "sha256_hex", c.sha256_hex)
+    monkeypatch.setattr(putting, "hashlib", c)
+    monkeypatch.setattr(putting, "sha256_hex", c.sha256_hex)
+    monkeypatch.setattr(chunks, "hashlib", c)  # a new leaf's SHA-256, from the re-read
     return c
 
 

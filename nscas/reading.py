@@ -1,0 +1,537 @@
+"""Reading a store: every query that changes nothing, on the standard library's ``sqlite3``.
+
+Read-only commands (``log``, ``show``, ``lineage``, ``fsck``, ``cat``, ``export``) open a
+:class:`StoreReader` and never import SQLAlchemy, whose import alone costs more than the 0.2 s
+such a command may take. The writer, :class:`nscas.store.Store`, inherits these reads, so each
+query exists once; it adds the writes (SQLAlchemy Core, migrations, the gc bypass).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, NoReturn, overload
+
+from nscas import canonical
+from nscas.chunks import ChunkFiles
+from nscas.digests import Digest, DualHasher, blake3_hex, parse_prefix
+from nscas.errors import (
+    AmbiguousPrefix,
+    DestinationExists,
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    StoreError,
+)
+
+if TYPE_CHECKING:
+    from nscas.store import Store
+
+STORE_DIR = ".nscas"
+DB_NAME = "nscas.db"
+ENV_VAR = "NSCAS_STORE"
+# The alembic revision this code was written for; tests keep it equal to the migrations' head.
+SCHEMA_HEAD = "0002_lineage_indexes"
+BUSY_TIMEOUT_MS = 60_000
+_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+_HEXISH = re.compile(r"(blake3:)?[0-9a-f]{8,}")
+_INFO = "id, size, sha256, kind, storage, codec, stored_size, created"  # ObjectInfo's columns
+_BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
+# The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
+_WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
+                     "put_checkpoint", "ref_set", "delete_objects", "execute_raw"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectInfo:
+    id: Digest
+    size: int
+    sha256: str
+    kind: str | None  # record kind, or None for a blob
+    storage: str
+    codec: str
+    stored_size: int
+    created: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RefEntry:
+    name: str
+    old: Digest | None
+    new: Digest
+    at: float
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    parent: Digest
+    path: str
+    child: Digest
+
+
+def find_store(start: Path | None = None) -> Path:
+    """The store directory: ``$NSCAS_STORE``, else ``.nscas`` here or in a parent."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return store_dir_of(Path(env))
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / STORE_DIR / DB_NAME).is_file():
+            return d / STORE_DIR
+    raise StoreError("no nscas store here or in any parent directory (run 'nscas init' or pass --store)")
+
+
+def store_dir_of(path: Path) -> Path:
+    """Accept either a store directory or a directory holding ``.nscas``."""
+    if (path / DB_NAME).is_file():
+        return path
+    if (path / STORE_DIR / DB_NAME).is_file():
+        return path / STORE_DIR
+    raise StoreError(f"{path} is not an nscas store (no {DB_NAME} in it or in {path / STORE_DIR})")
+
+
+@overload
+def open_store(path: Path | None = None, *, readonly: Literal[False] = False) -> Store: ...
+@overload
+def open_store(path: Path | None = None, *, readonly: bool) -> StoreReader: ...
+def open_store(path: Path | None = None, *, readonly: bool = False) -> StoreReader:
+    """The store at ``path`` (default: found upwards from here): with ``readonly`` a
+    :class:`StoreReader`, which imports no SQLAlchemy; else the writer, :class:`Store`."""
+    root = store_dir_of(path) if path is not None else find_store()
+    if readonly:
+        return StoreReader(root)
+    from nscas.store import Store
+
+    return Store(root)
+
+
+def check_ref_name(name: str) -> None:
+    if not _REF.fullmatch(name) or ".." in name or len(name) > 255:
+        raise InvalidInput(
+            f"invalid ref name {name!r}: use letters, digits, '.', '_', '-' in '/'-separated parts"
+        )
+    if _HEXISH.fullmatch(name):
+        raise InvalidInput(f"invalid ref name {name!r}: it would read as an object ID prefix")
+
+
+def newer_schema(rev: str, where: Path) -> StoreError:
+    """The error for a store whose schema a newer nscas wrote."""
+    return StoreError(f"store {where} has schema version {rev!r}, newer than this nscas knows "
+                      f"({SCHEMA_HEAD!r}); upgrade nscas")
+
+
+def schema_revision(c: sqlite3.Connection) -> str | None:
+    """The store's alembic revision, or None before its first migration."""
+    if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                 "AND name = 'alembic_version'").fetchone() is None:
+        return None
+    row = c.execute("SELECT version_num FROM alembic_version").fetchone()
+    return row[0] if row else None
+
+
+def check_revision(c: sqlite3.Connection, where: Path) -> None:
+    """Refuse a store of another schema version than this code's."""
+    rev = schema_revision(c)
+    if rev is None:
+        raise StoreError(f"{where} is not an initialised nscas store (run 'nscas init')")
+    if rev != SCHEMA_HEAD:
+        # alembic (and SQLAlchemy under it) only on this error path.
+        from nscas.db import known_revisions
+
+        if rev not in known_revisions():
+            raise newer_schema(rev, where)
+        raise StoreError(f"store {where} has schema version {rev!r}; run 'nscas init --upgrade'")
+
+
+class StoreReader:
+    """A store opened for reading. Thread-safe; any number of readers and writers may share it.
+
+    Every method reads in one deferred transaction of its own, so it sees one committed state
+    of the store (WAL: a writer committing meanwhile changes nothing of what it sees).
+    """
+
+    readonly = True  # the writer sets its own
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        db = root / DB_NAME
+        if not db.is_file():
+            raise StoreError(f"{root} is not an nscas store (no {DB_NAME})")
+        self._uri = f"{db.absolute().as_uri()}?mode=ro"
+        self._idle: list[sqlite3.Connection] = []  # connections not in use, for reuse
+        self._pool_lock = threading.Lock()
+        self._closed = False
+        self.chunks = ChunkFiles(root)
+        try:
+            with self._read() as c:
+                check_revision(c, root)
+        except sqlite3.DatabaseError as exc:
+            self._close_reads()
+            raise StoreError(f"cannot read the store database {db}: {exc}") from None
+        except BaseException:
+            self._close_reads()  # not close(): a subclass's own resources do not exist yet
+            raise
+
+    def close(self) -> None:
+        self._close_reads()
+
+    def _close_reads(self) -> None:
+        with self._pool_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> NoReturn:
+        if name in _WRITES:
+            raise StoreError(f"store opened read-only: {name} needs open_store(readonly=False)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A connection inside a deferred read transaction, returned to the pool afterwards.
+
+        A pool rather than one connection per thread: a generator (``leaves``) may hold its
+        transaction open while the same thread runs other reads.
+        """
+        with self._pool_lock:
+            c = self._idle.pop() if self._idle else None
+        if c is None:
+            # Autocommit mode, so that BEGIN below is the transaction; the timeout is SQLite's
+            # busy timeout (a reader waits only for a WAL checkpoint or recovery, if at all).
+            c = sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                                isolation_level=None, check_same_thread=False)
+        try:
+            c.execute("BEGIN")
+            yield c
+        finally:
+            if c.in_transaction:
+                c.rollback()
+            with self._pool_lock:
+                keep = not self._closed
+                if keep:
+                    self._idle.append(c)
+            if not keep:
+                c.close()
+
+    # ----------------------------------------------------------------- lookups
+
+    def has(self, oid: Digest) -> bool:
+        with self._read() as c:
+            return c.execute("SELECT 1 FROM objects WHERE id = ?", (oid.hex,)).fetchone() is not None
+
+    def info(self, oid: Digest) -> ObjectInfo:
+        with self._read() as c:
+            row = c.execute(f"SELECT {_INFO} FROM objects WHERE id = ?", (oid.hex,)).fetchone()
+        if row is None:
+            raise NotFound(str(oid))
+        return _info(row)
+
+    def resolve(self, text_: str) -> Digest:
+        """A full ID, a ref name, or a unique prefix of at least 8 hex digits."""
+        text_ = text_.strip()
+        if text_.startswith("blake3:") and len(text_) == 71:
+            oid = Digest.parse(text_)
+            if not self.has(oid):
+                raise NotFound(str(oid))
+            return oid
+        if _REF.fullmatch(text_) and not _HEXISH.fullmatch(text_):
+            target = self.ref_get(text_)
+            if target is None:
+                hint = ("; ID prefixes need at least 8 lowercase hex digits"
+                        if re.fullmatch(r"(blake3:)?[0-9a-fA-F]{1,64}", text_) else "")
+                raise NotFound(f"ref {text_!r}{hint}")
+            return target
+        prefix = parse_prefix(text_)
+        with self._read() as c:
+            rows = [r[0] for r in c.execute(
+                "SELECT id FROM objects WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
+                (prefix, prefix + "g"))]
+        if not rows:
+            target = self.ref_get(text_) if _REF.fullmatch(text_) else None
+            if target is not None:
+                return target
+            raise NotFound(f"object with ID prefix {prefix}")
+        if len(rows) > 1:
+            raise AmbiguousPrefix(prefix, [f"blake3:{r}" for r in rows])
+        return Digest(rows[0])
+
+    # ------------------------------------------------------------------- bytes
+
+    def get_bytes(self, oid: Digest) -> bytes:
+        """All bytes of an object, checked against its ID (never wrong bytes)."""
+        with self._read() as c:
+            data = b"".join(self.read_leaf(h, codec, inline)
+                            for h, codec, inline in _leaves(c, oid.hex))
+        got = blake3_hex(data)
+        if got != oid.hex:
+            raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
+        return data
+
+    def get_record(self, oid: Digest) -> dict[str, Any]:
+        info = self.info(oid)
+        if info.kind is None:
+            raise InvalidInput(f"{oid} is a blob, not a record")
+        return canonical.decode(self.get_bytes(oid))
+
+    def open(self, oid: Digest) -> BinaryIO:
+        """A reader over an object's bytes, each leaf checked as it is read."""
+        if not self.has(oid):  # fail at open, not at the first read
+            raise NotFound(str(oid))
+        return io.BufferedReader(_LeafReader(self, oid), buffer_size=1 << 20)
+
+    def leaves(self, oid: Digest) -> Iterator[tuple[str, str, bytes | None]]:
+        """(hex, codec, inline data or None) of an object's leaves in order."""
+        with self._read() as c:
+            yield from _leaves(c, oid.hex)
+
+    def read_leaf(self, hex_id: str, codec: str, inline: bytes | None) -> bytes:
+        if inline is not None:
+            got = blake3_hex(inline)
+            if got != hex_id:
+                raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+            return inline
+        return self.chunks.read(hex_id, codec)
+
+    def materialise(self, oid: Digest, dest: Path) -> None:
+        """Write a blob to a new file, or a tree/1 to a new directory; never overwrite."""
+        if dest.exists() or dest.is_symlink():
+            raise DestinationExists(str(dest))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        info = self.info(oid)
+        tmp = Path(tempfile.mkdtemp(prefix=".nscas-get-", dir=dest.parent))
+        try:
+            if info.kind == "tree/1":
+                out = tmp / "tree"
+                out.mkdir()
+                record = self.get_record(oid)
+                for rel, entry in sorted(record["entries"].items()):
+                    target = out / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    self._write_blob(Digest.parse(entry["id"]), target)
+            else:
+                out = tmp / "blob"
+                self._write_blob(oid, out)
+            os.replace(out, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _write_blob(self, oid: Digest, target: Path) -> None:
+        h = DualHasher()
+        with target.open("wb") as f:
+            for hex_id, codec, data in self.leaves(oid):
+                chunk = self.read_leaf(hex_id, codec, data)
+                h.update(chunk)
+                f.write(chunk)
+        if h.digest() != oid:
+            raise IntegrityError(f"object {oid}", str(oid), str(h.digest()))
+
+    def part_ids(self, oid: Digest) -> list[tuple[int, Digest]]:
+        """(offset, part ID) of an object stored as parts; empty for other objects."""
+        with self._read() as c:
+            rows = c.execute('SELECT "offset", part_id FROM parts WHERE object_id = ? ORDER BY idx',
+                             (oid.hex,)).fetchall()
+        return [(off, Digest(part)) for off, part in rows]
+
+    # -------------------------------------------------------------------- refs
+
+    def ref_get(self, name: str) -> Digest | None:
+        with self._read() as c:
+            row = c.execute("SELECT target FROM refs WHERE name = ?", (name,)).fetchone()
+        return Digest(row[0]) if row and row[0] else None
+
+    def ref_list(self, prefix: str = "") -> list[tuple[str, Digest]]:
+        sql, args = "SELECT name, target FROM refs", ()
+        if prefix:
+            # LIKE, as the store always matched prefixes (so case-insensitive for ASCII), with
+            # its wildcards escaped so that '_' and '%' in a prefix match only themselves.
+            escaped = prefix.replace("/", "//").replace("%", "/%").replace("_", "/_")
+            sql, args = sql + " WHERE name LIKE ? ESCAPE '/'", (escaped + "%",)
+        with self._read() as c:
+            return [(name, Digest(target)) for name, target in c.execute(sql + " ORDER BY name", args)]
+
+    def ref_log(self, name: str | None = None, limit: int | None = None) -> list[RefEntry]:
+        sql = "SELECT name, old, new, at, message FROM ref_log"
+        args: list[Any] = []
+        if name is not None:
+            sql += " WHERE name = ?"
+            args.append(name)
+        sql += " ORDER BY seq DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        with self._read() as c:
+            return [RefEntry(name=n, old=Digest(old) if old else None, new=Digest(new), at=at,
+                             message=message) for n, old, new, at, message in c.execute(sql, args)]
+
+    # ------------------------------------------------------------------- links
+
+    def links_from(self, oid: Digest) -> list[Link]:
+        with self._read() as c:
+            rows = c.execute("SELECT path, child FROM links WHERE parent = ? ORDER BY path",
+                             (oid.hex,)).fetchall()
+        return [Link(parent=oid, path=path, child=Digest(child)) for path, child in rows]
+
+    def links_to(self, oid: Digest, limit: int | None = None) -> list[Link]:
+        sql = "SELECT parent, path FROM links WHERE child = ? ORDER BY parent, path"
+        args: tuple[Any, ...] = (oid.hex,)
+        if limit is not None:
+            sql, args = sql + " LIMIT ?", (*args, limit)
+        with self._read() as c:
+            rows = c.execute(sql, args).fetchall()
+        return [Link(parent=Digest(parent), path=path, child=oid) for parent, path in rows]
+
+    def kinds_of(self, ids: Iterable[Digest]) -> dict[Digest, str | None]:
+        out: dict[Digest, str | None] = {}
+        with self._read() as c:
+            for batch in batches([d.hex for d in ids], _BATCH):
+                for hex_id, kind in c.execute(
+                        f"SELECT id, kind FROM objects WHERE id IN ({_marks(batch)})", batch):
+                    out[Digest(hex_id)] = kind
+        return out
+
+    def closure(self, roots: Iterable[Digest], *, with_parts: bool = False) -> set[Digest]:
+        """Every object reachable from ``roots`` through links (and parts, if asked)."""
+        seen: set[str] = set()
+        frontier = [d.hex for d in roots]
+        with self._read() as c:
+            while frontier:
+                batch, frontier = frontier[:_BATCH], frontier[_BATCH:]
+                new = [h for h in batch if h not in seen]
+                seen.update(new)
+                if not new:
+                    continue
+                marks = _marks(new)
+                kids = [r[0] for r in c.execute(
+                    f"SELECT child FROM links WHERE parent IN ({marks})", new)]
+                if with_parts:
+                    kids += [r[0] for r in c.execute(
+                        f"SELECT part_id FROM parts WHERE object_id IN ({marks})", new)]
+                frontier.extend(k for k in kids if k not in seen)
+        return {Digest(h) for h in seen}
+
+    def log(self, *, kind: str | None = None, limit: int = 20, before: int | None = None) -> list[ObjectInfo]:
+        """Records, newest first."""
+        # `kind IS NOT NULL` as written lets SQLite use the partial indexes on records.
+        sql = f"SELECT {_INFO} FROM objects WHERE kind IS NOT NULL"
+        args: list[Any] = []
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
+        if before is not None:
+            sql += " AND seq < ?"
+            args.append(before)
+        with self._read() as c:
+            rows = c.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_info(r) for r in rows]
+
+    # ------------------------------------------------------------ maintenance
+
+    def iter_objects(self, batch: int = 2000) -> Iterator[ObjectInfo]:
+        last = 0
+        while True:
+            # A transaction per batch: a long walk (fsck, gc) does not pin one WAL snapshot.
+            with self._read() as c:
+                rows = c.execute(f"SELECT seq, {_INFO} FROM objects WHERE seq > ? ORDER BY seq "
+                                 "LIMIT ?", (last, batch)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][0]
+            yield from (_info(r[1:]) for r in rows)
+
+    def inline_data(self, oid: Digest) -> bytes | None:
+        with self._read() as c:
+            row = c.execute("SELECT data FROM objects WHERE id = ?", (oid.hex,)).fetchone()
+        return bytes(row[0]) if row is not None and row[0] is not None else None
+
+    def part_rows(self, oid: Digest) -> list[tuple[int, int, Digest]]:
+        with self._read() as c:
+            rows = c.execute('SELECT idx, "offset", part_id FROM parts WHERE object_id = ? '
+                             "ORDER BY idx", (oid.hex,)).fetchall()
+        return [(idx, off, Digest(part)) for idx, off, part in rows]
+
+    def counts(self) -> dict[str, int]:
+        with self._read() as c:
+            n = c.execute("SELECT count(*) FROM objects").fetchone()[0]
+            r = c.execute("SELECT count(*) FROM objects WHERE kind IS NOT NULL").fetchone()[0]
+            nrefs = c.execute("SELECT count(*) FROM refs").fetchone()[0]
+        return {"objects": n, "records": r, "refs": nrefs}
+
+
+class _LeafReader(io.RawIOBase):
+    def __init__(self, store: StoreReader, oid: Digest) -> None:
+        self._it = store.leaves(oid)
+        self._store = store
+        self._buf = b""
+        self._pos = 0
+        self._hasher = DualHasher()
+        self._oid = oid
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while self._pos >= len(self._buf):
+            nxt = next(self._it, None)
+            if nxt is None:
+                if not self._done:
+                    self._done = True
+                    if self._hasher.digest() != self._oid:
+                        raise IntegrityError(f"object {self._oid}", str(self._oid), str(self._hasher.digest()))
+                return 0
+            self._buf = self._store.read_leaf(*nxt)
+            self._hasher.update(self._buf)
+            self._pos = 0
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+def _leaves(c: sqlite3.Connection, hex_id: str) -> Iterator[tuple[str, str, bytes | None]]:
+    row = c.execute("SELECT storage, codec, data FROM objects WHERE id = ?", (hex_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"blake3:{hex_id}")
+    storage, codec, data = row
+    if storage == "inline":
+        yield hex_id, codec, bytes(data)
+    elif storage == "file":
+        yield hex_id, codec, None
+    else:
+        subs = [r[0] for r in c.execute(
+            "SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx", (hex_id,))]
+        for sub in subs:
+            yield from _leaves(c, sub)
+
+
+def _info(row: tuple[Any, ...]) -> ObjectInfo:
+    """An ObjectInfo from a row of the ``_INFO`` columns."""
+    hex_id, size, sha256, kind, storage, codec, stored_size, created = row
+    return ObjectInfo(id=Digest(hex_id), size=size, sha256=sha256, kind=kind, storage=storage,
+                      codec=codec, stored_size=stored_size, created=created)
+
+
+def _marks(items: list[str]) -> str:
+    return ", ".join("?" * len(items))
+
+
+def batches(items: list[str], n: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
