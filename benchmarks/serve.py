@@ -87,6 +87,8 @@ def main() -> None:
                         help="warm-up requests per replica (default: every task once, so that "
                              "on CUDA no prompt shape is first seen while measured)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for ready")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                        help="CUDA replicas: BF16 autocast, or FP32 without TF32")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="nscas-bench-serve-") as tmp:
@@ -96,7 +98,8 @@ def main() -> None:
             def start(max_batch: int, gpu: int) -> Any:
                 options = ReplicaOptions(threads=args.threads, max_batch=max_batch,
                                          max_wait_ms=args.max_wait_ms,
-                                         max_new_tokens=args.max_new_tokens, device=args.device)
+                                         max_new_tokens=args.max_new_tokens, device=args.device,
+                                         precision=args.precision)
                 env = {"CUDA_VISIBLE_DEVICES": str(gpu % gpus)} if gpus else None
                 return group.start(replica_command(served.checkpoint, store_path=served.store_path,
                                                    tasks=served.tasks, options=options), env=env)

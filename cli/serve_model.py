@@ -47,6 +47,9 @@ def serve_model(
         help="Answers the retry cache keeps, keyed by request id.")] = 1024,
     device: Annotated[str, typer.Option(
         help="cpu or cuda (the GPU is chosen with CUDA_VISIBLE_DEVICES).")] = "cpu",
+    precision: Annotated[str, typer.Option(
+        help="On CUDA: bf16 (autocast) or fp32 (no autocast or TF32: batching moves no "
+             "token). CPU is FP32 either way.")] = "bf16",
     as_json: JsonFlag = False,
 ) -> None:
     """Load checkpoint ID, re-check its parameter digest, then serve it until SIGTERM.
@@ -59,12 +62,13 @@ def serve_model(
 
     Example: nscas serve-model experiments/coop/clean-pair --tasks experiments/coop/dev
     """
+    from nscas.reading import open_store
     from nscas.recipes.serve.replica import load_replica
     from nscas.recipes.serve.server import ServerConfig, serve
-    from nscas.store import open_store
 
     _check(max_batch=max_batch, max_wait_ms=max_wait_ms, threads=threads,
-           max_new_tokens=max_new_tokens, cache_size=cache_size, device=device, port=port)
+           max_new_tokens=max_new_tokens, cache_size=cache_size, device=device, port=port,
+           precision=precision)
     config = ServerConfig(host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
                           max_new_tokens=max_new_tokens, cache_size=cache_size)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -75,7 +79,7 @@ def serve_model(
         checkpoint = store.resolve(id_)
         task_set = store.resolve(tasks) if tasks is not None else None
         replica = load_replica(store, checkpoint, task_set, device=device,
-                               workdir=Path(workdir), threads=threads)
+                               workdir=Path(workdir), threads=threads, precision=precision)
 
         def ready(url: str) -> None:
             if as_json:
@@ -88,7 +92,7 @@ def serve_model(
 
 
 def _check(*, max_batch: int, max_wait_ms: float, threads: int, max_new_tokens: int,
-           cache_size: int, device: str, port: int) -> None:
+           cache_size: int, device: str, port: int, precision: str) -> None:
     for name, value in (("--max-batch", max_batch), ("--threads", threads),
                         ("--max-new-tokens", max_new_tokens), ("--cache-size", cache_size)):
         if value < 1:
@@ -97,6 +101,8 @@ def _check(*, max_batch: int, max_wait_ms: float, threads: int, max_new_tokens: 
         raise InvalidInput(f"--max-wait-ms must not be negative, got {max_wait_ms}")
     if device not in ("cpu", "cuda"):
         raise InvalidInput(f"--device must be cpu or cuda, got {device!r}")
+    if precision not in ("bf16", "fp32"):
+        raise InvalidInput(f"--precision must be bf16 or fp32, got {precision!r}")
     if not 0 <= port <= 65535:
         raise InvalidInput(f"--port must be from 0 to 65535, got {port}")
 

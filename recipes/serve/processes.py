@@ -54,6 +54,8 @@ class ReplicaOptions:
     """New tokens per answer."""
     device: str = "cpu"
     """``cpu``, or ``cuda`` with replica k on GPU k (``CUDA_VISIBLE_DEVICES``)."""
+    precision: str = "bf16"
+    """On CUDA: ``bf16`` autocast or ``fp32`` (batch-shape-independent tokens, slower)."""
 
 
 def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
@@ -63,7 +65,8 @@ def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
             str(store_path), "--host", "127.0.0.1", "--port", "0",
             "--threads", str(options.threads), "--max-batch", str(options.max_batch),
             "--max-wait-ms", str(options.max_wait_ms),
-            "--max-new-tokens", str(options.max_new_tokens), "--device", options.device]
+            "--max-new-tokens", str(options.max_new_tokens), "--device", options.device,
+            "--precision", options.precision]
     return argv + (["--tasks", tasks] if tasks is not None else [])
 
 

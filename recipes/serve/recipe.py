@@ -62,6 +62,9 @@ class ServeParams:
     """New tokens per answer (greedy)."""
     device: str = "cpu"
     """``cpu``, or ``cuda`` with replica k on GPU k."""
+    precision: str = "bf16"
+    """On CUDA: ``bf16`` autocast, or ``fp32`` (no autocast, no TF32) so that batching cannot
+    move a token; on CPU both are FP32."""
 
     def validate(self) -> str | None:
         if self.replicas < 2:
@@ -76,6 +79,8 @@ class ServeParams:
             return "timeout and request_timeout must be positive"
         if self.device not in ("cpu", "cuda"):
             return f"device must be cpu or cuda, got {self.device!r}"
+        if self.precision not in ("bf16", "fp32"):
+            return f"precision must be bf16 or fp32, got {self.precision!r}"
         return None
 
 
@@ -95,7 +100,7 @@ def run(ctx: RunContext) -> RecipeResult:
     run_id = ctx.action.short if ctx.action is not None else "serve"
     options = ReplicaOptions(threads=p.threads, max_batch=p.max_batch,
                              max_wait_ms=p.max_wait_ms, max_new_tokens=p.max_new_tokens,
-                             device=p.device)
+                             device=p.device, precision=p.precision)
     argv = replica_command(str(model), store_path=ctx.store_path, tasks=str(tasks),
                            options=options)
     ctx.progress.start(None, f"starting {p.replicas} replicas")

@@ -45,6 +45,9 @@ class Replica:
     """Generation stops at these ids: the tokenizer's end-of-turn token."""
     device: str
     """``cpu`` or ``cuda``."""
+    precision: str = "bf16"
+    """On CUDA: ``bf16`` autocast, or ``fp32`` (no autocast, no TF32) so that a batch's shape
+    cannot flip a near-tied token; on CPU both are FP32."""
     max_positions: int | None
     """The model's position limit (``max_position_embeddings``), if it has one."""
 
@@ -54,7 +57,8 @@ class Replica:
 
         return generate_greedy(
             self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
-            batch_size=max(1, len(prompts)), eos_ids=set(self.eos_ids), device=self.device)
+            batch_size=max(1, len(prompts)), eos_ids=set(self.eos_ids), device=self.device,
+            precision=self.precision)  # type: ignore[arg-type]
 
     def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a chat rendered with the template and its generation prompt.
@@ -76,7 +80,7 @@ class Replica:
 
 
 def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device: str,
-                 workdir: Path, threads: int) -> Replica:
+                 workdir: Path, threads: int, precision: str = "bf16") -> Replica:
     """Materialise ``checkpoint`` into ``workdir``, check its parameter digest, load it, and
     encode the prompts of ``tasks`` (a ``tasks/1`` of grounded tasks) if given."""
     import torch
@@ -86,6 +90,8 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
 
     if threads < 1:
         raise ReplicaLoadError(str(checkpoint), f"threads must be at least 1, got {threads}")
+    if precision not in ("bf16", "fp32"):
+        raise ReplicaLoadError(str(checkpoint), f"precision must be bf16 or fp32, got {precision!r}")
     torch.set_num_threads(threads)
     record = _record_of_kind(store, checkpoint, "checkpoint/1")
     model_dir = workdir / "model"
@@ -104,7 +110,7 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     prompts = _task_prompts(store, tasks, tokenizer) if tasks is not None else {}
     return Replica(model=model, tokenizer=tokenizer, model_digest=record["params"],
                    prompts=prompts, eos_ids=frozenset({tokenizer.eos_token_id}),
-                   device=device,
+                   device=device, precision=precision,
                    max_positions=getattr(model.config, "max_position_embeddings", None))
 
 

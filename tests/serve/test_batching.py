@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 
 from nscas.recipes.serve.client import LoadPlan, run_phase
 from nscas.recipes.serve.processes import ReplicaGroup
@@ -34,9 +35,13 @@ def one_at_a_time(served: Served) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def test_batched_answers_equal_one_at_a_time(served: Served, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_batched_answers_equal_one_at_a_time(served: Served, tmp_path: Path,
+                                             precision: str) -> None:
+    # On CPU both precisions are FP32; fp32 here proves the option reaches the replica.
     with ReplicaGroup(tmp_path) as group:
-        [endpoint] = start_replicas(group, served, 1, max_batch=8, max_wait_ms=100.0)
+        [endpoint] = start_replicas(group, served, 1, max_batch=8, max_wait_ms=100.0,
+                                    precision=precision)
         plan = LoadPlan(phase="pair", run_id="batch", endpoints=(endpoint,),
                         task_ids=served.task_ids, model_digest=served.model_digest,
                         concurrency=len(served.task_ids), attempts=1)

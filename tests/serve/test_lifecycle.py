@@ -92,6 +92,10 @@ def test_cli_help_and_bad_options() -> None:
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr == "nscas: error: --max-batch must be at least 1, got 0\n"
+    bad = subprocess.run([*SERVE, "blake3:" + "0" * 64, "--precision", "fp16"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr == "nscas: error: --precision must be bf16 or fp32, got 'fp16'\n"
 
 
 def test_the_command_mounts_in_a_group_as_main_registers_it() -> None:
@@ -110,5 +114,6 @@ def test_the_command_mounts_in_a_group_as_main_registers_it() -> None:
     result = CliRunner().invoke(root, ["serve-model", "--help"])
     assert result.exit_code == 0, result.output
     for option in ("--host", "--port", "--store", "--tasks", "--max-batch", "--max-wait-ms",
-                   "--threads", "--max-new-tokens", "--cache-size", "--device", "--json"):
+                   "--threads", "--max-new-tokens", "--cache-size", "--device", "--precision",
+                   "--json"):
         assert option in result.output

@@ -155,6 +155,7 @@ def test_the_model_must_be_committed(served: Served, tmp_path: Path) -> None:
 def test_params_are_checked() -> None:
     assert ServeParams(replicas=1).validate() is not None
     assert ServeParams(device="tpu").validate() is not None
+    assert ServeParams(precision="fp16").validate() == "precision must be bf16 or fp32, got 'fp16'"
     assert ServeParams().validate() is None
 
 
