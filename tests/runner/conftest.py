@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from click.testing import Result
+from typer.testing import Result
 
 from nscas import runner
 from nscas.recipe import Recipe

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import Result
+from typer.testing import Result
 
 from nscas.cli.run import verdict_text
 from nscas.compare import Verdict

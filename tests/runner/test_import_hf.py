@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import Result
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from typer.testing import Result
 
 from nscas.cli.import_hf import SOURCE, check_hf_dir, import_hf
 from nscas.digests import Digest
