@@ -12,14 +12,14 @@ from nscas.errors import InvalidInput
 from nscas.kinds import SAFETENSORS_DTYPES
 
 if TYPE_CHECKING:
-    from nscas.store import Store
+    from nscas.reading import StoreReader
 
 DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32,
               "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F8_E4M3": 8, "F8_E5M2": 8,
               "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "C64": 64}
 
 
-def read_header(store: Store, file_id: Digest) -> tuple[int, dict[str, Any]]:
+def read_header(store: StoreReader, file_id: Digest) -> tuple[int, dict[str, Any]]:
     """(data section offset, header) of a stored safetensors file."""
     with store.open(file_id) as f:
         raw = f.read(8)
@@ -37,7 +37,7 @@ def read_header(store: Store, file_id: Digest) -> tuple[int, dict[str, Any]]:
     return 8 + hlen, header
 
 
-def params_record(store: Store, files: list[Digest]) -> dict[str, Any]:
+def params_record(store: StoreReader, files: list[Digest]) -> dict[str, Any]:
     """The params/1 record of the tensors in ``files`` (shards of one model)."""
     tensors: dict[str, dict[str, Any]] = {}
     for file_id in files:
