@@ -4,6 +4,7 @@ the suite runs on cannot show a file missing from the wheel)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -47,10 +48,16 @@ def test_every_package_folder_is_listed_and_every_listed_package_exists() -> Non
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    # Built from a copy: setuptools builds in the source tree, and a build/ left there from an
+    # earlier run would carry modules since deleted into the wheel.
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*cache*", ".hypothesis",
+        ".nscas", ".whl", "demo-store", "demo-out"))
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(ROOT)],
+         "-w", str(out), str(source)],
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
