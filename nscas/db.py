@@ -6,8 +6,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 
-from nscas.reading import BUSY_TIMEOUT_MS, newer_schema
-from nscas.reading import SCHEMA_HEAD as SCHEMA_HEAD  # defined where readers need it
+from nscas.locating import BUSY_TIMEOUT_MS, newer_schema
+from nscas.locating import SCHEMA_HEAD as SCHEMA_HEAD  # defined where readers need it
 
 
 def make_engine(db_path: Path, *, readonly: bool = False, writer: bool = True) -> Engine:

@@ -32,18 +32,19 @@ from nscas.errors import (
     NotFound,
     StoreError,
 )
+from nscas.locating import (
+    BUSY_TIMEOUT_MS,
+    DB_NAME,
+    HEXISH,
+    REF_NAME,
+    check_revision,
+    find_store,
+    store_dir_of,
+)
 
 if TYPE_CHECKING:
     from nscas.store import Store
 
-STORE_DIR = ".nscas"
-DB_NAME = "nscas.db"
-ENV_VAR = "NSCAS_STORE"
-# The alembic revision this code was written for; tests keep it equal to the migrations' head.
-SCHEMA_HEAD = "0002_lineage_indexes"
-BUSY_TIMEOUT_MS = 60_000
-_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
-_HEXISH = re.compile(r"(blake3:)?[0-9a-f]{8,}")
 _INFO = "id, size, sha256, kind, storage, codec, stored_size, created"  # ObjectInfo's columns
 _BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
@@ -79,27 +80,6 @@ class Link:
     child: Digest
 
 
-def find_store(start: Path | None = None) -> Path:
-    """The store directory: ``$NSCAS_STORE``, else ``.nscas`` here or in a parent."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return store_dir_of(Path(env))
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / STORE_DIR / DB_NAME).is_file():
-            return d / STORE_DIR
-    raise StoreError("no nscas store here or in any parent directory (run 'nscas init' or pass --store)")
-
-
-def store_dir_of(path: Path) -> Path:
-    """Accept either a store directory or a directory holding ``.nscas``."""
-    if (path / DB_NAME).is_file():
-        return path
-    if (path / STORE_DIR / DB_NAME).is_file():
-        return path / STORE_DIR
-    raise StoreError(f"{path} is not an nscas store (no {DB_NAME} in it or in {path / STORE_DIR})")
-
-
 @overload
 def open_store(path: Path | None = None, *, readonly: Literal[False] = False) -> Store: ...
 @overload
@@ -113,44 +93,6 @@ def open_store(path: Path | None = None, *, readonly: bool = False) -> StoreRead
     from nscas.store import Store
 
     return Store(root)
-
-
-def check_ref_name(name: str) -> None:
-    if not _REF.fullmatch(name) or ".." in name or len(name) > 255:
-        raise InvalidInput(
-            f"invalid ref name {name!r}: use letters, digits, '.', '_', '-' in '/'-separated parts"
-        )
-    if _HEXISH.fullmatch(name):
-        raise InvalidInput(f"invalid ref name {name!r}: it would read as an object ID prefix")
-
-
-def newer_schema(rev: str, where: Path) -> StoreError:
-    """The error for a store whose schema a newer nscas wrote."""
-    return StoreError(f"store {where} has schema version {rev!r}, newer than this nscas knows "
-                      f"({SCHEMA_HEAD!r}); upgrade nscas")
-
-
-def schema_revision(c: sqlite3.Connection) -> str | None:
-    """The store's alembic revision, or None before its first migration."""
-    if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                 "AND name = 'alembic_version'").fetchone() is None:
-        return None
-    row = c.execute("SELECT version_num FROM alembic_version").fetchone()
-    return row[0] if row else None
-
-
-def check_revision(c: sqlite3.Connection, where: Path) -> None:
-    """Refuse a store of another schema version than this code's."""
-    rev = schema_revision(c)
-    if rev is None:
-        raise StoreError(f"{where} is not an initialised nscas store (run 'nscas init')")
-    if rev != SCHEMA_HEAD:
-        # alembic (and SQLAlchemy under it) only on this error path.
-        from nscas.db import known_revisions
-
-        if rev not in known_revisions():
-            raise newer_schema(rev, where)
-        raise StoreError(f"store {where} has schema version {rev!r}; run 'nscas init --upgrade'")
 
 
 class StoreReader:
@@ -251,7 +193,7 @@ class StoreReader:
             if not self.has(oid):
                 raise NotFound(str(oid))
             return oid
-        if _REF.fullmatch(text_) and not _HEXISH.fullmatch(text_):
+        if REF_NAME.fullmatch(text_) and not HEXISH.fullmatch(text_):
             target = self.ref_get(text_)
             if target is None:
                 hint = ("; ID prefixes need at least 8 lowercase hex digits"
@@ -264,7 +206,7 @@ class StoreReader:
                 "SELECT id FROM objects WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
                 (prefix, prefix + "g"))]
         if not rows:
-            target = self.ref_get(text_) if _REF.fullmatch(text_) else None
+            target = self.ref_get(text_) if REF_NAME.fullmatch(text_) else None
             if target is not None:
                 return target
             raise NotFound(f"object with ID prefix {prefix}")

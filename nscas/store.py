@@ -27,21 +27,9 @@ from nscas.errors import (
     StoreError,
     TagImmutable,
 )
+from nscas.locating import DB_NAME, ENV_VAR, STORE_DIR, check_ref_name, find_store, store_dir_of
 from nscas.putting import Leaf, Putter
-from nscas.reading import (
-    DB_NAME,
-    ENV_VAR,
-    STORE_DIR,
-    Link,
-    ObjectInfo,
-    RefEntry,
-    StoreReader,
-    batches,
-    check_ref_name,
-    find_store,
-    open_store,
-    store_dir_of,
-)
+from nscas.reading import Link, ObjectInfo, RefEntry, StoreReader, batches, open_store
 from nscas.schema import gc_session, links, objects, parts, ref_log, refs
 
 # The reads live in nscas.reading, which imports no SQLAlchemy; their names stay importable here.
