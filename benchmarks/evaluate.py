@@ -127,11 +127,11 @@ def compare(
 ) -> None:
     """One table: one-at-a-time against batched generation at ``precision``."""
 
-    def run(batch_size: int, new_tokens: int = args.max_new_tokens) -> list[Generation]:
+    def run(rows: list[list[int]], batch_size: int, new_tokens: int) -> list[Generation]:
         return generate_greedy(
             model,
             tokenizer,
-            prompts if new_tokens == args.max_new_tokens else prompts[:2],
+            rows,
             max_new_tokens=new_tokens,
             batch_size=batch_size,
             eos_ids=eos_ids,
@@ -139,10 +139,15 @@ def compare(
             precision=precision,  # type: ignore[arg-type]
         )
 
-    run(2, 4)  # warm-up, unmeasured: first kernels, allocator, caches
+    run(prompts[:2], 2, 4)  # warm-up, unmeasured: first kernels, allocator, caches
     # Alternate the modes so that both see the same background load on a shared machine.
     single, batched = timed(
-        [lambda: run(1), lambda: run(args.batch_size)], args.repeats, args.device
+        [
+            lambda: run(prompts, 1, args.max_new_tokens),
+            lambda: run(prompts, args.batch_size, args.max_new_tokens),
+        ],
+        args.repeats,
+        args.device,
     )
 
     same = sum(

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from nscas.store import Store
 
 _INFO = "id, size, sha256, kind, storage, codec, stored_size, created"  # ObjectInfo's columns
-_BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
+BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
                      "put_checkpoint", "ref_set", "delete_objects", "execute_raw"})
@@ -342,7 +342,7 @@ class StoreReader:
     def kinds_of(self, ids: Iterable[Digest]) -> dict[Digest, str | None]:
         out: dict[Digest, str | None] = {}
         with self._read() as c:
-            for batch in batches([d.hex for d in ids], _BATCH):
+            for batch in batches([d.hex for d in ids], BATCH):
                 for hex_id, kind in c.execute(
                         f"SELECT id, kind FROM objects WHERE id IN ({_marks(batch)})", batch):
                     out[Digest(hex_id)] = kind
@@ -354,7 +354,7 @@ class StoreReader:
         frontier = [d.hex for d in roots]
         with self._read() as c:
             while frontier:
-                batch, frontier = frontier[:_BATCH], frontier[_BATCH:]
+                batch, frontier = frontier[:BATCH], frontier[BATCH:]
                 new = [h for h in batch if h not in seen]
                 seen.update(new)
                 if not new:

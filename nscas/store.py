@@ -29,7 +29,7 @@ from nscas.errors import (
 )
 from nscas.locating import DB_NAME, ENV_VAR, STORE_DIR, check_ref_name, find_store, store_dir_of
 from nscas.putting import Leaf, Putter
-from nscas.reading import Link, ObjectInfo, RefEntry, StoreReader, batches, open_store
+from nscas.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches, open_store
 from nscas.schema import gc_session, links, objects, parts, ref_log, refs
 
 # The reads live in nscas.reading, which imports no SQLAlchemy; their names stay importable here.
@@ -174,9 +174,10 @@ class Store(StoreReader):
 
     def _recorded_sha256(self, hex_id: str) -> str | None:
         """The SHA-256 recorded for an object, or None if the store does not hold it."""
-        with self._read() as c:
-            row = c.execute("SELECT sha256 FROM objects WHERE id = ?", (hex_id,)).fetchone()
-        return row[0] if row else None
+        try:
+            return self.info(Digest(hex_id)).sha256
+        except NotFound:
+            return None
 
     def _insert(self, leaves: list[Leaf], part_rows: list[dict[str, Any]],
                 link_rows: list[dict[str, Any]], require: Iterable[str] = ()) -> None:
@@ -280,11 +281,11 @@ class Store(StoreReader):
             doomed -= _rescued(c, doomed)
             gone = sorted(doomed)
             c.execute(insert(gc_session).values(token=1))
-            for batch in batches(gone, 500):
+            for batch in batches(gone, BATCH):
                 c.execute(delete(links).where(links.c.parent.in_(batch)))
                 c.execute(delete(parts).where(parts.c.object_id.in_(batch)))
             # Parts may be shared: delete objects only once nothing still points at them.
-            for batch in batches(gone, 500):
+            for batch in batches(gone, BATCH):
                 c.execute(delete(objects).where(objects.c.id.in_(batch)))
             c.execute(delete(gc_session))
         for h in gone:
@@ -311,7 +312,7 @@ def _retry_vanished(put: Callable[[], Digest], rewind: Callable[[], object]) -> 
 def _present(c: Connection, ids: set[str]) -> set[str]:
     """Which of ``ids`` the objects table holds."""
     out: set[str] = set()
-    for batch in batches(sorted(ids), 500):
+    for batch in batches(sorted(ids), BATCH):
         out.update(c.execute(select(objects.c.id).where(objects.c.id.in_(batch))).scalars())
     return out
 
@@ -320,7 +321,7 @@ def _rescued(c: Connection, doomed: set[str]) -> set[str]:
     """Doomed objects that an object outside ``doomed`` links to or holds as a part, and all
     that those reach: they gained a parent after gc computed what is unreachable."""
     rescued: set[str] = set()
-    for batch in batches(sorted(doomed), 500):
+    for batch in batches(sorted(doomed), BATCH):
         for child, parent in c.execute(select(links.c.child, links.c.parent)
                                        .where(links.c.child.in_(batch))):
             if parent not in doomed:
@@ -332,7 +333,7 @@ def _rescued(c: Connection, doomed: set[str]) -> set[str]:
     frontier = sorted(rescued)
     while frontier:
         below: set[str] = set()
-        for batch in batches(frontier, 500):
+        for batch in batches(frontier, BATCH):
             below.update(c.execute(select(links.c.child)
                                    .where(links.c.parent.in_(batch))).scalars())
             below.update(c.execute(select(parts.c.part_id)

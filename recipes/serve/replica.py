@@ -90,8 +90,6 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
 
     if threads < 1:
         raise ReplicaLoadError(str(checkpoint), f"threads must be at least 1, got {threads}")
-    if precision not in ("bf16", "fp32"):
-        raise ReplicaLoadError(str(checkpoint), f"precision must be bf16 or fp32, got {precision!r}")
     torch.set_num_threads(threads)
     record = _record_of_kind(store, checkpoint, "checkpoint/1")
     model_dir = workdir / "model"

@@ -117,9 +117,9 @@ def make_optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.A
     ]
     # On CUDA one fused kernel updates every tensor (the same AdamW, deterministic); the
     # per-tensor-list default costs several times its launches for 1.7B parameters.
-    fused = next(iter(trained)).device.type == "cuda" if trained else False
+    on_cuda = bool(trained) and trained[0].is_cuda
     return torch.optim.AdamW(
-        groups, lr=params.lr, betas=params.betas, eps=params.eps, fused=fused or None
+        groups, lr=params.lr, betas=params.betas, eps=params.eps, fused=True if on_cuda else None
     )
 
 

@@ -277,14 +277,16 @@ def test_cuda_fp32_batched_equals_one_at_a_time(model, tokenizer, prompts) -> No
     gpu_model = copy.deepcopy(model).to("cuda")
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
-    runs = [
-        generate_greedy(gpu_model, tokenizer, prompts, batch_size=batch_size, eos_ids={eot},
-                        device="cuda", precision="fp32")
-        for batch_size in (1, len(prompts))
-    ]
+    try:
+        runs = [
+            generate_greedy(gpu_model, tokenizer, prompts, batch_size=batch_size, eos_ids={eot},
+                            device="cuda", precision="fp32")
+            for batch_size in (1, len(prompts))
+        ]
+        assert torch.backends.cuda.matmul.allow_tf32 is True  # the caller's setting is restored
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
     assert [g.output_ids for g in runs[0]] == [g.output_ids for g in runs[1]]
-    assert torch.backends.cuda.matmul.allow_tf32 is True  # the caller's setting is restored
-    torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_precision_is_fp32_on_cpu_either_way_and_checked(model, tokenizer, prompts) -> None:
