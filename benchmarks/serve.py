@@ -110,6 +110,7 @@ def main() -> None:
                                                       model_digest=served.model_digest)
             note(f"replicas ready at {first} {second} {batched}")
             replicas, batching = asyncio.run(measure(args, served, first, second, batched))
+            sizes = _batch_sizes(batched)
     print(f"model: {served.described}; device {args.device}"
           + (f" ({gpus} GPUs)" if gpus else f"; torch threads per replica {args.threads}"))
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
@@ -120,6 +121,8 @@ def main() -> None:
     print()
     table(f"2. dynamic batching (one replica, concurrency {args.batch_concurrency})", batching,
           target=3.0)
+    print(f"batches of the max_batch {args.batch} replica, warm-up included (size: count): "
+          + ", ".join(f"{k}: {v}" for k, v in sizes.items()))
 
 
 def prepare(tmp: Path, args: argparse.Namespace) -> Served:
@@ -227,6 +230,14 @@ def note(message: str) -> None:
     """A progress line on stderr, so a slow or stopped run shows how far it got."""
     sys.stderr.write(f"[{time.monotonic() - _STARTED:7.1f} s] {message}\n")
     sys.stderr.flush()
+
+
+def _batch_sizes(endpoint: str) -> dict[str, int]:
+    """Batch size -> how many batches the replica at ``endpoint`` ran (its ``GET /stats``)."""
+    import httpx
+
+    with httpx.Client(trust_env=False, timeout=10.0) as client:
+        return dict(client.get(f"{endpoint}/stats").json()["batch_sizes"])
 
 
 def _gpu_count() -> int:

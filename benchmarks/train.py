@@ -12,6 +12,12 @@ full-length documents (random token ids, the second half labelled, weight 1). Th
   per document with ``no_sync`` accumulation as nscas does (``bare/doc``), and the local
   documents stacked into one forward (``bare/batch``).
 
+nscas's ``micro_batch`` (--micro-batch) sets how many of a rank's documents go through one
+pass: 1 (the published method) has bare/doc's shape, ``all`` bare/batch's. --world takes several
+values: every world runs on the same inputs, and a last table shows how much faster the largest
+is than the smallest, column by column. --bucket-mb takes several values of nscas's
+``bucket_mb`` (one nscas column each where world > 1).
+
 Both sides use --threads torch threads per rank. The first --warmup-steps updates of every run
 are dropped; --steps updates are timed. Peak memory is CUDA max allocated (CPU: peak RSS), the
 largest over the ranks. With ``--deterministic both`` every side runs with deterministic
@@ -20,8 +26,8 @@ algorithms on and off, and the table shows the cost of the setting.
 Examples:
     .venv/bin/python benchmarks/train.py --preset llama-tiny --device cpu --world 1 \\
         --steps 12 --warmup-steps 2 --length 256
-    python3 benchmarks/train.py --preset smollm2-1.7b --device cuda --world 2 \\
-        --steps 10 --warmup-steps 3 --length 1024 --deterministic both
+    python3 benchmarks/train.py --preset smollm2-1.7b --device cuda --world 1 2 \\
+        --steps 10 --warmup-steps 3 --length 1024 --micro-batch all --bare batched
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -86,12 +93,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="llama-tiny")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--world", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--world", type=int, choices=(1, 2), nargs="+", default=[1],
+                        help="ranks; several values run one after another on the same inputs "
+                             "and add a speed-up table")
     parser.add_argument("--steps", type=int, default=12, help="timed updates per run")
     parser.add_argument("--warmup-steps", type=int, default=2, help="untimed updates first")
     parser.add_argument("--length", type=int, default=256, help="tokens per document")
     parser.add_argument("--batch", type=int, default=8, help="global batch (documents)")
     parser.add_argument("--deterministic", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--bare-deterministic", choices=("same", "off"), default="same",
+                        help="'off': the bare loop runs with determinism off only")
+    parser.add_argument("--micro-batch", default="1",
+                        help="nscas's micro_batch: documents per pass on a rank, or 'all' (a "
+                             "rank's whole share, the shape of bare/batch); 1 is the published "
+                             "method")
+    parser.add_argument("--bucket-mb", type=int, nargs="+", default=[25],
+                        help="nscas's bucket_mb; several values give several nscas columns "
+                             "(world > 1)")
     parser.add_argument("--bare", choices=("both", "per-document", "batched"), default="both")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every side, alternated")
@@ -101,33 +119,49 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0 or args.length < 4 or args.repeats < 1:
         parser.error("need --steps >= 1, --warmup-steps >= 0, --length >= 4, --repeats >= 1")
-    if args.batch % args.world:
-        parser.error(f"--batch {args.batch} is not divisible by --world {args.world}")
-    if args.device == "cuda" and args.world > _cuda_count():
-        parser.error(f"--world {args.world} needs {args.world} visible GPUs")
+    for world in args.world:
+        if args.batch % world:
+            parser.error(f"--batch {args.batch} is not divisible by --world {world}")
+        if args.device == "cuda" and world > _cuda_count():
+            parser.error(f"--world {world} needs {world} visible GPUs")
+    if args.micro_batch != "all" and not (args.micro_batch.isdigit() and int(args.micro_batch)):
+        parser.error(f"--micro-batch must be a positive integer or 'all', not {args.micro_batch!r}")
 
     settings = ("on", "off") if args.deterministic == "both" else (args.deterministic,)
+    bare_settings = ("off",) if args.bare_deterministic == "off" else settings
     modes = ("per-document", "batched") if args.bare == "both" else (args.bare,)
     total = args.warmup_steps + args.steps
     load_before = os.getloadavg()[0]
+    tables: dict[int, list[Measured]] = {}
     with tempfile.TemporaryDirectory(prefix="nscas-train-bench-") as tmp:
         root = Path(tmp)
         tokenizer, base, parameters, vocab = build_inputs(root, args)
         documents = root / "documents.jsonl"
         write_documents(documents, synthetic_documents(args.batch * total, args.length, vocab))
-        runs: dict[str, list[Measured]] = {}
-        for repeat in range(args.repeats):
-            # Alternate the sides so both see the same background load on a shared machine.
-            for setting in settings:
-                m = run_nscas(root / f"nscas-{setting}-{repeat}", args, base=base,
-                              tokenizer=tokenizer, documents=documents, setting=setting)
-                runs.setdefault(m.label, []).append(m)
-                for mode in modes:
-                    m = run_bare(root / f"bare-{mode}-{setting}-{repeat}", args, base=base,
-                                 documents=documents, setting=setting, mode=mode)
-                    runs.setdefault(m.label, []).append(m)
-    columns = [pool(label, measured) for label, measured in runs.items()]
-    report(args, columns, parameters=parameters, vocab=vocab, settings=settings, modes=modes)
+        for world in args.world:
+            buckets = args.bucket_mb if world > 1 else args.bucket_mb[:1]
+            runs: dict[str, list[Measured]] = {}
+            for repeat in range(args.repeats):
+                # Alternate the sides so both see the same background load on a shared machine.
+                for setting in settings:
+                    for bucket in buckets:
+                        m = run_nscas(root / f"nscas-{world}-{setting}-{bucket}-{repeat}", args,
+                                      world=world, bucket_mb=bucket, base=base,
+                                      tokenizer=tokenizer, documents=documents, setting=setting,
+                                      label_bucket=len(buckets) > 1)
+                        runs.setdefault(m.label, []).append(m)
+                    if setting not in bare_settings:
+                        continue
+                    for mode in modes:
+                        m = run_bare(root / f"bare-{world}-{mode}-{setting}-{repeat}", args,
+                                     world=world, base=base, documents=documents,
+                                     setting=setting, mode=mode)
+                        runs.setdefault(m.label, []).append(m)
+            tables[world] = [pool(label, measured) for label, measured in runs.items()]
+            report(args, tables[world], world=world, parameters=parameters, vocab=vocab)
+            print()
+    if len(tables) > 1:
+        speed_up(tables)
     print(f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f} "
           f"on {os.cpu_count()} CPUs")
 
@@ -156,13 +190,15 @@ def synthetic_documents(count: int, length: int, vocab: int) -> list[TrainDocume
     return docs
 
 
-def run_nscas(out: Path, args: argparse.Namespace, *, base: Path, tokenizer: Path,
-              documents: Path, setting: str) -> Measured:
+def run_nscas(out: Path, args: argparse.Namespace, *, world: int, bucket_mb: int, base: Path,
+              tokenizer: Path, documents: Path, setting: str, label_bucket: bool) -> Measured:
     total = args.warmup_steps + args.steps
+    local = args.batch // world
     params = TrainParams(
         steps=total, batch=args.batch, checkpoint_steps=(total,), max_length=args.length,
-        world=args.world, device=args.device, deterministic=setting == "on",
-        schedule_seed=SCHEDULE_SEED,
+        world=world, device=args.device, deterministic=setting == "on",
+        schedule_seed=SCHEDULE_SEED, bucket_mb=bucket_mb,
+        micro_batch=local if args.micro_batch == "all" else min(int(args.micro_batch), local),
     )
     spec = WorkerSpec(base_dir=str(base), documents=(str(documents),), output_dir=str(out),
                       tokenizer_dir=str(tokenizer), params=params)
@@ -177,7 +213,8 @@ def run_nscas(out: Path, args: argparse.Namespace, *, base: Path, tokenizer: Pat
     periods = [arrivals[s] - arrivals[s - 1] for s in range(args.warmup_steps + 1, total + 1)
                if s - 1 in arrivals and s in arrivals]
     measured = Measured(
-        label=f"nscas {setting}", seconds=tuple(seconds), periods=tuple(periods),
+        label=f"nscas {setting}" + (f" b{bucket_mb}" if label_bucket else ""),
+        seconds=tuple(seconds), periods=tuple(periods),
         peak_memory_bytes=max(r.peak_memory_bytes for r in outcome.results),
         tokens_per_update=steps[-1]["tokens"], first_loss=steps[args.warmup_steps]["loss"],
     )
@@ -185,12 +222,12 @@ def run_nscas(out: Path, args: argparse.Namespace, *, base: Path, tokenizer: Pat
     return measured
 
 
-def run_bare(out: Path, args: argparse.Namespace, *, base: Path, documents: Path,
+def run_bare(out: Path, args: argparse.Namespace, *, world: int, base: Path, documents: Path,
              setting: str, mode: str) -> Measured:
     total = args.warmup_steps + args.steps
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(args.world), "--nnodes", "1",
+        "--nproc-per-node", str(world), "--nnodes", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "0",
         str(BARE_LOOP), "--model-dir", str(base), "--documents", str(documents),
         "--steps", str(total), "--batch", str(args.batch), "--device", args.device,
@@ -203,7 +240,7 @@ def run_bare(out: Path, args: argparse.Namespace, *, base: Path, documents: Path
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"bare loop failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    ranks = [json.loads((out / f"bare-rank{r}.json").read_text()) for r in range(args.world)]
+    ranks = [json.loads((out / f"bare-rank{r}.json").read_text()) for r in range(world)]
     first = ranks[0]
     if first["threads"] != args.threads:
         raise SystemExit(f"bare loop ran {first['threads']} threads, not {args.threads}")
@@ -231,10 +268,11 @@ def pool(label: str, measured: list[Measured]) -> Measured:
     )
 
 
-def report(args: argparse.Namespace, columns: list[Measured], *, parameters: int, vocab: int,
-           settings: tuple[str, ...], modes: tuple[str, ...]) -> None:
+def report(args: argparse.Namespace, columns: list[Measured], *, world: int, parameters: int,
+           vocab: int) -> None:
     print(f"model: {args.preset}, {parameters:,} parameters (vocabulary {vocab:,}); "
-          f"device {args.device}; world {args.world}; torch threads {args.threads} per rank")
+          f"device {args.device}; world {world}; torch threads {args.threads} per rank; "
+          f"nscas micro_batch {args.micro_batch}")
     precision = "FP32 parameters, BF16 autocast" if args.device == "cuda" else "FP32 throughout"
     print(f"global batch {args.batch} x {args.length} tokens; {precision}; "
           f"{args.warmup_steps} warm-up + {args.steps} timed updates per run; "
@@ -254,21 +292,43 @@ def report(args: argparse.Namespace, columns: list[Measured], *, parameters: int
     for name, cell in rows:
         print(f"{name:<26}" + "".join(f"{cell(c):>{width}}" for c in columns))
     print()
+    nscas = [c for c in columns if c.label.startswith("nscas")]
+    bare = [c for c in columns if c.label.startswith("bare")]
+    for ours in nscas:
+        for theirs in bare:
+            if _setting(ours) == _setting(theirs):
+                print(f"{ours.label} / {theirs.label}: median update "
+                      f"{ours.median / theirs.median:.3f}x, fastest update "
+                      f"{ours.fastest / theirs.fastest:.3f}x, median period "
+                      f"{ours.period / theirs.period:.3f}x (target: update <= 1.05x)")
     by_label = {c.label: c for c in columns}
-    for setting in settings:
-        nscas = by_label[f"nscas {setting}"]
-        for mode in modes:
-            bare = by_label[f"bare/{'doc' if mode == 'per-document' else 'batch'} {setting}"]
-            print(f"nscas / {bare.label}: median update {nscas.median / bare.median:.3f}x, "
-                  f"fastest update {nscas.fastest / bare.fastest:.3f}x, "
-                  f"median period {nscas.period / bare.period:.3f}x (target: update <= 1.05x)")
-    if len(settings) == 2:
-        for side in ("nscas", *(f"bare/{'doc' if m == 'per-document' else 'batch'}" for m in modes)):
-            on, off = by_label[f"{side} on"], by_label[f"{side} off"]
+    for off in columns:
+        on = by_label.get(off.label.replace(" off", " on", 1))
+        if _setting(off) == "off" and on is not None:
+            side = off.label.replace(" off", "", 1)
             print(f"deterministic cost, {side}: on / off = {on.median / off.median:.3f}x median "
                   f"update, {on.fastest / off.fastest:.3f}x fastest update")
     print("period: wall time between the ends of consecutive updates, bookkeeping included "
           "(nscas: journal fsync, progress line; both: loss all-reduce and read-back)")
+
+
+def speed_up(tables: dict[int, list[Measured]]) -> None:
+    """Every column present at the fewest and the most ranks: how much faster the most run."""
+    low, high = min(tables), max(tables)
+    at_low = {c.label: c for c in tables[low]}
+    print(f"speed-up, {high} ranks vs {low} (median update; fastest update), target >= 1.8x:")
+    for column in tables[high]:
+        # A bucket size names an nscas column only where there are several ranks.
+        other = at_low.get(re.sub(r" b\d+$", "", column.label))
+        if other is not None:
+            print(f"  {column.label:<18} {other.median / column.median:.3f}x "
+                  f"({other.fastest / column.fastest:.3f}x)")
+    print()
+
+
+def _setting(column: Measured) -> str:
+    """``on`` or ``off``: the deterministic setting a column's label names."""
+    return column.label.split()[1]
 
 
 def thread_env(threads: int) -> dict[str, str]:

@@ -140,6 +140,20 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``token_loss_sum`` of each row of a batch: ``[b, seq, vocab]`` and ``[b, seq]`` give
+    ``[b]`` FP32 sums (padding labelled ``IGNORE_INDEX`` adds exactly zero)."""
+    shifted_logits = logits[:, :-1, :].float()
+    shifted_labels = labels[:, 1:].to(shifted_logits.device)
+    per_token = F.cross_entropy(
+        shifted_logits.reshape(-1, shifted_logits.shape[-1]),
+        shifted_labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    return per_token.view(shifted_labels.shape).sum(dim=1)
+
+
 def retention_loss(model: torch.nn.Module, encoded: Encoded) -> float:
     """Mean loss per labelled token of one document (FP32), without gradients.
 

@@ -60,6 +60,14 @@ class TrainParams:
     """Deterministic algorithms on and TF32 off."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory (same mathematics)."""
+    bucket_mb: int = 25
+    """Size of DDP's gradient buckets in MiB (DDP's own default): gradients are all-reduced a
+    bucket at a time while the backward pass goes on. Two ranks sum the same two values
+    whatever the size; more ranks may round differently, so it is part of the run's identity."""
+    micro_batch: int = 1
+    """Documents per forward/backward pass on each rank. 1 is EXPERIMENT 3's method (one
+    backward per document). More stacks up to that many of a rank's documents into one
+    right-padded forward: the same objective, several times faster on a GPU, other rounding."""
     nnodes: int = 1
     """Number of hosts; each runs world / nnodes ranks."""
     node_rank: int = 0
@@ -114,6 +122,13 @@ class TrainParams:
             raise InvalidInput(
                 f"train param batch ({self.batch}) is not divisible by world ({self.world}): "
                 "every rank must take the same number of documents"
+            )
+        _check_int(self, "micro_batch", low=1)
+        _check_int(self, "bucket_mb", low=1, high=4096)
+        if self.micro_batch > self.batch // self.world:
+            raise InvalidInput(
+                f"train param micro_batch ({self.micro_batch}) is more than a rank's documents "
+                f"per update (batch / world = {self.batch // self.world})"
             )
         if self.world % self.nnodes:
             raise InvalidInput(

@@ -5,6 +5,10 @@ summed token cross-entropy of document i and ``S = Σ w_i·targets_i``. Rank r o
 ``batch[r::W]`` and backpropagates ``loss_i·W·w_i/S`` per local document; DDP's gradient
 average (a sum divided by W) then gives exactly the single-process gradient. Gradients
 accumulate locally under ``no_sync`` and are all-reduced once, with the last local document.
+
+``micro_batch`` > 1 groups a rank's documents (in schedule order) into right-padded passes of
+up to that many and backpropagates ``Σ_group loss_i·W·w_i/S`` per pass: the same objective
+and the same all-reduce, with fewer and larger kernels.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from nscas.errors import RecipeError
-from nscas.recipes.common.tokenise import token_loss_sum
+from nscas.recipes.common.tokenise import IGNORE_INDEX, token_loss_sum, token_loss_sums
 from nscas.recipes.train.checkpoints import CheckpointPaths
 from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.documents import TrainDocument
@@ -138,14 +142,43 @@ def document_loss_sum(
     """Summed FP32 token cross-entropy of one document (BF16 autocast on CUDA only)."""
     input_ids = torch.tensor([doc.input_ids], dtype=torch.long, device=device)
     labels = torch.tensor([doc.labels], dtype=torch.long, device=device)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else contextlib.nullcontext()
-    )
-    with autocast:
+    with _autocast(device):
         logits = net(input_ids=input_ids, use_cache=False).logits
     return token_loss_sum(logits, labels)
+
+
+def documents_loss_sums(
+    net: torch.nn.Module, group: Sequence[TrainDocument], *, device: torch.device
+) -> torch.Tensor:
+    """``document_loss_sum`` of each document of ``group`` from one forward pass, ``[len(group)]``.
+
+    Shorter documents are padded on the right: padding is masked out of attention and
+    labelled ``IGNORE_INDEX``, so a document's tokens see only its own earlier tokens at their
+    own positions. Without padding no mask is passed (the plain causal kernels run).
+    """
+    longest = max(len(doc.input_ids) for doc in group)
+    input_ids = torch.zeros((len(group), longest), dtype=torch.long)
+    labels = torch.full((len(group), longest), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(group), longest), dtype=torch.long)
+    for row, doc in enumerate(group):
+        n = len(doc.input_ids)
+        input_ids[row, :n] = torch.tensor(doc.input_ids)
+        labels[row, :n] = torch.tensor(doc.labels)
+        mask[row, :n] = 1
+    padded = bool((mask == 0).any())
+    with _autocast(device):
+        logits = net(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device) if padded else None,
+            use_cache=False,
+        ).logits
+    return token_loss_sums(logits, labels.to(device))
+
+
+def _autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def run_loop(
@@ -175,23 +208,7 @@ def run_loop(
     # A document's target count scans its labels; count once, not twice per update.
     targets = [doc.targets for doc in docs]
     communicated = gradient_bytes(model) if place.world > 1 else 0
-    net: torch.nn.Module = model
-    if place.world > 1:
-        # Parameters were just proven equal by digest, so DDP's initial broadcast (the whole
-        # model, over TCP between hosts) is skipped; buffers here are derived, never trained,
-        # so they are not broadcast before every forward either. ``broadcast_buffers`` says so
-        # on every torch the project allows (its successor exists from 2.13 on only).
-        # No comm hook: DDP's own C++ all-reduce (average) runs without a Python call per
-        # bucket, and gradients live in the buckets (no copy back after each reduce).
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            net = DistributedDataParallel(
-                model,
-                device_ids=[place.device.index] if place.device.type == "cuda" else None,
-                init_sync=False,
-                broadcast_buffers=False,
-                gradient_as_bucket_view=True,
-            )
+    net = wrap_ddp(model, params, place=place) if place.world > 1 else model
     model.train()
 
     records = []
@@ -213,6 +230,28 @@ def run_loop(
             # The others wait on the patient group while rank 0 writes.
             dist.barrier(group=place.control)
     return records
+
+
+def wrap_ddp(
+    model: torch.nn.Module, params: TrainParams, *, place: Placement
+) -> DistributedDataParallel:
+    """The model under DDP as this loop uses it, on the default process group."""
+    # Parameters were just proven equal by digest, so DDP's initial broadcast (the whole
+    # model, over TCP between hosts) is skipped; buffers here are derived, never trained,
+    # so they are not broadcast before every forward either. ``broadcast_buffers`` says so
+    # on every torch the project allows (its successor exists from 2.13 on only).
+    # No comm hook: DDP's own C++ all-reduce (average) runs without a Python call per
+    # bucket, and gradients live in the buckets (no copy back after each reduce).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return DistributedDataParallel(
+            model,
+            device_ids=[place.device.index] if place.device.type == "cuda" else None,
+            init_sync=False,
+            broadcast_buffers=False,
+            gradient_as_bucket_view=True,
+            bucket_cap_mb=params.bucket_mb,
+        )
 
 
 def _agree(
@@ -246,14 +285,22 @@ def _update(
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     weighted_loss = torch.zeros((), dtype=torch.float64, device=device)
-    for position, i in enumerate(local):
-        doc = docs[i]
-        last = position == len(local) - 1
+    size = params.micro_batch
+    passes = [local[k : k + size] for k in range(0, len(local), size)]
+    for position, group in enumerate(passes):
+        last = position == len(passes) - 1
         sync = contextlib.nullcontext() if last or net is model else net.no_sync()
         with sync:
-            loss_sum = document_loss_sum(net, doc, device=device)
-            (loss_sum * (world * doc.weight / weighted_targets)).backward()
-        weighted_loss += doc.weight * loss_sum.detach().double()
+            if len(group) == 1:  # EXPERIMENT 3's one backward per document, bit for bit
+                doc = docs[group[0]]
+                sums = document_loss_sum(net, doc, device=device).reshape(1)
+                (sums[0] * (world * doc.weight / weighted_targets)).backward()
+            else:
+                sums = documents_loss_sums(net, [docs[i] for i in group], device=device)
+                scale = [world * docs[i].weight / weighted_targets for i in group]
+                (sums * torch.tensor(scale, device=device)).sum().backward()
+        for i, loss_sum in zip(group, sums.detach().double(), strict=True):
+            weighted_loss += docs[i].weight * loss_sum
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), params.clip)
     optimizer.step()
     _synchronise(device)

@@ -56,6 +56,7 @@ def test_published_defaults() -> None:
     assert (p.grounded_weight, p.replay_weight, p.max_length, p.world) == (8, 1, 1024, 1)
     assert (p.device, p.deterministic, p.gradient_checkpointing, p.nnodes, p.node_rank) == (
         "cpu", True, False, 1, 0)
+    assert (p.micro_batch, p.bucket_mb) == (1, 25)  # one backward per document, DDP's buckets
 
 
 @pytest.mark.parametrize(
@@ -70,6 +71,12 @@ def test_published_defaults() -> None:
         ({"lr": float("nan")}, "lr must be a positive number"),
         ({"nnodes": 2, "world": 2, "rdzv_endpoint": "10.0.0.1:0"}, "needs a fixed port"),
         ({"world": 3, "batch": 6, "nnodes": 2, "rdzv_endpoint": "h:29400"}, "not divisible by nnodes"),
+        ({"micro_batch": 0}, "micro_batch must be an integer >= 1"),
+        ({"bucket_mb": 0}, "bucket_mb must be an integer between 1 and 4096"),
+        ({"micro_batch": True}, "micro_batch must be an integer >= 1"),
+        ({"micro_batch": 2.0}, "micro_batch must be an integer >= 1"),
+        ({"micro_batch": 5, "world": 2}, "micro_batch (5) is more than a rank's documents per "
+                                         "update (batch / world = 4)"),
     ],
 )
 def test_bad_params_are_refused_with_the_reason(values: dict[str, object], message: str) -> None:

@@ -1,0 +1,80 @@
+"""Stacked passes (``micro_batch`` > 1): one padded forward gives every document's own loss
+and the same gradient as one pass per document, within FP32 rounding; and the DDP wrapper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from nscas.recipes.train.config import TrainParams
+from nscas.recipes.train.loop import Placement, document_loss_sum, documents_loss_sums, wrap_ddp
+from tests.recipes.test_train_fixtures import make_documents
+
+DEVICE = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(3)
+    return LlamaForCausalLM(config).to(torch.float32)
+
+
+def _gradients(model: LlamaForCausalLM, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_padded_rows_give_each_documents_own_loss(model: LlamaForCausalLM) -> None:
+    docs = make_documents(5, seed=11, lengths=(6, 40))
+    assert len({len(d.input_ids) for d in docs}) > 1  # padding is exercised
+    with torch.no_grad():
+        stacked = documents_loss_sums(model, docs, device=DEVICE)
+        alone = torch.stack([document_loss_sum(model, d, device=DEVICE) for d in docs])
+    assert stacked.dtype == torch.float32 and stacked.shape == (5,)
+    torch.testing.assert_close(stacked, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_equal_lengths_need_no_mask_and_agree(model: LlamaForCausalLM) -> None:
+    docs = make_documents(3, seed=12, lengths=(20, 21))
+    with torch.no_grad():
+        stacked = documents_loss_sums(model, docs, device=DEVICE)
+        alone = torch.stack([document_loss_sum(model, d, device=DEVICE) for d in docs])
+    torch.testing.assert_close(stacked, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_one_padded_pass_gives_the_per_document_gradient(model: LlamaForCausalLM) -> None:
+    docs = make_documents(4, seed=13, lengths=(8, 30))
+    weights = [d.weight for d in docs]
+    total = sum(w * d.targets for w, d in zip(weights, docs, strict=True))
+    scale = torch.tensor([w / total for w in weights])
+    grouped = _gradients(model, (documents_loss_sums(model, docs, device=DEVICE) * scale).sum())
+    separate = _gradients(model, sum(
+        document_loss_sum(model, d, device=DEVICE) * (w / total)
+        for d, w in zip(docs, weights, strict=True)
+    ))
+    assert grouped.keys() == separate.keys()
+    for name in grouped:
+        torch.testing.assert_close(grouped[name], separate[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_ddp_takes_the_bucket_size_and_keeps_gradients_in_its_buckets(
+    model: LlamaForCausalLM, tmp_path: Path
+) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        place = Placement(rank=0, world=1, device=DEVICE, control=None)
+        net = wrap_ddp(model, TrainParams(bucket_mb=3), place=place)
+        assert net.bucket_bytes_cap == 3 * 1024 * 1024
+        assert net.gradient_as_bucket_view and not net.broadcast_buffers
+    finally:
+        dist.destroy_process_group()
