@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -26,6 +27,7 @@ from nscas.recipes.init.presets import PRESETS, build_model, parameter_count
 from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.documents import IGNORE, TrainDocument
 from nscas.recipes.train.loop import configure_determinism, documents_loss_sums, make_optimizer
+from nscas.recipes.train.worker import CUBLAS_WORKSPACE
 
 
 def main() -> None:
@@ -44,6 +46,9 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
 
+    if args.deterministic == "on":
+        # As nscas's workers do: cuBLAS reads it when its first handle is made.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     configure_determinism(deterministic=args.deterministic == "on")
     device = torch.device(args.device)
     vocab = args.vocab or PRESETS[args.preset].vocab_size or 2048
