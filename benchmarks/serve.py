@@ -14,6 +14,12 @@ template), a dev set of grounded tasks, and three real replica processes on 127.
 2. batching: one replica at concurrency 8 with max_batch 1 against one with max_batch 8
    (target: at least 3x requests/s, and the same tokens for every task).
 
+For every run it also prints each replica's occupancy, from the client's log: the share of
+the run's wall time in which the replica had an attempt open, and busy seconds per attempt.
+Where two replicas fall short of twice one, this tells a replica left idle by the routing
+rule (busy share well below 100 %) from one that serves more slowly beside the other (more
+seconds per attempt than alone).
+
 Each comparison runs --runs times, alternating the two sides; the tables show medians. On
 CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES (replica k on GPU k mod the
 GPU count; the batched replica shares GPU 0 with replica 0, which is idle while it runs).
@@ -63,6 +69,9 @@ class Side:
     numbers: tuple[dict[str, Any], ...]
     outputs: dict[str, tuple[int, ...]]
     """Task id -> output ids of the last run."""
+    occupancy: tuple[dict[str, tuple[int, float, float]], ...]
+    """Per run: endpoint -> (attempts, busy share of the run's wall time, busy seconds per
+    attempt); see ``occupancy``."""
 
     def median(self, key: str) -> float:
         return statistics.median(n[key] for n in self.numbers)
@@ -181,6 +190,7 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
                       tag: str) -> tuple[Side, Side]:
         numbers: list[list[dict[str, Any]]] = [[], []]
         outputs: list[dict[str, tuple[int, ...]]] = [{}, {}]
+        busy: list[list[dict[str, tuple[int, float, float]]]] = [[], []]
         for run in range(args.runs):
             note(f"{tag}: run {run + 1} of {args.runs}")
             # Alternate which side goes first, so both meet the same drift in background load.
@@ -190,7 +200,9 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
                                        served.task_ids)
                 numbers[side].append(phase_numbers([a.to_json() for a in attempts]))
                 outputs[side] = {a.task_id: a.output_ids for a in attempts if a.ok}
-        return tuple(Side(label=labels[i], numbers=tuple(numbers[i]), outputs=outputs[i])
+                busy[side].append(occupancy(attempts))
+        return tuple(Side(label=labels[i], numbers=tuple(numbers[i]), outputs=outputs[i],
+                          occupancy=tuple(busy[i]))
                      for i in (0, 1))  # type: ignore[return-value]
 
     replicas = await compare(("one replica", "two replicas"),
@@ -200,6 +212,29 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
                              (([first], args.batch_concurrency),
                               ([batched], args.batch_concurrency)), "batching")
     return replicas, batching
+
+
+def occupancy(attempts: Sequence[Attempt]) -> dict[str, tuple[int, float, float]]:
+    """Endpoint -> (attempts, busy share, busy seconds per attempt) over one run.
+
+    A replica is busy while at least one attempt sent to it is open. With max_batch 1 it
+    serves one at a time, so busy seconds per attempt is its service time, and the idle share
+    is time the routing left it without work.
+    """
+    wall = max(a.end for a in attempts) - min(a.start for a in attempts)
+    out = {}
+    for endpoint in sorted({a.endpoint for a in attempts}):
+        spans = sorted((a.start, a.end) for a in attempts if a.endpoint == endpoint)
+        busy, open_start, open_end = 0.0, spans[0][0], spans[0][1]
+        for start, end in spans[1:]:
+            if start > open_end:
+                busy += open_end - open_start
+                open_start, open_end = start, end
+            else:
+                open_end = max(open_end, end)
+        busy += open_end - open_start
+        out[endpoint] = (len(spans), busy / wall if wall > 0 else 0.0, busy / len(spans))
+    return out
 
 
 def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
@@ -215,6 +250,12 @@ def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
     for side in sides:
         runs = ", ".join(f"{n['requests_per_second']:.2f}" for n in side.numbers)
         print(f"requests/s of each run, {side.label}: {runs}")
+    for side in sides:
+        for run, per_endpoint in enumerate(side.occupancy, 1):
+            cells = "; ".join(f"port {endpoint.rsplit(':', 1)[-1]} {count} attempts, busy "
+                              f"{share:.0%}, {seconds:.3f} s per attempt"
+                              for endpoint, (count, share, seconds) in per_endpoint.items())
+            print(f"run {run}, {side.label}: {cells}")
     ratio = right.median("requests_per_second") / left.median("requests_per_second")
     verdict = "met" if ratio >= target else "NOT met"
     print(f"ratio ({right.label} / {left.label}): {ratio:.2f}x (target >= {target:g}x: {verdict})")
