@@ -67,7 +67,8 @@ class TrainParams:
     micro_batch: int = 1
     """Documents per forward/backward pass on each rank. 1 is EXPERIMENT 3's method (one
     backward per document). More stacks up to that many of a rank's documents into one
-    right-padded forward: the same objective, several times faster on a GPU, other rounding."""
+    right-padded forward: the same objective, several times faster on a GPU, other rounding,
+    and activation memory for that many documents at once."""
     nnodes: int = 1
     """Number of hosts; each runs world / nnodes ranks."""
     node_rank: int = 0
