@@ -133,6 +133,27 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(nscas: Nscas, home: 
         assert snapshot(store) == before
 
 
+@pytest.mark.parametrize(("params", "message"), [
+    ("world = 2\nmicro_batch = 5", "params: train param micro_batch (5) is more than a rank's "
+                                   "documents per update (batch / world = 4)"),
+    ('micro_batch = "all"', "params.micro_batch must be an integer, got 'all'"),
+    ("bucket_mb = 0", "params: train param bucket_mb must be an integer between 1 and 4096, "
+                      "not 0"),
+])
+def test_bad_train_params_exit_2_before_anything_runs(nscas: Nscas, home: Path, params: str,
+                                                      message: str) -> None:
+    with open_home(home) as store:
+        blob = store.put_bytes(b"not looked at: params are checked first\n")
+        before = snapshot(store)
+    inputs = "".join(f'{name} = "{blob}"\n' for name in ("base", "documents", "replay"))
+    path = write(home, "train.toml", f'recipe = "train"\n[inputs]\n{inputs}[params]\n{params}\n')
+    result = nscas("--store", home, "run", path)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"nscas: error: {path}: {message}\n"
+    with open_home(home) as store:
+        assert snapshot(store) == before
+
+
 def test_run_help_has_an_example(nscas: Nscas) -> None:
     result = nscas("run", "--help")
     assert result.exit_code == 0
