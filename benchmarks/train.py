@@ -124,6 +124,8 @@ def main() -> None:
             parser.error(f"--batch {args.batch} is not divisible by --world {world}")
         if args.device == "cuda" and world > _cuda_count():
             parser.error(f"--world {world} needs {world} visible GPUs")
+    if args.bare_deterministic == "off" and args.deterministic == "on":
+        parser.error("--bare-deterministic off needs --deterministic off or both")
     if args.micro_batch != "all" and not (args.micro_batch.isdigit() and int(args.micro_batch)):
         parser.error(f"--micro-batch must be a positive integer or 'all', not {args.micro_batch!r}")
 
