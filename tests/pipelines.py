@@ -1,5 +1,6 @@
 """Pipeline files for tests: the tiny prepare → tokenizer → init → commit chain and the
-evaluate and serve steps that follow it, rendered as TOML text for ``run_file``.
+evaluate and serve steps that follow it, rendered as TOML text for ``run_file``, and
+``run_pipeline`` to run one in a fresh store.
 
 Each test file picks its own sizes and steps; these builders only keep the wiring (which step
 output feeds which input) in one place.
@@ -9,7 +10,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from nscas.runner import StepResult, run_file
+from nscas.store import Store, init_store
+
+
+def run_pipeline(root: Path, text: str, *, name: str = "pipeline.toml"
+                 ) -> tuple[Store, dict[str, StepResult]]:
+    """Write ``text`` to ``root/name``, make a fresh store at ``root`` and run every step.
+
+    Returns the open store (the caller closes it) and step name -> result.
+    """
+    (root / name).write_text(text)
+    store = init_store(root)
+    return store, {r.step: r for r in run_file(store, root / name)}
 
 
 def _value(value: Any) -> str:

@@ -13,7 +13,8 @@ import torch
 from nscas.digests import Digest
 from nscas.recipes.commit.recipe import PURPOSE
 from nscas.runner import StepFailed, StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.store import Store
+from tests.pipelines import run_pipeline
 from tests.recipes.test_evaluate_recipe import PIPELINE
 
 torch.set_num_threads(1)
@@ -26,9 +27,7 @@ Pipeline = tuple[Path, Store, dict[str, StepResult]]
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     """A store that ran the evaluate tests' pipeline once (with its first commitment)."""
     root = tmp_path_factory.mktemp("commit")
-    (root / "pipeline.toml").write_text(PIPELINE)
-    store = init_store(root)
-    steps = {r.step: r for r in run_file(store, root / "pipeline.toml")}
+    store, steps = run_pipeline(root, PIPELINE)
     yield root, store, steps
     store.close()
 

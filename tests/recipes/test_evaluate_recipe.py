@@ -17,8 +17,8 @@ from nscas.digests import Digest
 from nscas.recipes.common.checker import check
 from nscas.recipes.common.stats import paired
 from nscas.runner import StepFailed, StepResult, run_file
-from nscas.store import Store, init_store
-from tests.pipelines import evaluate_step, tiny_pipeline
+from nscas.store import Store
+from tests.pipelines import evaluate_step, run_pipeline, tiny_pipeline
 
 torch.set_num_threads(1)
 
@@ -94,9 +94,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     root = tmp_path_factory.mktemp("evaluate")
-    (root / "pipeline.toml").write_text(PIPELINE)
-    store = init_store(root)
-    steps = {r.step: r for r in run_file(store, root / "pipeline.toml")}
+    store, steps = run_pipeline(root, PIPELINE)
     yield Run(root=root, store=store, steps=steps)
     store.close()
 

@@ -4,6 +4,7 @@ and the same gradient as one pass per document, within FP32 rounding; and the DD
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,22 +35,41 @@ def _gradients(model: LlamaForCausalLM, loss: torch.Tensor) -> dict[str, torch.T
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+class _Spy(torch.nn.Module):
+    """The model, noting the attention mask of every call."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        super().__init__()
+        self.model = model
+        self.masks: list[torch.Tensor | None] = []
+
+    def forward(self, **kwargs: Any) -> Any:
+        self.masks.append(kwargs.get("attention_mask"))
+        return self.model(**kwargs)
+
+
 def test_padded_rows_give_each_documents_own_loss(model: LlamaForCausalLM) -> None:
     docs = make_documents(5, seed=11, lengths=(6, 40))
     assert len({len(d.input_ids) for d in docs}) > 1  # padding is exercised
+    spy = _Spy(model)
     with torch.no_grad():
-        stacked = documents_loss_sums(model, docs, device=DEVICE)
+        stacked = documents_loss_sums(spy, docs, device=DEVICE)
         alone = torch.stack([document_loss_sum(model, d, device=DEVICE) for d in docs])
     assert stacked.dtype == torch.float32 and stacked.shape == (5,)
     torch.testing.assert_close(stacked, alone, rtol=1e-5, atol=1e-5)
+    (mask,) = spy.masks
+    assert mask is not None
+    assert mask.sum(dim=1).tolist() == [len(d.input_ids) for d in docs]
 
 
 def test_equal_lengths_need_no_mask_and_agree(model: LlamaForCausalLM) -> None:
     docs = make_documents(3, seed=12, lengths=(20, 21))
+    spy = _Spy(model)
     with torch.no_grad():
-        stacked = documents_loss_sums(model, docs, device=DEVICE)
+        stacked = documents_loss_sums(spy, docs, device=DEVICE)
         alone = torch.stack([document_loss_sum(model, d, device=DEVICE) for d in docs])
     torch.testing.assert_close(stacked, alone, rtol=1e-5, atol=1e-5)
+    assert spy.masks == [None]
 
 
 def test_one_padded_pass_gives_the_per_document_gradient(model: LlamaForCausalLM) -> None:

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from nscas.digests import Digest
-from nscas.runner import StepResult, run_file
-from nscas.store import Store, init_store
-from tests.pipelines import evaluate_step, tiny_pipeline
+from nscas.runner import StepResult
+from nscas.store import Store
+from tests.pipelines import evaluate_step, run_pipeline, tiny_pipeline
 
 PIPELINE = (tiny_pipeline(test=16, dev=8, train=32, replay=8)
             + evaluate_step("eval-seed", max_new_tokens=16)
@@ -75,8 +75,6 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("verify-pipeline")
-    (root / "eval.toml").write_text(PIPELINE)
-    store = init_store(root)
-    steps = {r.step: r for r in run_file(store, root / "eval.toml")}
+    store, steps = run_pipeline(root, PIPELINE, name="eval.toml")
     yield Pipeline(root=root, store=store, steps=steps)
     store.close()

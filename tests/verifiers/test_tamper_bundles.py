@@ -25,10 +25,10 @@ import rfc8785
 from nscas.digests import Digest
 from nscas.exporting import _write_tar, export_bundle, sha256sums
 from nscas.runner import StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.store import Store
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
-from tests.pipelines import evaluate_step, serve_step, tiny_pipeline
+from tests.pipelines import evaluate_step, run_pipeline, serve_step, tiny_pipeline
 
 PIPELINE = (tiny_pipeline(train=16, retention=2)
             + evaluate_step("evaluate", retention=False, max_new_tokens=8, threads=1)
@@ -63,9 +63,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("tamper-bundles")
-    (root / "run.toml").write_text(PIPELINE)
-    store = init_store(root)
-    steps = {r.step: r for r in run_file(store, root / "run.toml")}
+    store, steps = run_pipeline(root, PIPELINE, name="run.toml")
     (root / "other.toml").write_text(
         f'recipe = "init"\n[inputs]\ntokenizer = "{steps["tokenizer"].outputs["tokenizer"]}"\n'
         "[params]\nseed = 1\n")

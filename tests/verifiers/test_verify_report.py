@@ -21,10 +21,11 @@ import pytest
 
 from nscas.digests import Digest
 from nscas.exporting import export_bundle
-from nscas.runner import StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.runner import StepResult
+from nscas.store import Store
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
+from tests.pipelines import run_pipeline
 
 EVALUATE = 'recipe = "evaluate"\nparams = { max_new_tokens = 8, threads = 1 }\n'
 TRAIN = ('recipe = "train"\ninputs = { base = "step.init.checkpoint", documents = '
@@ -128,9 +129,7 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("report-experiment")
-    (root / "experiment.toml").write_text(PIPELINE)
-    store = init_store(root)
-    steps = {r.step: r for r in run_file(store, root / "experiment.toml")}
+    store, steps = run_pipeline(root, PIPELINE, name="experiment.toml")
     yield Experiment(root=root, store=store, steps=steps)
     store.close()
 
