@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from train import synthetic_documents  # benchmarks/train.py: the same documents
 
 from nscas.recipes.init.presets import PRESETS, build_model, parameter_count
 from nscas.recipes.train.config import TrainParams
-from nscas.recipes.train.documents import IGNORE, TrainDocument
 from nscas.recipes.train.loop import configure_determinism, documents_loss_sums, make_optimizer
 from nscas.recipes.train.worker import CUBLAS_WORKSPACE
 
@@ -61,8 +60,7 @@ def main() -> None:
     model.train()
     params = TrainParams()
     optimizer = make_optimizer(model, params)
-    rng = random.Random(0)
-    docs = [_document(rng, args.length, vocab) for _ in range(max(args.docs))]
+    docs = synthetic_documents(max(args.docs), args.length, vocab)
 
     passes = {}
     for size in args.docs:
@@ -92,12 +90,6 @@ def main() -> None:
         print(f"pass({big}) / pass({small}): {passes[big] / passes[small]:.3f}x; "
               f"best speed-up of {big // small if small and big % small == 0 else '?'} ranks "
               f"with a free all-reduce: {best:.3f}x")
-
-
-def _document(rng: random.Random, length: int, vocab: int) -> TrainDocument:
-    ids = tuple(rng.randrange(3, vocab) for _ in range(length))
-    labels = tuple(IGNORE if p < length // 2 else t for p, t in enumerate(ids))
-    return TrainDocument(id="synthetic", input_ids=ids, labels=labels, weight=1)
 
 
 def _timed(work: Callable[[], object], device: torch.device, repeats: int) -> float:
