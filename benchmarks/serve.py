@@ -15,10 +15,11 @@ template), a dev set of grounded tasks, and three real replica processes on 127.
    (target: at least 3x requests/s, and the same tokens for every task).
 
 For every run it also prints each replica's occupancy, from the client's log: the share of
-the run's wall time in which the replica had an attempt open, and busy seconds per attempt.
-Where two replicas fall short of twice one, this tells a replica left idle by the routing
-rule (busy share well below 100 %) from one that serves more slowly beside the other (more
-seconds per attempt than alone).
+the run's wall time in which the replica had an attempt open, and busy seconds per attempt;
+and, from the replica's ``/stats``, the seconds it spent generating per attempt. Where two
+replicas fall short of twice one, this tells a replica left idle by the routing rule (busy
+share well below 100 %) from one that serves more slowly beside the other (more seconds per
+attempt than alone), and slower generation from time lost outside it.
 
 Each comparison runs --runs times, alternating the two sides; the tables show medians. On
 CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES (replica k on GPU k mod the
@@ -69,9 +70,9 @@ class Side:
     numbers: tuple[dict[str, Any], ...]
     outputs: dict[str, tuple[int, ...]]
     """Task id -> output ids of the last run."""
-    occupancy: tuple[dict[str, tuple[int, float, float]], ...]
+    occupancy: tuple[dict[str, tuple[int, float, float, float]], ...]
     """Per run: endpoint -> (attempts, busy share of the run's wall time, busy seconds per
-    attempt); see ``occupancy``."""
+    attempt, generation seconds per attempt); see ``occupancy``."""
 
     def median(self, key: str) -> float:
         return statistics.median(n[key] for n in self.numbers)
@@ -190,17 +191,19 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
                       tag: str) -> tuple[Side, Side]:
         numbers: list[list[dict[str, Any]]] = [[], []]
         outputs: list[dict[str, tuple[int, ...]]] = [{}, {}]
-        busy: list[list[dict[str, tuple[int, float, float]]]] = [[], []]
+        busy: list[list[dict[str, tuple[int, float, float, float]]]] = [[], []]
         for run in range(args.runs):
             note(f"{tag}: run {run + 1} of {args.runs}")
             # Alternate which side goes first, so both meet the same drift in background load.
             for side in (0, 1) if run % 2 == 0 else (1, 0):
                 endpoints, concurrency = setups[side]
+                before = await _generate_seconds(endpoints)
                 attempts = await phase("pair", endpoints, concurrency, f"{tag}{run}s{side}",
                                        served.task_ids)
+                after = await _generate_seconds(endpoints)
                 numbers[side].append(phase_numbers([a.to_json() for a in attempts]))
                 outputs[side] = {a.task_id: a.output_ids for a in attempts if a.ok}
-                busy[side].append(occupancy(attempts))
+                busy[side].append(occupancy(attempts, {e: after[e] - before[e] for e in after}))
         return tuple(Side(label=labels[i], numbers=tuple(numbers[i]), outputs=outputs[i],
                           occupancy=tuple(busy[i]))
                      for i in (0, 1))  # type: ignore[return-value]
@@ -214,12 +217,16 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
     return replicas, batching
 
 
-def occupancy(attempts: Sequence[Attempt]) -> dict[str, tuple[int, float, float]]:
-    """Endpoint -> (attempts, busy share, busy seconds per attempt) over one run.
+def occupancy(attempts: Sequence[Attempt], generate_seconds: dict[str, float]
+              ) -> dict[str, tuple[int, float, float, float]]:
+    """Endpoint -> (attempts, busy share, busy seconds per attempt, generation seconds per
+    attempt) over one run.
 
     A replica is busy while at least one attempt sent to it is open. With max_batch 1 it
-    serves one at a time, so busy seconds per attempt is its service time, and the idle share
-    is time the routing left it without work.
+    serves one at a time, so busy seconds per attempt is its service time as the client sees
+    it, and the idle share is time the routing left it without work. ``generate_seconds``
+    (endpoint -> seconds the replica itself spent generating during the run, from its
+    ``/stats``) tells slower generation from time lost on the wire or in the server's loop.
     """
     wall = max(a.end for a in attempts) - min(a.start for a in attempts)
     out = {}
@@ -233,7 +240,8 @@ def occupancy(attempts: Sequence[Attempt]) -> dict[str, tuple[int, float, float]
             else:
                 open_end = max(open_end, end)
         busy += open_end - open_start
-        out[endpoint] = (len(spans), busy / wall if wall > 0 else 0.0, busy / len(spans))
+        out[endpoint] = (len(spans), busy / wall if wall > 0 else 0.0, busy / len(spans),
+                         generate_seconds[endpoint] / len(spans))
     return out
 
 
@@ -253,8 +261,10 @@ def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
     for side in sides:
         for run, per_endpoint in enumerate(side.occupancy, 1):
             cells = "; ".join(f"port {endpoint.rsplit(':', 1)[-1]} {count} attempts, busy "
-                              f"{share:.0%}, {seconds:.3f} s per attempt"
-                              for endpoint, (count, share, seconds) in per_endpoint.items())
+                              f"{share:.0%}, {seconds:.3f} s per attempt ({generating:.3f} s "
+                              "generating)"
+                              for endpoint, (count, share, seconds, generating)
+                              in per_endpoint.items())
             print(f"run {run}, {side.label}: {cells}")
     ratio = right.median("requests_per_second") / left.median("requests_per_second")
     verdict = "met" if ratio >= target else "NOT met"
@@ -279,6 +289,15 @@ def _batch_sizes(endpoint: str) -> dict[str, int]:
 
     with httpx.Client(trust_env=False, timeout=10.0) as client:
         return dict(client.get(f"{endpoint}/stats").json()["batch_sizes"])
+
+
+async def _generate_seconds(endpoints: Sequence[str]) -> dict[str, float]:
+    """Endpoint -> the seconds that replica has spent generating so far (its ``GET /stats``)."""
+    import httpx
+
+    async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+        return {e: float((await client.get(f"{e}/stats")).json()["generate_seconds"])
+                for e in endpoints}
 
 
 def _gpu_count() -> int:

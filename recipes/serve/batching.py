@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,16 +42,21 @@ class BatchStats:
     largest: int = 0
     sizes: dict[int, int] = field(default_factory=dict)
     """Batch size -> how many batches had it."""
+    seconds: float = 0.0
+    """Wall seconds spent inside generation calls (the worker thread's own clock), so that
+    service time can be told apart from time a request spent queued or on the wire."""
 
-    def record(self, size: int) -> None:
+    def record(self, size: int, seconds: float) -> None:
         self.batches += 1
         self.rows += size
         self.largest = max(self.largest, size)
         self.sizes[size] = self.sizes.get(size, 0) + 1
+        self.seconds += seconds
 
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "rows": self.rows, "largest_batch": self.largest,
-                "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())}}
+                "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())},
+                "generate_seconds": self.seconds}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,18 +122,25 @@ class Batcher:
             groups.setdefault(pending.max_new_tokens, []).append(pending)
         loop = asyncio.get_running_loop()
         for limit, rows in groups.items():
-            self.stats.record(len(rows))
             try:
-                results = await loop.run_in_executor(
-                    self._executor, self._generate, [r.prompt for r in rows], limit)
+                results, seconds = await loop.run_in_executor(
+                    self._executor, self._timed, [r.prompt for r in rows], limit)
             except Exception as exc:  # every row learns of it; the batcher serves on
+                self.stats.record(len(rows), 0.0)
                 for row in rows:
                     if not row.future.done():
                         row.future.set_exception(exc)
                 continue
+            self.stats.record(len(rows), seconds)
             for row, result in zip(rows, results, strict=True):
                 if not row.future.done():
                     row.future.set_result(result)
+
+
+    def _timed(self, prompts: list[tuple[int, ...]], limit: int) -> tuple[list[Any], float]:
+        started = time.perf_counter()
+        results = self._generate(prompts, limit)
+        return results, time.perf_counter() - started
 
 
 class RetryCache:
