@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for ready")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
                         help="CUDA replicas: BF16 autocast, or FP32 without TF32")
+    parser.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
+                        help="CUDA replicas: replay each decoding step as a CUDA graph")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="nscas-bench-serve-") as tmp:
@@ -109,7 +111,8 @@ def main() -> None:
                 options = ReplicaOptions(threads=args.threads, max_batch=max_batch,
                                          max_wait_ms=args.max_wait_ms,
                                          max_new_tokens=args.max_new_tokens, device=args.device,
-                                         precision=args.precision)
+                                         precision=args.precision,
+                                         cuda_graphs=args.cuda_graphs == "on")
                 env = {"CUDA_VISIBLE_DEVICES": str(gpu % gpus)} if gpus else None
                 return group.start(replica_command(served.checkpoint, store_path=served.store_path,
                                                    tasks=served.tasks, options=options), env=env)
@@ -120,9 +123,10 @@ def main() -> None:
                                                       model_digest=served.model_digest)
             note(f"replicas ready at {first} {second} {batched}")
             replicas, batching = asyncio.run(measure(args, served, first, second, batched))
-            sizes = _batch_sizes(batched)
+            sizes, decoding = _batch_sizes(batched)
     print(f"model: {served.described}; device {args.device}"
-          + (f" ({gpus} GPUs)" if gpus else f"; torch threads per replica {args.threads}"))
+          + (f" ({gpus} GPUs, {args.precision})" if gpus
+             else f"; torch threads per replica {args.threads}") + f"; decoding: {decoding}")
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
     print()
@@ -283,12 +287,14 @@ def note(message: str) -> None:
     sys.stderr.flush()
 
 
-def _batch_sizes(endpoint: str) -> dict[str, int]:
-    """Batch size -> how many batches the replica at ``endpoint`` ran (its ``GET /stats``)."""
+def _batch_sizes(endpoint: str) -> tuple[dict[str, int], str]:
+    """Batch size -> how many batches the replica at ``endpoint`` ran, and how it decodes
+    (its ``GET /stats``)."""
     import httpx
 
     with httpx.Client(trust_env=False, timeout=10.0) as client:
-        return dict(client.get(f"{endpoint}/stats").json()["batch_sizes"])
+        stats = client.get(f"{endpoint}/stats").json()
+    return dict(stats["batch_sizes"]), stats["decoding"]
 
 
 async def _generate_seconds(endpoints: Sequence[str]) -> dict[str, float]:

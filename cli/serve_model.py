@@ -50,6 +50,9 @@ def serve_model(
     precision: Annotated[str, typer.Option(
         help="On CUDA: bf16 (autocast) or fp32 (no autocast or TF32: batching moves no "
              "token). CPU is FP32 either way.")] = "bf16",
+    cuda_graphs: Annotated[bool, typer.Option(
+        help="On CUDA: capture each decoding step once per batch shape and replay it as a "
+             "CUDA graph (one launch per token instead of one per kernel).")] = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Load checkpoint ID, re-check its parameter digest, then serve it until SIGTERM.
@@ -79,7 +82,8 @@ def serve_model(
         checkpoint = store.resolve(id_)
         task_set = store.resolve(tasks) if tasks is not None else None
         replica = load_replica(store, checkpoint, task_set, device=device,
-                               workdir=Path(workdir), threads=threads, precision=precision)
+                               workdir=Path(workdir), threads=threads, precision=precision,
+                               cuda_graphs=cuda_graphs)
 
         def ready(url: str) -> None:
             if as_json:

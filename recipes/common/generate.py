@@ -21,7 +21,7 @@ import inspect
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from nscas.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from .static_decode import StaticDecoder
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +64,7 @@ def generate_greedy(
     eos_ids: set[int],
     device: torch.device | str,
     precision: Literal["bf16", "fp32"] = "bf16",
+    static: StaticDecoder | None = None,
 ) -> list[Generation]:
     """Greedy continuations of ``prompts`` (token ids), in the order given.
 
@@ -69,12 +73,16 @@ def generate_greedy(
     ``tokenizer`` only decodes. Prompts are sorted by length into batches of ``batch_size``
     to limit padding. Each row stops at its first token in ``eos_ids`` or after
     ``max_new_tokens`` tokens. ``precision`` "bf16": BF16 autocast on CUDA; "fp32": FP32 matrix
-    products without TF32. On CPU both are FP32. Nothing is truncated.
+    products without TF32. On CPU both are FP32. Nothing is truncated. ``static``, a
+    ``StaticDecoder`` of this very model, decodes each batch with fixed-shape steps instead
+    (replayed as CUDA graphs on CUDA; the same tokens up to float noise).
     """
     where = torch.device(device)
     _check(model, prompts, max_new_tokens, batch_size, eos_ids, where)
     if precision not in ("bf16", "fp32"):
         raise InvalidInput(f"precision must be 'bf16' or 'fp32', not {precision!r}")
+    if static is not None and static.model is not model:
+        raise InvalidInput("the static decoder was made for another model")
     eos = frozenset(eos_ids)
     # Any valid id will do for padding: padded positions are masked out of every attention.
     pad_id = min(eos)
@@ -84,7 +92,10 @@ def generate_greedy(
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             batch = [tuple(int(t) for t in prompts[i]) for i in rows]
-            outputs = _decode_batch(model, batch, max_new_tokens, eos, pad_id, where)
+            if static is None:
+                outputs = _decode_batch(model, batch, max_new_tokens, eos, pad_id, where)
+            else:
+                outputs = static.decode_batch(batch, max_new_tokens, eos, pad_id, where)
             for i, prompt, (ids, seconds) in zip(rows, batch, outputs, strict=True):
                 results[i] = _generation(tokenizer, prompt, ids, seconds, eos, max_new_tokens)
     return [results[i] for i in range(len(prompts))]
@@ -129,7 +140,7 @@ def _decode_batch(
             use_cache=True,
             **{cache_keyword: cache},
         ).last_hidden_state[:, -1]
-        chosen = _logits(head, hidden).argmax(dim=-1)
+        chosen = fp32_logits(head, hidden).argmax(dim=-1)
         now = time.perf_counter()
         keep = []
         for index, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):
@@ -209,7 +220,7 @@ def _cache(config: Any, *, room: int) -> DynamicCache:
     return cache
 
 
-def _logits(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+def fp32_logits(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
     """FP32 logits even under BF16 autocast: BF16 logits tie far more often."""
     with torch.autocast(hidden.device.type, enabled=False):
         bias = None if head.bias is None else head.bias.float()

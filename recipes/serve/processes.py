@@ -56,6 +56,8 @@ class ReplicaOptions:
     """``cpu``, or ``cuda`` with replica k on GPU k (``CUDA_VISIBLE_DEVICES``)."""
     precision: str = "bf16"
     """On CUDA: ``bf16`` autocast or ``fp32`` (batch-shape-independent tokens, slower)."""
+    cuda_graphs: bool = True
+    """On CUDA: replay each decoding step as a CUDA graph (``serve-model --cuda-graphs``)."""
 
 
 def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
@@ -66,7 +68,8 @@ def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
             "--threads", str(options.threads), "--max-batch", str(options.max_batch),
             "--max-wait-ms", str(options.max_wait_ms),
             "--max-new-tokens", str(options.max_new_tokens), "--device", options.device,
-            "--precision", options.precision]
+            "--precision", options.precision,
+            "--cuda-graphs" if options.cuda_graphs else "--no-cuda-graphs"]
     return argv + (["--tasks", tasks] if tasks is not None else [])
 
 

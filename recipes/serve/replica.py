@@ -50,6 +50,13 @@ class Replica:
     cannot flip a near-tied token; on CPU both are FP32."""
     max_positions: int | None
     """The model's position limit (``max_position_embeddings``), if it has one."""
+    static: Any = None
+    """A ``StaticDecoder`` replaying each decoding step as a CUDA graph, or None (eager)."""
+
+    @property
+    def decoding(self) -> str:
+        """``cuda-graphs`` or ``eager``: how this replica runs its decoding steps."""
+        return "eager" if self.static is None else "cuda-graphs"
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Any]:
         """Greedy generations of ``prompts`` as one batch (blocking; call it off the loop)."""
@@ -58,7 +65,7 @@ class Replica:
         return generate_greedy(
             self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
             batch_size=max(1, len(prompts)), eos_ids=set(self.eos_ids), device=self.device,
-            precision=self.precision)  # type: ignore[arg-type]
+            precision=self.precision, static=self.static)  # type: ignore[arg-type]
 
     def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a chat rendered with the template and its generation prompt.
@@ -80,9 +87,15 @@ class Replica:
 
 
 def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device: str,
-                 workdir: Path, threads: int, precision: str = "bf16") -> Replica:
+                 workdir: Path, threads: int, precision: str = "bf16",
+                 cuda_graphs: bool = True) -> Replica:
     """Materialise ``checkpoint`` into ``workdir``, check its parameter digest, load it, and
-    encode the prompts of ``tasks`` (a ``tasks/1`` of grounded tasks) if given."""
+    encode the prompts of ``tasks`` (a ``tasks/1`` of grounded tasks) if given.
+
+    On CUDA with ``cuda_graphs``, decoding steps are captured once per batch shape and replayed
+    (``StaticDecoder``); a model that cannot decode that way is refused rather than served
+    otherwise than asked.
+    """
     import torch
 
     from nscas.recipes.init.presets import load_hf_dir
@@ -105,11 +118,21 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     model.eval()
     if tokenizer.eos_token_id is None:
         raise ReplicaLoadError(str(checkpoint), "its tokenizer has no eos (end-of-turn) token")
+    static = None
+    if device == "cuda" and cuda_graphs:
+        from nscas.recipes.common.static_decode import StaticDecoder, unsupported
+
+        reason = unsupported(model)
+        if reason is not None:
+            raise ReplicaLoadError(str(checkpoint), f"CUDA graphs need another model: {reason}"
+                                   " (serve it with --no-cuda-graphs)")
+        static = StaticDecoder(model, graphs=True)
     prompts = _task_prompts(store, tasks, tokenizer) if tasks is not None else {}
     return Replica(model=model, tokenizer=tokenizer, model_digest=record["params"],
                    prompts=prompts, eos_ids=frozenset({tokenizer.eos_token_id}),
                    device=device, precision=precision,
-                   max_positions=getattr(model.config, "max_position_embeddings", None))
+                   max_positions=getattr(model.config, "max_position_embeddings", None),
+                   static=static)
 
 
 def _task_prompts(store: Any, tasks: Digest, tokenizer: Any) -> dict[str, tuple[int, ...]]:

@@ -144,6 +144,7 @@ async def _stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return web.json_response({"model_digest": state.replica.model_digest,
                               "cache_entries": len(state.cache), "cache_hits": state.cache.hits,
+                              "decoding": state.replica.decoding,
                               **state.batcher.stats.to_json()})
 
 

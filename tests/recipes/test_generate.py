@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from nscas.errors import InvalidInput
 from nscas.recipes.common.generate import Generation, generate_greedy
+from nscas.recipes.common.static_decode import StaticDecoder, unsupported
 
 LINES = (
     "apples are red and pears are green",
@@ -117,7 +118,15 @@ def reference(model, prompt: list[int], max_new_tokens: int, eos: int) -> tuple[
     return out, smallest_gap
 
 
-def test_batched_equals_one_at_a_time_and_uncached(model, tokenizer, prompts) -> None:
+def fixed(model, fixed_shape: bool) -> StaticDecoder | None:
+    """A ``StaticDecoder`` running its steps eagerly (CPU), or None for the dynamic cache."""
+    return StaticDecoder(model, graphs=False) if fixed_shape else None
+
+
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["dynamic", "fixed-shape"])
+def test_batched_equals_one_at_a_time_and_uncached(model, tokenizer, prompts,
+                                                   fixed_shape) -> None:
+    static = fixed(model, fixed_shape)
     eot = tokenizer.eos_token_id
     expected = []
     for prompt in prompts:
@@ -137,6 +146,7 @@ def test_batched_equals_one_at_a_time_and_uncached(model, tokenizer, prompts) ->
             batch_size=batch_size,
             eos_ids={eot},
             device="cpu",
+            static=static,
         )
         assert [g.output_ids for g in generations] == expected, f"batch_size {batch_size}"
         assert [list(g.prompt_ids) for g in generations] == prompts
@@ -165,12 +175,13 @@ def test_whole_line_prompt_answers_end_of_turn_at_once(model, tokenizer, lines) 
     assert generation.ended_with_eos and not generation.hit_token_limit
 
 
-def test_token_limit(model, tokenizer, lines, prompts) -> None:
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["dynamic", "fixed-shape"])
+def test_token_limit(model, tokenizer, lines, prompts, fixed_shape) -> None:
+    static = fixed(model, fixed_shape)
     eot = tokenizer.eos_token_id
-    full = generate_greedy(model, tokenizer, prompts, eos_ids={eot}, device="cpu")
-    short = generate_greedy(
-        model, tokenizer, prompts, max_new_tokens=4, batch_size=4, eos_ids={eot}, device="cpu"
-    )
+    full = generate_greedy(model, tokenizer, prompts, eos_ids={eot}, device="cpu", static=static)
+    short = generate_greedy(model, tokenizer, prompts, max_new_tokens=4, batch_size=4,
+                            eos_ids={eot}, device="cpu", static=static)
     for whole, cut in zip(full, short, strict=True):
         assert cut.output_ids == whole.output_ids[:4]
         if len(whole.output_ids) > 4:
@@ -185,6 +196,7 @@ def test_token_limit(model, tokenizer, lines, prompts) -> None:
         max_new_tokens=len(answer),
         eos_ids={eot},
         device="cpu",
+        static=static,
     )
     assert exact.output_ids == answer
     assert exact.ended_with_eos and not exact.hit_token_limit
@@ -300,7 +312,10 @@ def test_precision_is_fp32_on_cpu_either_way_and_checked(model, tokenizer, promp
                         precision="fp16")
 
 
-def test_position_ids_count_from_each_rows_first_real_token(model, tokenizer, lines) -> None:
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["dynamic", "fixed-shape"])
+def test_position_ids_count_from_each_rows_first_real_token(model, tokenizer, lines,
+                                                            fixed_shape) -> None:
+    static = fixed(model, fixed_shape)
     # Rotary embeddings only see position differences, so a uniform shift of a row's positions
     # cannot change its tokens: the ids are checked where the decoder receives them.
     seen: list[list[list[int]]] = []
@@ -317,8 +332,76 @@ def test_position_ids_count_from_each_rows_first_real_token(model, tokenizer, li
             max_new_tokens=3,
             eos_ids={1},
             device="cpu",
+            static=static,
         )
     finally:
         hook.remove()
+    if static is not None:
+        # Making the decoder's state ran one step first, as a capture's warm-up would.
+        assert seen.pop(0) == [[0], [0]]
     # Sorted by length: the two-token prompt is row 0, padded on the left with three positions.
     assert seen == [[[0, 0, 0, 0, 1], [0, 1, 2, 3, 4]], [[2], [5]], [[3], [6]]]
+
+
+def test_fixed_shape_attention_sees_only_each_rows_real_slots(model, tokenizer, lines) -> None:
+    # The cache reserves room beyond what is written; the masks must open exactly the real
+    # prompt slots and then one slot per step (padded slots and unwritten room stay shut).
+    masks: list[list[list[list[bool]]]] = []
+
+    def record(module, args, kwargs) -> None:
+        masks.append(kwargs["attention_mask"][:, 0, -1].tolist())
+
+    static = StaticDecoder(model, graphs=False)
+    eot = tokenizer.eos_token_id
+    static.decode_batch([(5,), (5, 6, 7)], 2, frozenset({eot}), 0, torch.device("cpu"))
+    hook = model.get_decoder().register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        static.decode_batch([(5, 6, 7), (5,)], 3, frozenset({eot}), 0, torch.device("cpu"))
+    finally:
+        hook.remove()
+    room = 64  # 3 + 3 rounded up to ROOM_STEP
+    open_slots = [[[i for i, seen in enumerate(row) if seen] for row in step] for step in masks]
+    assert all(len(row) == room for step in masks for row in step)
+    # Prefill (last query position), then two steps; the one-token prompt is padded by two.
+    assert open_slots == [[[0, 1, 2], [2]], [[0, 1, 2, 3], [2, 3]], [[0, 1, 2, 3, 4], [2, 3, 4]]]
+
+
+def test_fixed_shape_states_are_kept_per_shape_and_bounded(model, tokenizer, prompts) -> None:
+    eot = tokenizer.eos_token_id
+    static = StaticDecoder(model, graphs=False, max_shapes=2)
+    expected = generate_greedy(model, tokenizer, prompts[:3], eos_ids={eot}, device="cpu")
+    for count in (1, 2, 3, 3, 1):
+        got = generate_greedy(model, tokenizer, prompts[:count], max_new_tokens=96,
+                              batch_size=count, eos_ids={eot}, device="cpu", static=static)
+        assert [g.output_ids for g in got] == [g.output_ids for g in expected[:count]]
+    # Batch sizes 1, 2, 3 each made a state; only the two most recently used are kept.
+    assert [shape[0] for shape in static.shapes] == [3, 1]
+    assert static.captures == 0  # never on CPU
+
+
+def test_fixed_shape_decoder_refuses_what_it_cannot_run(model, tokenizer) -> None:
+    other = copy.deepcopy(model)
+    with pytest.raises(InvalidInput, match="the static decoder was made for another model"):
+        generate_greedy(model, tokenizer, [[5]], eos_ids={1}, device="cpu",
+                        static=StaticDecoder(other, graphs=False))
+    other.config._attn_implementation = "eager"
+    assert unsupported(other) == "its attention implementation is 'eager', not 'sdpa'"
+    with pytest.raises(ValueError, match="static decoding cannot run this model: its attention"):
+        StaticDecoder(other, graphs=False)
+    assert unsupported(model) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_equal_the_dynamic_cache(model, tokenizer, prompts) -> None:
+    eot = tokenizer.eos_token_id
+    gpu_model = copy.deepcopy(model).to("cuda")
+    static = StaticDecoder(gpu_model, graphs=True)
+    dynamic = generate_greedy(gpu_model, tokenizer, prompts, batch_size=3, eos_ids={eot},
+                              device="cuda", precision="fp32")
+    for _ in range(2):  # the second round replays the graphs the first one captured
+        for batch_size in (1, 3, len(prompts)):
+            got = generate_greedy(gpu_model, tokenizer, prompts, batch_size=batch_size,
+                                  eos_ids={eot}, device="cuda", precision="fp32", static=static)
+            assert [g.output_ids for g in got] == [g.output_ids for g in dynamic]
+        captured = static.captures
+        assert captured == len(static.shapes) >= 3

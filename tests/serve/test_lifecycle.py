@@ -115,5 +115,5 @@ def test_the_command_mounts_in_a_group_as_main_registers_it() -> None:
     assert result.exit_code == 0, result.output
     for option in ("--host", "--port", "--store", "--tasks", "--max-batch", "--max-wait-ms",
                    "--threads", "--max-new-tokens", "--cache-size", "--device", "--precision",
-                   "--json"):
+                   "--cuda-graphs", "--no-cuda-graphs", "--json"):
         assert option in result.output
