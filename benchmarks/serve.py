@@ -101,18 +101,23 @@ def main() -> None:
                         help="CUDA replicas: BF16 autocast, or FP32 without TF32")
     parser.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
                         help="CUDA replicas: replay each decoding step as a CUDA graph")
+    parser.add_argument("--pin", type=int, default=0, metavar="N",
+                        help="keep each replica on N CPUs of its own (serve-model --cpus); "
+                             "0: let the OS place them")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="nscas-bench-serve-") as tmp:
         served = prepare(Path(tmp), args)
         gpus = _gpu_count() if args.device == "cuda" else 0
+        cpus = _cpu_sets(args.pin, 3)
         with ReplicaGroup(Path(tmp)) as group:
             def start(max_batch: int, gpu: int) -> Any:
                 options = ReplicaOptions(threads=args.threads, max_batch=max_batch,
                                          max_wait_ms=args.max_wait_ms,
                                          max_new_tokens=args.max_new_tokens, device=args.device,
                                          precision=args.precision,
-                                         cuda_graphs=args.cuda_graphs == "on")
+                                         cuda_graphs=args.cuda_graphs == "on",
+                                         cpus=cpus[len(group.replicas)])
                 env = {"CUDA_VISIBLE_DEVICES": str(gpu % gpus)} if gpus else None
                 return group.start(replica_command(served.checkpoint, store_path=served.store_path,
                                                    tasks=served.tasks, options=options), env=env)
@@ -127,6 +132,7 @@ def main() -> None:
     print(f"model: {served.described}; device {args.device}"
           + (f" ({gpus} GPUs, {args.precision})" if gpus
              else f"; torch threads per replica {args.threads}") + f"; decoding: {decoding}")
+    print("replica CPUs: " + ("any" if not args.pin else " / ".join(str(c) for c in cpus)))
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
     print()
@@ -304,6 +310,22 @@ async def _generate_seconds(endpoints: Sequence[str]) -> dict[str, float]:
     async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
         return {e: float((await client.get(f"{e}/stats")).json()["generate_seconds"])
                 for e in endpoints}
+
+
+def _cpu_sets(per_replica: int, replicas: int) -> list[str | None]:
+    """Disjoint CPU lists (``serve-model --cpus``), one per replica, or None each when not
+    pinning. The first usable CPU is left to the load client when there are enough."""
+    if per_replica <= 0:
+        return [None] * replicas
+    usable = sorted(os.sched_getaffinity(0))
+    needed = per_replica * replicas
+    if len(usable) < needed:
+        raise SystemExit(f"--pin {per_replica}: {replicas} replicas need {needed} CPUs, "
+                         f"this process may use {len(usable)}")
+    start = 1 if len(usable) > needed else 0
+    return [",".join(str(c) for c in usable[start + k * per_replica:
+                                             start + (k + 1) * per_replica])
+            for k in range(replicas)]
 
 
 def _gpu_count() -> int:

@@ -53,6 +53,10 @@ def serve_model(
     cuda_graphs: Annotated[bool, typer.Option(
         help="On CUDA: capture each decoding step once per batch shape and replay it as a "
              "CUDA graph (one launch per token instead of one per kernel).")] = True,
+    cpus: Annotated[str | None, typer.Option(
+        show_default=False,
+        help="Keep this replica on these CPUs (e.g. 2,3 or 4-7), so that replicas on one "
+             "host do not share cores.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Load checkpoint ID, re-check its parameter digest, then serve it until SIGTERM.
@@ -65,13 +69,17 @@ def serve_model(
 
     Example: nscas serve-model experiments/coop/clean-pair --tasks experiments/coop/dev
     """
-    from nscas.reading import open_store
-    from nscas.recipes.serve.replica import load_replica
-    from nscas.recipes.serve.server import ServerConfig, serve
+    from nscas.recipes.serve.replica import pin_to_cpus
 
     _check(max_batch=max_batch, max_wait_ms=max_wait_ms, threads=threads,
            max_new_tokens=max_new_tokens, cache_size=cache_size, device=device, port=port,
            precision=precision)
+    if cpus is not None:  # first, so that every thread started from here on inherits it
+        pin_to_cpus(cpus)
+
+    from nscas.reading import open_store
+    from nscas.recipes.serve.replica import load_replica
+    from nscas.recipes.serve.server import ServerConfig, serve
     config = ServerConfig(host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
                           max_new_tokens=max_new_tokens, cache_size=cache_size)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,

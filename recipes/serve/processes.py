@@ -58,6 +58,8 @@ class ReplicaOptions:
     """On CUDA: ``bf16`` autocast or ``fp32`` (batch-shape-independent tokens, slower)."""
     cuda_graphs: bool = True
     """On CUDA: replay each decoding step as a CUDA graph (``serve-model --cuda-graphs``)."""
+    cpus: str | None = None
+    """CPUs to keep the replica on (``serve-model --cpus``), or None for anywhere."""
 
 
 def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
@@ -70,6 +72,7 @@ def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
             "--max-new-tokens", str(options.max_new_tokens), "--device", options.device,
             "--precision", options.precision,
             "--cuda-graphs" if options.cuda_graphs else "--no-cuda-graphs"]
+    argv += ["--cpus", options.cpus] if options.cpus is not None else []
     return argv + (["--tasks", tasks] if tasks is not None else [])
 
 

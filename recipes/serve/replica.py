@@ -8,13 +8,14 @@ independent verifier code, not by the store that wrote it) and must equal the ch
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nscas.digests import Digest
-from nscas.errors import IntegrityError, RecipeError
+from nscas.errors import IntegrityError, InvalidInput, RecipeError
 
 MAX_TOKENS_LIMIT = 4096
 """The most tokens one chat completion may ask for (positions are checked separately)."""
@@ -84,6 +85,32 @@ class Replica:
             return (f"the prompt has {prompt_length} tokens; with {max_new_tokens} new tokens it "
                     f"needs {needed} positions but the model has {self.max_positions}")
         return None
+
+
+def pin_to_cpus(spec: str) -> frozenset[int]:
+    """Confine this process to the CPUs of ``spec`` (``2,3`` or ``4-7,12``); the set pinned.
+
+    Call it before any other thread starts: threads inherit the caller's affinity, so the
+    generation thread, the event loop and torch's own threads all stay on these CPUs. A CPU
+    this process may not use, or a malformed list, is refused before anything changes.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        raise InvalidInput("--cpus needs an operating system with CPU affinity (Linux)")
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not (low.isdigit() and (not dash or high.isdigit())):
+            raise InvalidInput(f"--cpus must list CPUs like 2,3 or 4-7, got {spec!r}")
+        if dash and int(high) < int(low):
+            raise InvalidInput(f"--cpus range {part.strip()!r} runs backwards")
+        cpus.update(range(int(low), int(high if dash else low) + 1))
+    allowed = os.sched_getaffinity(0)
+    outside = sorted(cpus - allowed)
+    if outside:
+        raise InvalidInput(f"--cpus names CPUs this process may not use: "
+                           f"{', '.join(map(str, outside))} (allowed: {len(allowed)} CPUs)")
+    os.sched_setaffinity(0, cpus)
+    return frozenset(cpus)
 
 
 def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device: str,

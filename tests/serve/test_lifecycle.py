@@ -3,6 +3,8 @@ it accepted, answers 503 to anything new, and exits 0."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,8 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
+from nscas.errors import InvalidInput
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
+from nscas.recipes.serve.replica import pin_to_cpus
 from nscas.store import open_store
 
 from .conftest import Served, start_replicas
@@ -96,6 +101,51 @@ def test_cli_help_and_bad_options() -> None:
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr == "nscas: error: --precision must be bf16 or fp32, got 'fp16'\n"
+    bad = subprocess.run([*SERVE, "blake3:" + "0" * 64, "--cpus", "99999"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("nscas: error: --cpus names CPUs this process may not use: "
+                                 "99999")
+
+
+def test_a_pinned_replica_runs_on_its_cpus_only(served: Served, tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    with ReplicaGroup(tmp_path) as group:
+        [endpoint] = start_replicas(group, served, 1, cpus=str(cpu))
+        answer = httpx.post(f"{endpoint}/infer", trust_env=False, timeout=60,
+                            json={"request_id": "pinned", "task_id": served.task_ids[0]})
+        assert answer.status_code == 200
+        pid = group.replicas[0].pid
+        # Every thread of the replica (event loop, generation, torch's), not just its first.
+        threads = os.listdir(f"/proc/{pid}/task")
+        assert len(threads) > 1
+        assert all(os.sched_getaffinity(int(t)) == {cpu} for t in threads)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("x", "--cpus must list CPUs like 2,3 or 4-7, got 'x'"),
+    ("1,", "--cpus must list CPUs like 2,3 or 4-7, got '1,'"),
+    ("3-1", "--cpus range '3-1' runs backwards"),
+    ("-1", "--cpus must list CPUs like 2,3 or 4-7, got '-1'"),
+    ("0,99999", "--cpus names CPUs this process may not use: 99999 (allowed: "),
+])
+def test_bad_cpu_lists_are_refused_and_change_nothing(spec: str, message: str) -> None:
+    before = os.sched_getaffinity(0)
+    with pytest.raises(InvalidInput, match=re.escape(message)):
+        pin_to_cpus(spec)
+    assert os.sched_getaffinity(0) == before
+
+
+def test_a_cpu_list_pins_the_calling_process() -> None:
+    before = os.sched_getaffinity(0)
+    try:
+        chosen = sorted(before)[:2]
+        spec = f"{chosen[0]}-{chosen[-1]}" if chosen[-1] - chosen[0] == len(chosen) - 1 else (
+            ",".join(map(str, chosen)))
+        assert pin_to_cpus(spec) == frozenset(chosen)
+        assert os.sched_getaffinity(0) == set(chosen)
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def test_the_command_mounts_in_a_group_as_main_registers_it() -> None:
@@ -115,5 +165,5 @@ def test_the_command_mounts_in_a_group_as_main_registers_it() -> None:
     assert result.exit_code == 0, result.output
     for option in ("--host", "--port", "--store", "--tasks", "--max-batch", "--max-wait-ms",
                    "--threads", "--max-new-tokens", "--cache-size", "--device", "--precision",
-                   "--cuda-graphs", "--no-cuda-graphs", "--json"):
+                   "--cuda-graphs", "--no-cuda-graphs", "--cpus", "--json"):
         assert option in result.output
