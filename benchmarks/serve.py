@@ -23,7 +23,8 @@ attempt than alone), and slower generation from time lost outside it.
 
 Each comparison runs --runs times, alternating the two sides; the tables show medians. On
 CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES (replica k on GPU k mod the
-GPU count; the batched replica shares GPU 0 with replica 0, which is idle while it runs).
+GPU count, counted from --first-gpu; the batched replica shares the first replica's GPU,
+which is idle while it runs).
 
 Examples:
     .venv/bin/python benchmarks/serve.py --device cpu
@@ -101,6 +102,9 @@ def main() -> None:
                         help="CUDA replicas: BF16 autocast, or FP32 without TF32")
     parser.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
                         help="CUDA replicas: replay each decoding step as a CUDA graph")
+    parser.add_argument("--first-gpu", type=int, default=0,
+                        help="CUDA: the GPU of the first (and the batched) replica; the second "
+                             "replica takes the next one")
     parser.add_argument("--pin", type=int, default=0, metavar="N",
                         help="keep each replica on N CPUs of its own (serve-model --cpus); "
                              "0: let the OS place them")
@@ -123,14 +127,16 @@ def main() -> None:
                                                    tasks=served.tasks, options=options), env=env)
 
             note("starting three replicas")
-            started = [start(1, 0), start(1, 1), start(args.batch, 0)]
+            base = args.first_gpu
+            started = [start(1, base), start(1, base + 1), start(args.batch, base)]
             first, second, batched = group.wait_ready(started, timeout=args.timeout,
                                                       model_digest=served.model_digest)
             note(f"replicas ready at {first} {second} {batched}")
             replicas, batching = asyncio.run(measure(args, served, first, second, batched))
             sizes, decoding = _batch_sizes(batched)
     print(f"model: {served.described}; device {args.device}"
-          + (f" ({gpus} GPUs, {args.precision})" if gpus
+          + (f" ({gpus} GPUs, {args.precision}, first replica on GPU "
+             f"{args.first_gpu % gpus})" if gpus
              else f"; torch threads per replica {args.threads}") + f"; decoding: {decoding}")
     print("replica CPUs: " + ("any" if not args.pin else " / ".join(str(c) for c in cpus)))
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
