@@ -51,8 +51,9 @@ def serve_model(
         help="On CUDA: bf16 (autocast) or fp32 (no autocast or TF32: batching moves no "
              "token). CPU is FP32 either way.")] = "bf16",
     cuda_graphs: Annotated[bool, typer.Option(
-        help="On CUDA: capture each decoding step once per batch shape and replay it as a "
-             "CUDA graph (one launch per token instead of one per kernel).")] = True,
+        help="On CUDA with --precision fp32: capture each decoding step once per batch shape "
+             "and replay it as a CUDA graph (one launch per token instead of one per "
+             "kernel).")] = True,
     cpus: Annotated[str | None, typer.Option(
         show_default=False,
         help="Keep this replica on these CPUs (e.g. 2,3 or 4-7), so that replicas on one "

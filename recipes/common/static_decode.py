@@ -6,8 +6,8 @@ it, and that varies from process to process and from minute to minute. A ``Stati
 makes every step of a batch the same shapes (the cache reserves its full length up front and
 is written at a position held on the device; the attention mask covers that full length and
 opens one slot per step), so that one step can be captured once as a CUDA graph and then
-replayed with a single launch. On CPU, or with ``graphs=False``, the very same step runs
-eagerly, which is how CI checks it.
+replayed with a single launch. On CPU, under autocast, or with ``graphs=False``, the very
+same step runs eagerly, which is how CI checks it.
 
 What it computes is what ``generate._decode_batch`` computes: left-padded prompts, padded
 positions masked out and skipped by the position ids, argmax of FP32 logits. Only the shapes
@@ -209,7 +209,9 @@ class StaticDecoder:
             positions=torch.zeros((n, 1), dtype=torch.long, device=device),
             mask=torch.zeros((n, 1, 1, room), dtype=torch.bool, device=device),
             chosen=torch.zeros((n,), dtype=torch.long, device=device))
-        if self._graphs and device.type == "cuda":
+        # Not under autocast: its cache of cast weights lives outside the graph's memory and
+        # is dropped when the autocast region ends, so a captured step would read freed memory.
+        if self._graphs and device.type == "cuda" and not key[2]:
             self._capture(state)
         else:
             self._step(state)  # allocates the cache's room, as a capture's warm-up would

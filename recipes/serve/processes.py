@@ -57,7 +57,8 @@ class ReplicaOptions:
     precision: str = "bf16"
     """On CUDA: ``bf16`` autocast or ``fp32`` (batch-shape-independent tokens, slower)."""
     cuda_graphs: bool = True
-    """On CUDA: replay each decoding step as a CUDA graph (``serve-model --cuda-graphs``)."""
+    """On CUDA with FP32: replay each decoding step as a CUDA graph (``serve-model
+    --cuda-graphs``)."""
     cpus: str | None = None
     """CPUs to keep the replica on (``serve-model --cpus``), or None for anywhere."""
 

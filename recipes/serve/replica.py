@@ -119,9 +119,10 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     """Materialise ``checkpoint`` into ``workdir``, check its parameter digest, load it, and
     encode the prompts of ``tasks`` (a ``tasks/1`` of grounded tasks) if given.
 
-    On CUDA with ``cuda_graphs``, decoding steps are captured once per batch shape and replayed
-    (``StaticDecoder``); a model that cannot decode that way is refused rather than served
-    otherwise than asked.
+    On CUDA with ``cuda_graphs`` and FP32, decoding steps are captured once per batch shape and
+    replayed (``StaticDecoder``); a model that cannot decode that way is refused rather than
+    served otherwise than asked. BF16 replicas decode eagerly (``StaticDecoder`` does not
+    capture under autocast).
     """
     import torch
 
@@ -146,7 +147,7 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     if tokenizer.eos_token_id is None:
         raise ReplicaLoadError(str(checkpoint), "its tokenizer has no eos (end-of-turn) token")
     static = None
-    if device == "cuda" and cuda_graphs:
+    if device == "cuda" and cuda_graphs and precision == "fp32":
         from nscas.recipes.common.static_decode import StaticDecoder, unsupported
 
         reason = unsupported(model)
