@@ -105,6 +105,9 @@ def main() -> None:
     parser.add_argument("--first-gpu", type=int, default=0,
                         help="CUDA: the GPU of the first (and the batched) replica; the second "
                              "replica takes the next one")
+    parser.add_argument("--log-dir", type=Path,
+                        help="also write each measured run's request log there (JSONL, as the "
+                             "serve recipe's requests output), to study per-task times later")
     parser.add_argument("--pin", type=int, default=0, metavar="N",
                         help="keep each replica on N CPUs of its own (serve-model --cpus); "
                              "0: let the OS place them")
@@ -217,6 +220,9 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
                 attempts = await phase("pair", endpoints, concurrency, f"{tag}{run}s{side}",
                                        served.task_ids)
                 after = await _generate_seconds(endpoints)
+                if args.log_dir is not None:
+                    _write_log(args.log_dir / f"{tag}-run{run + 1}-{labels[side]}.jsonl".replace(
+                        " ", "-"), attempts)
                 numbers[side].append(phase_numbers([a.to_json() for a in attempts]))
                 outputs[side] = {a.task_id: a.output_ids for a in attempts if a.ok}
                 busy[side].append(occupancy(attempts, {e: after[e] - before[e] for e in after}))
@@ -307,6 +313,14 @@ def _batch_sizes(endpoint: str) -> tuple[dict[str, int], str]:
     with httpx.Client(trust_env=False, timeout=10.0) as client:
         stats = client.get(f"{endpoint}/stats").json()
     return dict(stats["batch_sizes"]), stats["decoding"]
+
+
+def _write_log(path: Path, attempts: Sequence[Attempt]) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(a.to_json(), sort_keys=True) + "\n" for a in attempts),
+                    encoding="utf-8")
 
 
 async def _generate_seconds(endpoints: Sequence[str]) -> dict[str, float]:
