@@ -16,10 +16,11 @@ template), a dev set of grounded tasks, and three real replica processes on 127.
 
 For every run it also prints each replica's occupancy, from the client's log: the share of
 the run's wall time in which the replica had an attempt open, and busy seconds per attempt;
-and, from the replica's ``/stats``, the seconds it spent generating per attempt. Where two
-replicas fall short of twice one, this tells a replica left idle by the routing rule (busy
-share well below 100 %) from one that serves more slowly beside the other (more seconds per
-attempt than alone), and slower generation from time lost outside it.
+and, from the replica's ``/stats``, the seconds it spent generating per attempt and per output
+token. Where two replicas fall short of twice one, this tells a replica left idle by the
+routing rule (busy share well below 100 %) from one that serves more slowly beside the other
+(more milliseconds per token than alone), slower generation from time lost outside it, and
+a slower replica from one that was given longer answers.
 
 Each comparison runs --runs times, alternating the two sides; the tables show medians. On
 CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES (replica k on GPU k mod the
@@ -64,6 +65,28 @@ class Served:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Occupancy:
+    """How one replica spent one run."""
+
+    attempts: int
+    tokens: int
+    """Output tokens of its successful attempts: the work it did."""
+    busy_share: float
+    """Share of the run's wall time in which it had an attempt open."""
+    busy_seconds: float
+    """Seconds in which it had an attempt open."""
+    generating_seconds: float
+    """Seconds it spent inside generation (its ``/stats``)."""
+
+    def describe(self) -> str:
+        per_token = self.generating_seconds / self.tokens * 1e3 if self.tokens else 0.0
+        return (f"{self.attempts} attempts, {self.tokens} tokens, busy {self.busy_share:.0%}, "
+                f"{self.busy_seconds / self.attempts:.3f} s per attempt "
+                f"({self.generating_seconds / self.attempts:.3f} s generating, "
+                f"{per_token:.2f} ms per token)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Side:
     """Every run of one side of a comparison."""
 
@@ -71,9 +94,8 @@ class Side:
     numbers: tuple[dict[str, Any], ...]
     outputs: dict[str, tuple[int, ...]]
     """Task id -> output ids of the last run."""
-    occupancy: tuple[dict[str, tuple[int, float, float, float]], ...]
-    """Per run: endpoint -> (attempts, busy share of the run's wall time, busy seconds per
-    attempt, generation seconds per attempt); see ``occupancy``."""
+    occupancy: tuple[dict[str, Occupancy], ...]
+    """Per run: endpoint -> how that replica spent the run; see ``occupancy``."""
 
     def median(self, key: str) -> float:
         return statistics.median(n[key] for n in self.numbers)
@@ -210,7 +232,7 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
                       tag: str) -> tuple[Side, Side]:
         numbers: list[list[dict[str, Any]]] = [[], []]
         outputs: list[dict[str, tuple[int, ...]]] = [{}, {}]
-        busy: list[list[dict[str, tuple[int, float, float, float]]]] = [[], []]
+        busy: list[list[dict[str, Occupancy]]] = [[], []]
         for run in range(args.runs):
             note(f"{tag}: run {run + 1} of {args.runs}")
             # Alternate which side goes first, so both meet the same drift in background load.
@@ -240,20 +262,21 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
 
 
 def occupancy(attempts: Sequence[Attempt], generate_seconds: dict[str, float]
-              ) -> dict[str, tuple[int, float, float, float]]:
-    """Endpoint -> (attempts, busy share, busy seconds per attempt, generation seconds per
-    attempt) over one run.
+              ) -> dict[str, Occupancy]:
+    """Endpoint -> how that replica spent one run.
 
     A replica is busy while at least one attempt sent to it is open. With max_batch 1 it
     serves one at a time, so busy seconds per attempt is its service time as the client sees
     it, and the idle share is time the routing left it without work. ``generate_seconds``
     (endpoint -> seconds the replica itself spent generating during the run, from its
-    ``/stats``) tells slower generation from time lost on the wire or in the server's loop.
+    ``/stats``) tells slower generation from time lost on the wire or in the server's loop,
+    and per output token, a slower replica from one given longer answers.
     """
     wall = max(a.end for a in attempts) - min(a.start for a in attempts)
     out = {}
     for endpoint in sorted({a.endpoint for a in attempts}):
-        spans = sorted((a.start, a.end) for a in attempts if a.endpoint == endpoint)
+        mine = [a for a in attempts if a.endpoint == endpoint]
+        spans = sorted((a.start, a.end) for a in mine)
         busy, open_start, open_end = 0.0, spans[0][0], spans[0][1]
         for start, end in spans[1:]:
             if start > open_end:
@@ -262,8 +285,10 @@ def occupancy(attempts: Sequence[Attempt], generate_seconds: dict[str, float]
             else:
                 open_end = max(open_end, end)
         busy += open_end - open_start
-        out[endpoint] = (len(spans), busy / wall if wall > 0 else 0.0, busy / len(spans),
-                         generate_seconds[endpoint] / len(spans))
+        out[endpoint] = Occupancy(
+            attempts=len(mine), tokens=sum(len(a.output_ids or ()) for a in mine),
+            busy_share=busy / wall if wall > 0 else 0.0, busy_seconds=busy,
+            generating_seconds=generate_seconds[endpoint])
     return out
 
 
@@ -282,11 +307,8 @@ def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
         print(f"requests/s of each run, {side.label}: {runs}")
     for side in sides:
         for run, per_endpoint in enumerate(side.occupancy, 1):
-            cells = "; ".join(f"port {endpoint.rsplit(':', 1)[-1]} {count} attempts, busy "
-                              f"{share:.0%}, {seconds:.3f} s per attempt ({generating:.3f} s "
-                              "generating)"
-                              for endpoint, (count, share, seconds, generating)
-                              in per_endpoint.items())
+            cells = "; ".join(f"port {endpoint.rsplit(':', 1)[-1]} {spent.describe()}"
+                              for endpoint, spent in per_endpoint.items())
             print(f"run {run}, {side.label}: {cells}")
     ratio = right.median("requests_per_second") / left.median("requests_per_second")
     verdict = "met" if ratio >= target else "NOT met"
