@@ -1,0 +1,76 @@
+"""``benchmarks/serve.py``: its occupancy arithmetic, its CPU pinning plan, and one tiny real run."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nscas.recipes.serve.client import Attempt
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serve.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("serve_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+def _attempt(endpoint: str, start: float, end: float, tokens: int) -> Attempt:
+    return Attempt(request_id=f"r{start}", task_id="t", phase="pair", attempt=1,
+                   endpoint=endpoint, start=start, end=end, wall_start=start, wall_end=end,
+                   ok=True, status=200, error=None, output_ids=(1,) * tokens, cached=False)
+
+
+def test_occupancy_counts_overlapping_attempts_once_and_gaps_as_idle() -> None:
+    attempts = [
+        _attempt("a", 0.0, 2.0, 10), _attempt("a", 1.0, 3.0, 20),  # overlap: busy 0-3
+        _attempt("a", 5.0, 6.0, 5),  # idle 3-5
+        _attempt("b", 0.0, 10.0, 40),  # the run's wall time is 0-10
+    ]
+    spent = bench.occupancy(attempts, {"a": 2.5, "b": 9.0})
+    a, b = spent["a"], spent["b"]
+    assert (a.attempts, a.tokens, a.busy_seconds, a.busy_share) == (3, 35, 4.0, 0.4)
+    assert (b.attempts, b.tokens, b.busy_share) == (1, 40, 1.0)
+    assert a.describe() == ("3 attempts, 35 tokens, busy 40%, 1.333 s per attempt "
+                            "(0.833 s generating, 71.43 ms per token)")
+
+
+def test_pinning_plan_gives_disjoint_cpus_and_refuses_too_few() -> None:
+    usable = sorted(os.sched_getaffinity(0))
+    assert bench._cpu_sets(0, 3) == [None, None, None]
+    if len(usable) >= 3:
+        sets = bench._cpu_sets(1, 3)
+        cpus = [int(c) for text in sets for c in text.split(",")]
+        assert len(set(cpus)) == 3 and set(cpus) <= set(usable)
+    with pytest.raises(SystemExit, match=f"--pin {len(usable)}: 3 replicas need "
+                                         f"{3 * len(usable)} CPUs"):
+        bench._cpu_sets(len(usable), 3)
+
+
+@pytest.mark.slow
+def test_a_tiny_run_prints_both_comparisons(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--requests", "4", "--runs", "1",
+         "--warmup", "1", "--max-new-tokens", "4", "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "ratio (two replicas / one replica): " in out
+    assert "ratio (max_batch 8 / max_batch 1): " in out
+    assert out.count("outputs identical: yes (4/4 tasks)") == 2
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["batching-run1-max_batch-1.jsonl", "batching-run1-max_batch-8.jsonl",
+                    "replicas-run1-one-replica.jsonl", "replicas-run1-two-replicas.jsonl"]
+    assert len((tmp_path / "logs" / logs[0]).read_text().splitlines()) == 4
