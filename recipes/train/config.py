@@ -97,56 +97,56 @@ class TrainParams:
         for name in ("lr", "eps", "clip"):
             value = getattr(self, name)
             if not _is_number(value) or not value > 0:
-                raise InvalidInput(f"train param {name} must be a positive number, not {value!r}")
+                raise InvalidInput(f"{name} must be a positive number, not {value!r}")
         if not _is_number(self.weight_decay) or self.weight_decay < 0:
-            raise InvalidInput(f"train param weight_decay must be >= 0, not {self.weight_decay!r}")
+            raise InvalidInput(f"weight_decay must be >= 0, not {self.weight_decay!r}")
         if (
             not isinstance(self.betas, tuple)
             or len(self.betas) != 2
             or not all(_is_number(b) and 0 <= b < 1 for b in self.betas)
         ):
-            raise InvalidInput(f"train param betas must be two numbers in [0, 1), not {self.betas!r}")
+            raise InvalidInput(f"betas must be two numbers in [0, 1), not {self.betas!r}")
         if not isinstance(self.checkpoint_steps, tuple) or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in self.checkpoint_steps
         ):
             raise InvalidInput(
-                f"train param checkpoint_steps must be a list of integers, not {self.checkpoint_steps!r}"
+                f"checkpoint_steps must be a list of integers, not {self.checkpoint_steps!r}"
             )
         if list(self.checkpoint_steps) != sorted(set(self.checkpoint_steps)) or any(
             not 1 <= s <= self.steps for s in self.checkpoint_steps
         ):
             raise InvalidInput(
-                f"train param checkpoint_steps {list(self.checkpoint_steps)} must be increasing "
+                f"checkpoint_steps {list(self.checkpoint_steps)} must be increasing "
                 f"steps between 1 and steps ({self.steps})"
             )
         if self.batch % self.world:
             raise InvalidInput(
-                f"train param batch ({self.batch}) is not divisible by world ({self.world}): "
+                f"batch ({self.batch}) is not divisible by world ({self.world}): "
                 "every rank must take the same number of documents"
             )
         _check_int(self, "micro_batch", low=1)
         _check_int(self, "bucket_mb", low=1, high=4096)
         if self.micro_batch > self.batch // self.world:
             raise InvalidInput(
-                f"train param micro_batch ({self.micro_batch}) is more than a rank's documents "
+                f"micro_batch ({self.micro_batch}) is more than a rank's documents "
                 f"per update (batch / world = {self.batch // self.world})"
             )
         if self.world % self.nnodes:
             raise InvalidInput(
-                f"train param world ({self.world}) is not divisible by nnodes ({self.nnodes})"
+                f"world ({self.world}) is not divisible by nnodes ({self.nnodes})"
             )
         if self.device not in ("cpu", "cuda"):
-            raise InvalidInput(f"train param device must be 'cpu' or 'cuda', not {self.device!r}")
+            raise InvalidInput(f"device must be 'cpu' or 'cuda', not {self.device!r}")
         for name in ("deterministic", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
-                raise InvalidInput(f"train param {name} must be true or false")
+                raise InvalidInput(f"{name} must be true or false")
         host, sep, port = self.rdzv_endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise InvalidInput(
-                f"train param rdzv_endpoint must be HOST:PORT, not {self.rdzv_endpoint!r}"
+                f"rdzv_endpoint must be HOST:PORT, not {self.rdzv_endpoint!r}"
             )
         if self.nnodes > 1 and int(port) == 0:
-            raise InvalidInput("train param rdzv_endpoint needs a fixed port when nnodes > 1")
+            raise InvalidInput("rdzv_endpoint needs a fixed port when nnodes > 1")
 
     @property
     def nproc_per_node(self) -> int:
@@ -252,4 +252,4 @@ def _check_int(params: TrainParams, name: str, *, low: int, high: int | None = N
         high is not None and value > high
     ):
         span = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise InvalidInput(f"train param {name} must be an integer {span}, not {value!r}")
+        raise InvalidInput(f"{name} must be an integer {span}, not {value!r}")

@@ -134,10 +134,10 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(nscas: Nscas, home: 
 
 
 @pytest.mark.parametrize(("params", "message"), [
-    ("world = 2\nmicro_batch = 5", "params: train param micro_batch (5) is more than a rank's "
+    ("world = 2\nmicro_batch = 5", "params: micro_batch (5) is more than a rank's "
                                    "documents per update (batch / world = 4)"),
     ('micro_batch = "all"', "params.micro_batch must be an integer, got 'all'"),
-    ("bucket_mb = 0", "params: train param bucket_mb must be an integer between 1 and 4096, "
+    ("bucket_mb = 0", "params: bucket_mb must be an integer between 1 and 4096, "
                       "not 0"),
 ])
 def test_bad_train_params_exit_2_before_anything_runs(nscas: Nscas, home: Path, params: str,
