@@ -136,7 +136,6 @@ class Batcher:
                 if not row.future.done():
                     row.future.set_result(result)
 
-
     def _timed(self, prompts: list[tuple[int, ...]], limit: int) -> tuple[list[Any], float]:
         started = time.perf_counter()
         results = self._generate(prompts, limit)

@@ -9,6 +9,7 @@ independent verifier code, not by the store that wrote it) and must equal the ch
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,16 +97,20 @@ def pin_to_cpus(spec: str) -> frozenset[int]:
     """
     if not hasattr(os, "sched_setaffinity"):
         raise InvalidInput("--cpus needs an operating system with CPU affinity (Linux)")
-    cpus: set[int] = set()
+    spans = []
     for part in spec.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not (low.isdigit() and (not dash or high.isdigit())):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip(), re.ASCII)
+        if match is None:
             raise InvalidInput(f"--cpus must list CPUs like 2,3 or 4-7, got {spec!r}")
-        if dash and int(high) < int(low):
+        low, high = int(match[1]), int(match[2] or match[1])
+        if high < low:
             raise InvalidInput(f"--cpus range {part.strip()!r} runs backwards")
-        cpus.update(range(int(low), int(high if dash else low) + 1))
+        spans.append((low, high))
     allowed = os.sched_getaffinity(0)
-    outside = sorted(cpus - allowed)
+    # Bounded by the highest CPU allowed, so that a range like 0-999999999 costs nothing.
+    top = max(allowed)
+    cpus = {c for low, high in spans for c in range(low, min(high, top) + 1)}
+    outside = sorted(cpus - allowed) + sorted({high for _, high in spans if high > top})
     if outside:
         raise InvalidInput(f"--cpus names CPUs this process may not use: "
                            f"{', '.join(map(str, outside))} (allowed: {len(allowed)} CPUs)")

@@ -128,6 +128,9 @@ def test_a_pinned_replica_runs_on_its_cpus_only(served: Served, tmp_path: Path) 
     ("3-1", "--cpus range '3-1' runs backwards"),
     ("-1", "--cpus must list CPUs like 2,3 or 4-7, got '-1'"),
     ("0,99999", "--cpus names CPUs this process may not use: 99999 (allowed: "),
+    ("0-999999999999", "--cpus names CPUs this process may not use: 999999999999 (allowed: "),
+    ("\u00b2", "--cpus must list CPUs like 2,3 or 4-7, got '\u00b2'"),
+    ("", "--cpus must list CPUs like 2,3 or 4-7, got ''"),
 ])
 def test_bad_cpu_lists_are_refused_and_change_nothing(spec: str, message: str) -> None:
     before = os.sched_getaffinity(0)
