@@ -20,7 +20,8 @@ and, from the replica's ``/stats``, the seconds it spent generating per attempt 
 token. Where two replicas fall short of twice one, this tells a replica left idle by the
 routing rule (busy share well below 100 %) from one that serves more slowly beside the other
 (more milliseconds per token than alone), slower generation from time lost outside it, and
-a slower replica from one that was given longer answers.
+a slower replica from one that was given longer answers. The service time of each pair
+replica's tasks, as served alone and in the pair, tells the last two apart directly.
 
 Each comparison runs --runs times, alternating the two sides; the tables show medians. On
 CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES (replica k on GPU k mod the
@@ -96,6 +97,8 @@ class Side:
     """Task id -> output ids of the last run."""
     occupancy: tuple[dict[str, Occupancy], ...]
     """Per run: endpoint -> how that replica spent the run; see ``occupancy``."""
+    service: tuple[dict[str, tuple[str, float]], ...]
+    """Per run: task id -> (endpoint, service seconds); see ``service_times``."""
 
     def median(self, key: str) -> float:
         return statistics.median(n[key] for n in self.numbers)
@@ -233,6 +236,7 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
         numbers: list[list[dict[str, Any]]] = [[], []]
         outputs: list[dict[str, tuple[int, ...]]] = [{}, {}]
         busy: list[list[dict[str, Occupancy]]] = [[], []]
+        service: list[list[dict[str, tuple[str, float]]]] = [[], []]
         for run in range(args.runs):
             note(f"{tag}: run {run + 1} of {args.runs}")
             # Alternate which side goes first, so both meet the same drift in background load.
@@ -248,8 +252,9 @@ async def measure(args: argparse.Namespace, served: Served, first: str, second: 
                 numbers[side].append(phase_numbers([a.to_json() for a in attempts]))
                 outputs[side] = {a.task_id: a.output_ids for a in attempts if a.ok}
                 busy[side].append(occupancy(attempts, {e: after[e] - before[e] for e in after}))
+                service[side].append(service_times(attempts))
         return tuple(Side(label=labels[i], numbers=tuple(numbers[i]), outputs=outputs[i],
-                          occupancy=tuple(busy[i]))
+                          occupancy=tuple(busy[i]), service=tuple(service[i]))
                      for i in (0, 1))  # type: ignore[return-value]
 
     replicas = await compare(("one replica", "two replicas"),
@@ -292,6 +297,46 @@ def occupancy(attempts: Sequence[Attempt], generate_seconds: dict[str, float]
     return out
 
 
+def service_times(attempts: Sequence[Attempt]) -> dict[str, tuple[str, float]]:
+    """Task id -> (endpoint, seconds the replica spent serving it), for max_batch 1 replicas.
+
+    A replica serving one request at a time in arrival order starts a request when it arrives
+    or when the one before it ends, whichever is later: its service time is its end minus
+    that. Unlike latency it leaves out time spent queued, so it can be compared between a
+    phase where a replica has a queue and one where it has none.
+    """
+    out = {}
+    for endpoint in {a.endpoint for a in attempts}:
+        previous_end = float("-inf")
+        for a in sorted((a for a in attempts if a.endpoint == endpoint), key=lambda a: a.end):
+            out[a.task_id] = (endpoint, a.end - max(a.start, previous_end))
+            previous_end = a.end
+    return out
+
+
+def service_by_pair_replica(alone: Side, pair: Side) -> list[str]:
+    """Per replica of the pair: the mean service seconds of the tasks it serves there, when
+    served by the one replica and when served in the pair (every run of each side).
+
+    If a pair replica is slower only because its half of the tasks is longer, the two means
+    agree; if it slows down beside the other, the pair's mean is the larger.
+    """
+    routes = {task: endpoint for run in pair.service for task, (endpoint, _) in run.items()}
+    lines = []
+    for endpoint in sorted(set(routes.values())):
+        tasks = {t for t, e in routes.items() if e == endpoint}
+        alone_s = [seconds for run in alone.service for t, (_, seconds) in run.items()
+                   if t in tasks]
+        pair_s = [seconds for run in pair.service for t, (_, seconds) in run.items()
+                  if t in tasks]
+        if alone_s and pair_s:
+            a, b = statistics.fmean(alone_s), statistics.fmean(pair_s)
+            lines.append(f"port {endpoint.rsplit(':', 1)[-1]}: its {len(tasks)} tasks take "
+                         f"{a:.4f} s each served by the one replica, {b:.4f} s in the pair "
+                         f"({b / a - 1:+.1%})")
+    return lines
+
+
 def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
     left, right = sides
     print(title)
@@ -310,6 +355,9 @@ def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
             cells = "; ".join(f"port {endpoint.rsplit(':', 1)[-1]} {spent.describe()}"
                               for endpoint, spent in per_endpoint.items())
             print(f"run {run}, {side.label}: {cells}")
+    if len(right.occupancy[0]) > 1:
+        for line in service_by_pair_replica(left, right):
+            print(f"service time, {line}")
     ratio = right.median("requests_per_second") / left.median("requests_per_second")
     verdict = "met" if ratio >= target else "NOT met"
     print(f"ratio ({right.label} / {left.label}): {ratio:.2f}x (target >= {target:g}x: {verdict})")

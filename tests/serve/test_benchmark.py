@@ -27,8 +27,9 @@ def _load():
 bench = _load()
 
 
-def _attempt(endpoint: str, start: float, end: float, tokens: int) -> Attempt:
-    return Attempt(request_id=f"r{start}", task_id="t", phase="pair", attempt=1,
+def _attempt(endpoint: str, start: float, end: float, tokens: int = 1, task: str = "t"
+             ) -> Attempt:
+    return Attempt(request_id=f"r{start}", task_id=task, phase="pair", attempt=1,
                    endpoint=endpoint, start=start, end=end, wall_start=start, wall_end=end,
                    ok=True, status=200, error=None, output_ids=(1,) * tokens, cached=False)
 
@@ -45,6 +46,29 @@ def test_occupancy_counts_overlapping_attempts_once_and_gaps_as_idle() -> None:
     assert (b.attempts, b.tokens, b.busy_share) == (1, 40, 1.0)
     assert a.describe() == ("3 attempts, 35 tokens, busy 40%, 1.333 s per attempt "
                             "(0.833 s generating, 71.43 ms per token)")
+
+
+def test_service_time_leaves_out_time_spent_queued() -> None:
+    # Three requests sent together to one replica, served one after another; one more after a
+    # pause, on another replica as well.
+    attempts = [_attempt("a", 0.0, 1.0, task="x"), _attempt("a", 0.0, 3.0, task="y"),
+                _attempt("a", 0.1, 3.5, task="z"), _attempt("a", 5.0, 5.25, task="w"),
+                _attempt("b", 0.0, 0.75, task="v")]
+    assert bench.service_times(attempts) == {
+        "x": ("a", 1.0), "y": ("a", 2.0), "z": ("a", 0.5), "w": ("a", 0.25), "v": ("b", 0.75)}
+
+
+def test_service_of_each_pair_replicas_tasks_alone_and_in_the_pair() -> None:
+    def side(runs: list[dict[str, tuple[str, float]]]) -> object:
+        return bench.Side(label="x", numbers=(), outputs={}, occupancy=(), service=tuple(runs))
+
+    alone = side([{"t0": ("a", 1.0), "t1": ("a", 2.0)}, {"t0": ("a", 1.0), "t1": ("a", 2.0)}])
+    pair = side([{"t0": ("a", 1.0), "t1": ("b", 2.5)}, {"t0": ("a", 1.0), "t1": ("b", 2.5)}])
+    assert bench.service_by_pair_replica(alone, pair) == [
+        "port a: its 1 tasks take 1.0000 s each served by the one replica, 1.0000 s in the pair "
+        "(+0.0%)",
+        "port b: its 1 tasks take 2.0000 s each served by the one replica, 2.5000 s in the pair "
+        "(+25.0%)"]
 
 
 def test_pinning_plan_gives_disjoint_cpus_and_refuses_too_few() -> None:
@@ -68,6 +92,7 @@ def test_a_tiny_run_prints_both_comparisons(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
     assert "ratio (two replicas / one replica): " in out
+    assert out.count("service time, port ") == 2  # one line per replica of the pair
     assert "ratio (max_batch 8 / max_batch 1): " in out
     assert out.count("outputs identical: yes (4/4 tasks)") == 2
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
