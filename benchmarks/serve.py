@@ -161,7 +161,7 @@ def main() -> None:
                                                       model_digest=served.model_digest)
             note(f"replicas ready at {first} {second} {batched}")
             replicas, batching = asyncio.run(measure(args, served, first, second, batched))
-            sizes, decoding = _batch_sizes(batched)
+            sizes, decoding = _replica_stats(batched)
     print(f"model: {served.described}; device {args.device}"
           + (f" ({gpus} GPUs, {args.precision}, first replica on GPU "
              f"{args.first_gpu % gpus})" if gpus
@@ -375,7 +375,7 @@ def note(message: str) -> None:
     sys.stderr.flush()
 
 
-def _batch_sizes(endpoint: str) -> tuple[dict[str, int], str]:
+def _replica_stats(endpoint: str) -> tuple[dict[str, int], str]:
     """Batch size -> how many batches the replica at ``endpoint`` ran, and how it decodes
     (its ``GET /stats``)."""
     import httpx

@@ -178,10 +178,9 @@ class _RoomyLayer(DynamicLayer):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads, _, _ = key_states.shape
         self.device = key_states.device
-        self.key_room = key_states.new_empty((batch, heads, self.room, key_states.shape[-1]))
-        self.value_room = value_states.new_empty((batch, heads, self.room, value_states.shape[-1]))
+        self.key_room = reserve(key_states, self.room)
+        self.value_room = reserve(value_states, self.room)
         self.length = 0
         self._expose()
         self.is_initialized = True
@@ -209,6 +208,14 @@ class _RoomyLayer(DynamicLayer):
     def _expose(self) -> None:
         self.keys = self.key_room[:, :, : self.length]
         self.values = self.value_room[:, :, : self.length]
+
+
+def reserve(states: torch.Tensor, room: int, *, zeroed: bool = False) -> torch.Tensor:
+    """Cache storage for ``room`` positions of ``states`` ([batch, heads, length, dim]); zeroed
+    where slots that were never written may still be read (behind a mask)."""
+    batch, heads, _, dim = states.shape
+    make = states.new_zeros if zeroed else states.new_empty
+    return make((batch, heads, room, dim))
 
 
 def _cache(config: Any, *, room: int) -> DynamicCache:

@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .generate import fp32_logits
+from .generate import fp32_logits, reserve
 
 ROOM_STEP = 64
 """Reserved cache lengths are rounded up to a multiple of this, so that prompts of nearby
@@ -47,10 +47,10 @@ class _StaticLayer(DynamicLayer):
         self.position = position
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads, _, _ = key_states.shape
+        # Zeroed: attention reads the whole room, and 0 x NaN behind a mask would still be NaN.
         self.device = key_states.device
-        self.keys = key_states.new_zeros((batch, heads, self.room, key_states.shape[-1]))
-        self.values = value_states.new_zeros((batch, heads, self.room, value_states.shape[-1]))
+        self.keys = reserve(key_states, self.room, zeroed=True)
+        self.values = reserve(value_states, self.room, zeroed=True)
         self.is_initialized = True
 
     def update(
