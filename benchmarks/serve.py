@@ -183,24 +183,14 @@ def prepare(tmp: Path, args: argparse.Namespace) -> Served:
     """A store holding the checkpoint and a dev set of ``args.requests`` grounded tasks."""
     import torch
 
-    from nscas.recipes.init.presets import build_model, save_hf_dir
-    from nscas.recipes.tokenizer.bpe import train_tokenizer
-
     torch.set_num_threads(max(1, args.threads))
     dev = T.generate_role("dev", args.requests, T.DEFAULT_SEED, T.default_wordings())
     if args.model_dir is not None:
         model_dir, described = args.model_dir, str(args.model_dir)
     else:
-        from transformers import AutoTokenizer
+        from nscas.recipes.init.presets import save_hf_dir
 
-        tok_dir = train_tokenizer([t.prompt for t in dev] + [t.target for t in dev],
-                                  vocab_size=2048, out_dir=tmp / "tokenizer")
-        with torch.no_grad():
-            model = build_model(args.preset, vocab_size=len(AutoTokenizer.from_pretrained(tok_dir)),
-                                seed=0)
-            for parameter in model.parameters():
-                if parameter.dim() >= 2:
-                    parameter.mul_(args.sharpen)
+        model, tok_dir = sharpened_model(tmp, args.preset, args.sharpen, dev)
         model_dir = save_hf_dir(model, tok_dir, tmp / "model")
         scalars = sum(p.numel() for p in model.parameters())
         described = f"{args.preset} (seeded, x{args.sharpen:g}), {scalars:,} parameters"
@@ -212,6 +202,27 @@ def prepare(tmp: Path, args: argparse.Namespace) -> Served:
         return Served(store_path=store.root, checkpoint=str(checkpoint), tasks=str(tasks),
                       model_digest=store.get_record(checkpoint)["params"],
                       task_ids=tuple(t.id for t in dev), described=described)
+
+
+def sharpened_model(tmp: Path, preset: str, sharpen: float, tasks: Sequence[Any]
+                    ) -> tuple[Any, Path]:
+    """A seeded ``preset`` model (seed 0) whose matrices are scaled by ``sharpen``, so that
+    prompts get distinct answers, and the directory of a tokenizer trained on ``tasks``."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from nscas.recipes.init.presets import build_model
+    from nscas.recipes.tokenizer.bpe import train_tokenizer
+
+    tok_dir = train_tokenizer([t.prompt for t in tasks] + [t.target for t in tasks],
+                              vocab_size=2048, out_dir=tmp / "tokenizer")
+    with torch.no_grad():
+        model = build_model(preset, vocab_size=len(AutoTokenizer.from_pretrained(tok_dir)),
+                            seed=0)
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.mul_(sharpen)
+    return model, tok_dir
 
 
 async def measure(args: argparse.Namespace, served: Served, first: str, second: str,

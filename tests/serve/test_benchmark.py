@@ -1,9 +1,11 @@
-"""``benchmarks/serve.py``: its occupancy arithmetic, its CPU pinning plan, and one tiny real run."""
+"""``benchmarks/serve.py``: its occupancy arithmetic, its CPU pinning plan, and one tiny real
+run; ``benchmarks/decode.py``: one tiny run of each decoding."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +101,19 @@ def test_a_tiny_run_prints_both_comparisons(tmp_path: Path) -> None:
     assert logs == ["batching-run1-max_batch-1.jsonl", "batching-run1-max_batch-8.jsonl",
                     "replicas-run1-one-replica.jsonl", "replicas-run1-two-replicas.jsonl"]
     assert len((tmp_path / "logs" / logs[0]).read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("decoding", ["static", "dynamic"])
+def test_decode_benchmark_runs_each_decoding(decoding: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("decode.py")), "--device", "cpu", "--preset",
+         "llama-tiny", "--prompts", "3", "--warmup", "1", "--max-new-tokens", "4",
+         "--decoding", decoding], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    number = r"\d+\.\d\d"
+    assert re.fullmatch(f"CPU, {decoding}: ms per token median {number}, min {number}, "
+                        f"max {number}; 3 prompts in {number} s\n", done.stdout), done.stdout
+    refused = subprocess.run([sys.executable, str(SCRIPT.with_name("decode.py")), "--pair"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "--pair needs --device cuda (one process per GPU)"
