@@ -5,12 +5,13 @@ tokenizer trained on the prompts, or --model-dir, an HF directory whose tokenize
 template), a dev set of grounded tasks, and three real replica processes on 127.0.0.1
 (``python -m nscas.cli.serve_model``), then drives them with the serve recipe's load client:
 
-1. replicas: one replica against two, both without batching (max_batch 1), so the only
-   difference is the second replica (target: at least 1.9x requests/s on CPU with one torch
-   thread per replica). Concurrency 4 by default: at 2, the client's routing rule (request i
-   to replica i mod 2) puts both requests in flight on one replica, leaving the other idle,
-   whenever answers of different lengths let one worker overtake the other; that measures
-   the rule, not the second replica (the published run, at 2, got 1.67x);
+1. replicas: each of two replicas alone against both together, all without batching
+   (max_batch 1), so the only difference is the second replica (target: the pair at least
+   1.9x the requests/s of the faster replica alone). Concurrency 4 by default: at 2, the
+   client's routing rule (request i to replica i mod 2) puts both requests in flight on one
+   replica, leaving the other idle, whenever answers of different lengths let one worker
+   overtake the other; that measures the rule, not the second replica (the published run,
+   at 2, got 1.67x);
 2. batching: one replica at concurrency 8 with max_batch 1 against one with max_batch 8
    (target: at least 3x requests/s, and the same tokens for every task).
 
@@ -21,12 +22,15 @@ token. Where two replicas fall short of twice one, this tells a replica left idl
 routing rule (busy share well below 100 %) from one that serves more slowly beside the other
 (more milliseconds per token than alone), slower generation from time lost outside it, and
 a slower replica from one that was given longer answers. The service time of each pair
-replica's tasks, as served alone and in the pair, tells the last two apart directly.
+replica's tasks, as it served them alone and in the pair, tells a replica that slows beside
+the other from one that is slower on its own.
 
-Each comparison runs --runs times, alternating the two sides; the tables show medians. On
-CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES (replica k on GPU k mod the
-GPU count, counted from --first-gpu; the batched replica shares the first replica's GPU,
-which is idle while it runs).
+Each comparison runs --runs times, reversing the order of its sides every other run; the
+tables show medians. On CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES
+(replica k on GPU k mod the GPU count, counted from --first-gpu). The batched replica is
+started only after the replicas comparison, on the first replica's GPU (idle while it runs):
+on H200s a replica whose GPU also holds an idle replica decoded about 10 % faster than one
+alone on its GPU, which, started earlier, made the one-replica side the faster replica.
 
 Examples:
     .venv/bin/python benchmarks/serve.py --device cpu
@@ -99,6 +103,8 @@ class Side:
     """Per run: endpoint -> how that replica spent the run; see ``occupancy``."""
     service: tuple[dict[str, tuple[str, float]], ...]
     """Per run: task id -> (endpoint, service seconds); see ``service_times``."""
+    endpoints: tuple[str, ...] = ()
+    """The replicas this side sent its requests to."""
 
     def median(self, key: str) -> float:
         return statistics.median(n[key] for n in self.numbers)
@@ -154,13 +160,18 @@ def main() -> None:
                 return group.start(replica_command(served.checkpoint, store_path=served.store_path,
                                                    tasks=served.tasks, options=options), env=env)
 
-            note("starting three replicas")
+            note("starting two replicas")
             base = args.first_gpu
-            started = [start(1, base), start(1, base + 1), start(args.batch, base)]
-            first, second, batched = group.wait_ready(started, timeout=args.timeout,
-                                                      model_digest=served.model_digest)
-            note(f"replicas ready at {first} {second} {batched}")
-            replicas, batching = asyncio.run(measure(args, served, first, second, batched))
+            first, second = group.wait_ready([start(1, base), start(1, base + 1)],
+                                             timeout=args.timeout,
+                                             model_digest=served.model_digest)
+            note(f"replicas ready at {first} {second}")
+            replicas = asyncio.run(measure_replicas(args, served, first, second))
+            note("starting the batched replica")
+            (batched,) = group.wait_ready([start(args.batch, base)], timeout=args.timeout,
+                                          model_digest=served.model_digest)
+            note(f"batched replica ready at {batched}")
+            batching = asyncio.run(measure_batching(args, served, first, batched))
             sizes, decoding = _replica_stats(batched)
     print(f"model: {served.described}; device {args.device}"
           + (f" ({gpus} GPUs, {args.precision}, first replica on GPU "
@@ -171,7 +182,7 @@ def main() -> None:
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
     print()
     table(f"1. replicas (max_batch 1, concurrency {args.pair_concurrency})", replicas,
-          target=1.9)
+          target=1.9, notes=[f"service time, {line}" for line in service_by_pair_replica(replicas)])
     print()
     table(f"2. dynamic batching (one replica, concurrency {args.batch_concurrency})", batching,
           target=3.0)
@@ -225,56 +236,72 @@ def sharpened_model(tmp: Path, preset: str, sharpen: float, tasks: Sequence[Any]
     return model, tok_dir
 
 
-async def measure(args: argparse.Namespace, served: Served, first: str, second: str,
-                  batched: str) -> tuple[tuple[Side, Side], tuple[Side, Side]]:
-    async def phase(name: str, endpoints: Sequence[str], concurrency: int, run_id: str,
-                    task_ids: Sequence[str]) -> list[Attempt]:
-        attempts = await run_phase(LoadPlan(
-            phase=name, run_id=run_id, endpoints=tuple(endpoints), task_ids=tuple(task_ids),
-            model_digest=served.model_digest, concurrency=concurrency, attempts=1))
-        failure = first_failure(attempts)
-        if failure is not None:
-            raise SystemExit(f"benchmark request failed: {failure}")
-        return attempts
+async def measure_replicas(args: argparse.Namespace, served: Served, first: str, second: str
+                           ) -> tuple[Side, ...]:
+    """Each replica alone, then both together (max_batch 1 each)."""
+    await warm_up(args, served, (first, second))
+    return await compare(args, served, "replicas", (
+        ("replica 1 alone", [first], args.pair_concurrency),
+        ("replica 2 alone", [second], args.pair_concurrency),
+        ("two replicas", [first, second], args.pair_concurrency)))
 
+
+async def measure_batching(args: argparse.Namespace, served: Served, first: str, batched: str
+                           ) -> tuple[Side, ...]:
+    """The first replica (max_batch 1) against the batched one, at the same concurrency."""
+    await warm_up(args, served, (batched,))
+    return await compare(args, served, "batching", (
+        ("max_batch 1", [first], args.batch_concurrency),
+        (f"max_batch {args.batch}", [batched], args.batch_concurrency)))
+
+
+async def _phase(served: Served, endpoints: Sequence[str], concurrency: int, run_id: str,
+                 task_ids: Sequence[str]) -> list[Attempt]:
+    attempts = await run_phase(LoadPlan(
+        phase="pair", run_id=run_id, endpoints=tuple(endpoints), task_ids=tuple(task_ids),
+        model_digest=served.model_digest, concurrency=concurrency, attempts=1))
+    failure = first_failure(attempts)
+    if failure is not None:
+        raise SystemExit(f"benchmark request failed: {failure}")
+    return attempts
+
+
+async def warm_up(args: argparse.Namespace, served: Served, endpoints: Sequence[str]) -> None:
     warm = served.task_ids if args.warmup is None else served.task_ids[: args.warmup]
-    note(f"warming up each replica with {len(warm)} requests")
-    for k, endpoint in enumerate((first, second, batched)):
-        await phase("single", [endpoint], args.batch_concurrency, f"warm{k}", warm)
+    note(f"warming up {len(endpoints)} replica(s) with {len(warm)} requests each")
+    for endpoint in endpoints:
+        await _phase(served, [endpoint], args.batch_concurrency, f"warm-{endpoint}", warm)
 
-    async def compare(labels: tuple[str, str], setups: tuple[tuple[list[str], int], ...],
-                      tag: str) -> tuple[Side, Side]:
-        numbers: list[list[dict[str, Any]]] = [[], []]
-        outputs: list[dict[str, tuple[int, ...]]] = [{}, {}]
-        busy: list[list[dict[str, Occupancy]]] = [[], []]
-        service: list[list[dict[str, tuple[str, float]]]] = [[], []]
-        for run in range(args.runs):
-            note(f"{tag}: run {run + 1} of {args.runs}")
-            # Alternate which side goes first, so both meet the same drift in background load.
-            for side in (0, 1) if run % 2 == 0 else (1, 0):
-                endpoints, concurrency = setups[side]
-                before = await _generate_seconds(endpoints)
-                attempts = await phase("pair", endpoints, concurrency, f"{tag}{run}s{side}",
-                                       served.task_ids)
-                after = await _generate_seconds(endpoints)
-                if args.log_dir is not None:
-                    _write_log(args.log_dir / f"{tag}-run{run + 1}-{labels[side]}.jsonl".replace(
-                        " ", "-"), attempts)
-                numbers[side].append(phase_numbers([a.to_json() for a in attempts]))
-                outputs[side] = {a.task_id: a.output_ids for a in attempts if a.ok}
-                busy[side].append(occupancy(attempts, {e: after[e] - before[e] for e in after}))
-                service[side].append(service_times(attempts))
-        return tuple(Side(label=labels[i], numbers=tuple(numbers[i]), outputs=outputs[i],
-                          occupancy=tuple(busy[i]), service=tuple(service[i]))
-                     for i in (0, 1))  # type: ignore[return-value]
 
-    replicas = await compare(("one replica", "two replicas"),
-                             (([first], args.pair_concurrency),
-                              ([first, second], args.pair_concurrency)), "replicas")
-    batching = await compare(("max_batch 1", f"max_batch {args.batch}"),
-                             (([first], args.batch_concurrency),
-                              ([batched], args.batch_concurrency)), "batching")
-    return replicas, batching
+async def compare(args: argparse.Namespace, served: Served, tag: str,
+                  setups: Sequence[tuple[str, list[str], int]]) -> tuple[Side, ...]:
+    """Every side (label, endpoints, concurrency) sends every task once per run, ``args.runs``
+    runs, the sides' order reversed every other run so that all meet the same drift in
+    background load."""
+    count = len(setups)
+    numbers: list[list[dict[str, Any]]] = [[] for _ in setups]
+    outputs: list[dict[str, tuple[int, ...]]] = [{} for _ in setups]
+    busy: list[list[dict[str, Occupancy]]] = [[] for _ in setups]
+    service: list[list[dict[str, tuple[str, float]]]] = [[] for _ in setups]
+    for run in range(args.runs):
+        note(f"{tag}: run {run + 1} of {args.runs}")
+        for side in range(count) if run % 2 == 0 else reversed(range(count)):
+            label, endpoints, concurrency = setups[side]
+            before = await _generate_seconds(endpoints)
+            attempts = await _phase(served, endpoints, concurrency, f"{tag}{run}s{side}",
+                                    served.task_ids)
+            after = await _generate_seconds(endpoints)
+            if args.log_dir is not None:
+                _write_log(args.log_dir / f"{tag}-run{run + 1}-{label}.jsonl".replace(" ", "-"),
+                           attempts)
+            numbers[side].append(phase_numbers([a.to_json() for a in attempts]))
+            outputs[side] = {a.task_id: a.output_ids for a in attempts if a.ok}
+            busy[side].append(occupancy(attempts, {e: after[e] - before[e] for e in after}))
+            service[side].append(service_times(attempts))
+    return tuple(Side(label=setups[i][0], numbers=tuple(numbers[i]), outputs=outputs[i],
+                      occupancy=tuple(busy[i]), service=tuple(service[i]),
+                      endpoints=tuple(setups[i][1]))
+                 for i in range(count))
 
 
 def occupancy(attempts: Sequence[Attempt], generate_seconds: dict[str, float]
@@ -325,39 +352,44 @@ def service_times(attempts: Sequence[Attempt]) -> dict[str, tuple[str, float]]:
     return out
 
 
-def service_by_pair_replica(alone: Side, pair: Side) -> list[str]:
-    """Per replica of the pair: the mean service seconds of the tasks it serves there, when
-    served by the one replica and when served in the pair (every run of each side).
+def service_by_pair_replica(sides: Sequence[Side]) -> list[str]:
+    """Per replica of the pair (the last side): the mean service seconds of the tasks it
+    serves there, when it served them on its own (its side alone) and in the pair, every run
+    of each side.
 
-    If a pair replica is slower only because its half of the tasks is longer, the two means
-    agree; if it slows down beside the other, the pair's mean is the larger.
+    A replica that is slower on its own is slower in both; one that slows down beside the
+    other has the larger mean in the pair.
     """
+    *alone, pair = sides
     routes = {task: endpoint for run in pair.service for task, (endpoint, _) in run.items()}
     lines = []
     for endpoint in sorted(set(routes.values())):
+        own = [side for side in alone if side.endpoints == (endpoint,)]
         tasks = {t for t, e in routes.items() if e == endpoint}
-        alone_s = [seconds for run in alone.service for t, (_, seconds) in run.items()
-                   if t in tasks]
+        alone_s = [seconds for side in own for run in side.service
+                   for t, (_, seconds) in run.items() if t in tasks]
         pair_s = [seconds for run in pair.service for t, (_, seconds) in run.items()
                   if t in tasks]
         if alone_s and pair_s:
             a, b = statistics.fmean(alone_s), statistics.fmean(pair_s)
             lines.append(f"port {endpoint.rsplit(':', 1)[-1]}: its {len(tasks)} tasks take "
-                         f"{a:.4f} s each served by the one replica, {b:.4f} s in the pair "
+                         f"{a:.4f} s each when it serves alone, {b:.4f} s in the pair "
                          f"({b / a - 1:+.1%})")
     return lines
 
 
-def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
-    left, right = sides
+def table(title: str, sides: Sequence[Side], *, target: float, notes: Sequence[str] = ()
+          ) -> None:
+    """Medians of every side, each run's occupancy, ``notes``, and a verdict comparing the
+    last side with the fastest other."""
+    *baselines, tested = sides
     print(title)
-    print(f"{'':<24}{left.label:>16}{right.label:>16}")
+    print(f"{'':<24}" + "".join(f"{side.label:>18}" for side in sides))
     for key, label, fmt in (("requests_per_second", "requests/s", "{:.2f}"),
                             ("wall_seconds", "wall seconds", "{:.2f}"),
                             ("median_latency_seconds", "median latency s", "{:.3f}"),
                             ("p95_latency_seconds", "p95 latency s", "{:.3f}")):
-        print(f"{label:<24}{fmt.format(left.median(key)):>16}"
-              f"{fmt.format(right.median(key)):>16}")
+        print(f"{label:<24}" + "".join(f"{fmt.format(side.median(key)):>18}" for side in sides))
     for side in sides:
         runs = ", ".join(f"{n['requests_per_second']:.2f}" for n in side.numbers)
         print(f"requests/s of each run, {side.label}: {runs}")
@@ -366,15 +398,18 @@ def table(title: str, sides: tuple[Side, Side], *, target: float) -> None:
             cells = "; ".join(f"port {endpoint.rsplit(':', 1)[-1]} {spent.describe()}"
                               for endpoint, spent in per_endpoint.items())
             print(f"run {run}, {side.label}: {cells}")
-    if len(right.occupancy[0]) > 1:
-        for line in service_by_pair_replica(left, right):
-            print(f"service time, {line}")
-    ratio = right.median("requests_per_second") / left.median("requests_per_second")
+    for line in notes:
+        print(line)
+    baseline = max(baselines, key=lambda side: side.median("requests_per_second"))
+    ratio = tested.median("requests_per_second") / baseline.median("requests_per_second")
     verdict = "met" if ratio >= target else "NOT met"
-    print(f"ratio ({right.label} / {left.label}): {ratio:.2f}x (target >= {target:g}x: {verdict})")
-    same = sum(left.outputs[t] == right.outputs.get(t) for t in left.outputs)
-    print(f"outputs identical: {'yes' if same == len(left.outputs) else 'no'} "
-          f"({same}/{len(left.outputs)} tasks)")
+    faster = ", the faster" if len(baselines) > 1 else ""
+    print(f"ratio ({tested.label} / {baseline.label}{faster}): {ratio:.2f}x "
+          f"(target >= {target:g}x: {verdict})")
+    same = sum(all(side.outputs.get(t) == want for side in baselines)
+               for t, want in tested.outputs.items())
+    print(f"outputs identical: {'yes' if same == len(tested.outputs) else 'no'} "
+          f"({same}/{len(tested.outputs)} tasks)")
 
 
 _STARTED = time.monotonic()

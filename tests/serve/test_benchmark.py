@@ -61,16 +61,48 @@ def test_service_time_leaves_out_time_spent_queued() -> None:
 
 
 def test_service_of_each_pair_replicas_tasks_alone_and_in_the_pair() -> None:
-    def side(runs: list[dict[str, tuple[str, float]]]) -> object:
-        return bench.Side(label="x", numbers=(), outputs={}, occupancy=(), service=tuple(runs))
+    def side(endpoints: tuple[str, ...], runs: list[dict[str, tuple[str, float]]]) -> object:
+        return bench.Side(label="x", numbers=(), outputs={}, occupancy=(), service=tuple(runs),
+                          endpoints=endpoints)
 
-    alone = side([{"t0": ("a", 1.0), "t1": ("a", 2.0)}, {"t0": ("a", 1.0), "t1": ("a", 2.0)}])
-    pair = side([{"t0": ("a", 1.0), "t1": ("b", 2.5)}, {"t0": ("a", 1.0), "t1": ("b", 2.5)}])
-    assert bench.service_by_pair_replica(alone, pair) == [
-        "port a: its 1 tasks take 1.0000 s each served by the one replica, 1.0000 s in the pair "
+    # Replica a serves t1 in 2 s alone and in the pair; b, slower alone (3 s), slows further
+    # in the pair. Each is compared with its own solo runs, not with the other's.
+    a_alone = side(("a",), [{"t0": ("a", 1.0), "t1": ("a", 2.0)}] * 2)
+    b_alone = side(("b",), [{"t0": ("b", 1.5), "t1": ("b", 2.0)}, {"t0": ("b", 1.5),
+                                                                    "t1": ("b", 4.0)}])
+    pair = side(("a", "b"), [{"t0": ("a", 1.0), "t1": ("b", 3.3)}] * 2)
+    assert bench.service_by_pair_replica([a_alone, b_alone, pair]) == [
+        "port a: its 1 tasks take 1.0000 s each when it serves alone, 1.0000 s in the pair "
         "(+0.0%)",
-        "port b: its 1 tasks take 2.0000 s each served by the one replica, 2.5000 s in the pair "
-        "(+25.0%)"]
+        "port b: its 1 tasks take 3.0000 s each when it serves alone, 3.3000 s in the pair "
+        "(+10.0%)"]
+
+
+def test_the_verdict_compares_the_pair_with_the_faster_replica_alone(capsys) -> None:
+    def side(label: str, rates: list[float], outputs: dict[str, tuple[int, ...]]) -> object:
+        numbers = tuple({"requests_per_second": r, "wall_seconds": 1.0,
+                         "median_latency_seconds": 0.1, "p95_latency_seconds": 0.2}
+                        for r in rates)
+        return bench.Side(label=label, numbers=numbers, outputs=outputs, occupancy=(),
+                          service=())
+
+    same = {"t0": (1, 2), "t1": (3,)}
+    sides = [side("replica 1 alone", [9.0, 10.0, 11.0], same),
+             side("replica 2 alone", [10.0, 10.5, 12.0], same),
+             side("two replicas", [19.0, 20.0, 21.0], same)]
+    bench.table("replicas", sides, target=1.9, notes=["a note"])
+    out = capsys.readouterr().out
+    assert "a note\nratio (two replicas / replica 2 alone, the faster): 1.90x " \
+           "(target >= 1.9x: met)\noutputs identical: yes (2/2 tasks)\n" in out
+    sides[1] = side("replica 2 alone", [10.6, 10.6, 10.6], {"t0": (1, 2), "t1": (4,)})
+    bench.table("replicas", sides, target=1.9)
+    out = capsys.readouterr().out
+    assert ("ratio (two replicas / replica 2 alone, the faster): 1.89x (target >= 1.9x: NOT met)"
+            in out)
+    assert "outputs identical: no (1/2 tasks)" in out
+    bench.table("batching", [sides[0], sides[2]], target=3.0)
+    assert "ratio (two replicas / replica 1 alone): 2.00x (target >= 3x: NOT met)" in \
+        capsys.readouterr().out
 
 
 def test_pinning_plan_gives_disjoint_cpus_and_refuses_too_few() -> None:
@@ -93,13 +125,14 @@ def test_a_tiny_run_prints_both_comparisons(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    assert "ratio (two replicas / one replica): " in out
+    assert re.search(r"ratio \(two replicas / replica [12] alone, the faster\): ", out)
     assert out.count("service time, port ") == 2  # one line per replica of the pair
     assert "ratio (max_batch 8 / max_batch 1): " in out
     assert out.count("outputs identical: yes (4/4 tasks)") == 2
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert logs == ["batching-run1-max_batch-1.jsonl", "batching-run1-max_batch-8.jsonl",
-                    "replicas-run1-one-replica.jsonl", "replicas-run1-two-replicas.jsonl"]
+                    "replicas-run1-replica-1-alone.jsonl", "replicas-run1-replica-2-alone.jsonl",
+                    "replicas-run1-two-replicas.jsonl"]
     assert len((tmp_path / "logs" / logs[0]).read_text().splitlines()) == 4
 
 
