@@ -31,6 +31,8 @@ tables show medians. On CUDA each replica gets its own GPU through CUDA_VISIBLE_
 started only after the replicas comparison, on the first replica's GPU (idle while it runs):
 on H200s a replica whose GPU also holds an idle replica decoded about 10 % faster than one
 alone on its GPU, which, started earlier, made the one-replica side the faster replica.
+``--idle-beside first|second`` keeps such an idle replica beside one of the pair, to measure
+that effect.
 
 Examples:
     .venv/bin/python benchmarks/serve.py --device cpu
@@ -139,6 +141,10 @@ def main() -> None:
     parser.add_argument("--log-dir", type=Path,
                         help="also write each measured run's request log there (JSONL, as the "
                              "serve recipe's requests output), to study per-task times later")
+    parser.add_argument("--idle-beside", choices=("none", "first", "second"), default="none",
+                        help="keep one more replica, idle, beside the first or second replica "
+                             "(on its GPU under CUDA) during the replicas comparison, to see "
+                             "what an idle neighbour does to a replica's speed")
     parser.add_argument("--pin", type=int, default=0, metavar="N",
                         help="keep each replica on N CPUs of its own (serve-model --cpus); "
                              "0: let the OS place them")
@@ -147,7 +153,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nscas-bench-serve-") as tmp:
         served = prepare(Path(tmp), args)
         gpus = _gpu_count() if args.device == "cuda" else 0
-        cpus = _cpu_sets(args.pin, 3)
+        cpus = _cpu_sets(args.pin, 3 if args.idle_beside == "none" else 4)
         with ReplicaGroup(Path(tmp)) as group:
             def start(max_batch: int, gpu: int) -> Any:
                 options = ReplicaOptions(threads=args.threads, max_batch=max_batch,
@@ -166,6 +172,11 @@ def main() -> None:
                                              timeout=args.timeout,
                                              model_digest=served.model_digest)
             note(f"replicas ready at {first} {second}")
+            if args.idle_beside != "none":
+                gpu = base if args.idle_beside == "first" else base + 1
+                (idle,) = group.wait_ready([start(1, gpu)], timeout=args.timeout,
+                                           model_digest=served.model_digest)
+                note(f"idle replica beside the {args.idle_beside} one at {idle}")
             replicas = asyncio.run(measure_replicas(args, served, first, second))
             note("starting the batched replica")
             (batched,) = group.wait_ready([start(args.batch, base)], timeout=args.timeout,
@@ -178,6 +189,10 @@ def main() -> None:
              f"{args.first_gpu % gpus})" if gpus
              else f"; torch threads per replica {args.threads}") + f"; decoding: {decoding}")
     print("replica CPUs: " + ("any" if not args.pin else " / ".join(str(c) for c in cpus)))
+    if args.idle_beside != "none":
+        print(f"an idle replica beside the {args.idle_beside} replica during the replicas "
+              f"comparison" + (f" (on GPU {(base + (args.idle_beside == 'second')) % gpus})"
+                               if gpus else ""))
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
     print()
