@@ -31,8 +31,8 @@ tables show medians. On CUDA each replica gets its own GPU through CUDA_VISIBLE_
 started only after the replicas comparison, on the first replica's GPU (idle while it runs):
 on H200s a replica whose GPU also holds an idle replica decoded about 10 % faster than one
 alone on its GPU, which, started earlier, made the one-replica side the faster replica.
-``--idle-beside first|second`` keeps such an idle replica beside one of the pair, to measure
-that effect.
+``--idle-beside first|second`` keeps a warmed-up copy of the batched replica, idle, beside one
+of the pair, to measure that effect.
 
 Examples:
     .venv/bin/python benchmarks/serve.py --device cpu
@@ -142,9 +142,10 @@ def main() -> None:
                         help="also write each measured run's request log there (JSONL, as the "
                              "serve recipe's requests output), to study per-task times later")
     parser.add_argument("--idle-beside", choices=("none", "first", "second"), default="none",
-                        help="keep one more replica, idle, beside the first or second replica "
-                             "(on its GPU under CUDA) during the replicas comparison, to see "
-                             "what an idle neighbour does to a replica's speed")
+                        help="keep a copy of the batched replica (max_batch --batch, warmed "
+                             "up, then idle) beside the first or second replica (on its GPU "
+                             "under CUDA) during the replicas comparison, to see what such a "
+                             "neighbour does to a replica's speed")
     parser.add_argument("--pin", type=int, default=0, metavar="N",
                         help="keep each replica on N CPUs of its own (serve-model --cpus); "
                              "0: let the OS place them")
@@ -174,9 +175,10 @@ def main() -> None:
             note(f"replicas ready at {first} {second}")
             if args.idle_beside != "none":
                 gpu = base if args.idle_beside == "first" else base + 1
-                (idle,) = group.wait_ready([start(1, gpu)], timeout=args.timeout,
+                (idle,) = group.wait_ready([start(args.batch, gpu)], timeout=args.timeout,
                                            model_digest=served.model_digest)
                 note(f"idle replica beside the {args.idle_beside} one at {idle}")
+                asyncio.run(warm_up(args, served, (idle,)))
             replicas = asyncio.run(measure_replicas(args, served, first, second))
             note("starting the batched replica")
             (batched,) = group.wait_ready([start(args.batch, base)], timeout=args.timeout,
@@ -190,8 +192,8 @@ def main() -> None:
              else f"; torch threads per replica {args.threads}") + f"; decoding: {decoding}")
     print("replica CPUs: " + ("any" if not args.pin else " / ".join(str(c) for c in cpus)))
     if args.idle_beside != "none":
-        print(f"an idle replica beside the {args.idle_beside} replica during the replicas "
-              f"comparison" + (f" (on GPU {(base + (args.idle_beside == 'second')) % gpus})"
+        print(f"an idle max_batch {args.batch} replica, warmed up, beside the {args.idle_beside} "
+              f"replica during the replicas comparison" + (f" (on GPU {(base + (args.idle_beside == 'second')) % gpus})"
                                if gpus else ""))
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")

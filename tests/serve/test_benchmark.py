@@ -126,7 +126,8 @@ def test_a_tiny_run_prints_both_comparisons(tmp_path: Path, idle: str) -> None:
          "--idle-beside", idle], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    beside = "an idle replica beside the second replica during the replicas comparison\n"
+    beside = ("an idle max_batch 8 replica, warmed up, beside the second replica during the "
+              "replicas comparison\n")
     assert (beside in out) == (idle == "second")
     assert ("idle replica beside the second one at http://127.0.0.1:" in done.stderr) == (
         idle == "second")
