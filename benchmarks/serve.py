@@ -28,11 +28,11 @@ the other from one that is slower on its own.
 Each comparison runs --runs times, reversing the order of its sides every other run; the
 tables show medians. On CUDA each replica gets its own GPU through CUDA_VISIBLE_DEVICES
 (replica k on GPU k mod the GPU count, counted from --first-gpu). The batched replica is
-started only after the replicas comparison, on the first replica's GPU (idle while it runs):
-on H200s a replica whose GPU also holds an idle replica decoded about 10 % faster than one
-alone on its GPU, which, started earlier, made the one-replica side the faster replica.
-``--idle-beside first|second`` keeps a warmed-up copy of the batched replica, idle, beside one
-of the pair, to measure that effect.
+started only after the replicas comparison, on the first replica's GPU (idle while it runs).
+On H200s, when it was started together with the pair, the first replica decoded about 10 %
+faster than the second, alone on its GPU, and the one-replica side was the faster replica.
+Why is not known: ``--idle-beside first|second``, which keeps a warmed-up copy of the batched
+replica idle beside one of the pair (started after the pair), did not reproduce it.
 
 Examples:
     .venv/bin/python benchmarks/serve.py --device cpu
@@ -192,9 +192,9 @@ def main() -> None:
              else f"; torch threads per replica {args.threads}") + f"; decoding: {decoding}")
     print("replica CPUs: " + ("any" if not args.pin else " / ".join(str(c) for c in cpus)))
     if args.idle_beside != "none":
+        where = f" (on GPU {(base + (args.idle_beside == 'second')) % gpus})" if gpus else ""
         print(f"an idle max_batch {args.batch} replica, warmed up, beside the {args.idle_beside} "
-              f"replica during the replicas comparison" + (f" (on GPU {(base + (args.idle_beside == 'second')) % gpus})"
-                               if gpus else ""))
+              f"replica during the replicas comparison{where}")
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
     print()
