@@ -3,7 +3,7 @@
 Builds everything it needs in a temporary store: a checkpoint (a seeded llama preset with a
 tokenizer trained on the prompts, or --model-dir, an HF directory whose tokenizer has a chat
 template), a dev set of grounded tasks, and three real replica processes on 127.0.0.1
-(``python -m nscas.cli.serve_model``), then drives them with the serve recipe's load client:
+(``python -m nscas.recipes.serve.replica_main``), then drives them with the serve recipe's load client:
 
 1. replicas: each of two replicas alone against both together, all without batching
    (max_batch 1), so the only difference is the second replica (target: the pair at least

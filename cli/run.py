@@ -14,7 +14,7 @@ from nscas.errors import NscasError
 
 if TYPE_CHECKING:
     from nscas.compare import Verdict
-    from nscas.runner import StepResult
+    from nscas.runner import CacheMiss, StepResult
 
 app = command_app()
 
@@ -32,7 +32,8 @@ def run(
 ) -> None:
     """Run a recipe or pipeline file and print each step's receipt, outputs and claims.
 
-    A step whose action already has a receipt is not run again (it is shown as cached);
+    A step whose action already has a receipt is not run again (it is shown as cached); one
+    that runs says what changed since the step's last run (code files, params, inputs);
     --rerun runs it anyway and reports per output: identical, within-tolerance (with the
     distance) or different. A failed step exits 1, naming its receipt; bad input exits 2
     and writes nothing.
@@ -76,10 +77,36 @@ def step_json(result: StepResult, *, pipeline: bool) -> dict[str, Any]:
     })
     if result.verdicts:
         out["verdicts"] = {k: v.to_json() for k, v in result.verdicts.items()}
+    if result.miss is not None and result.miss.previous is not None:
+        out["miss"] = miss_json(result.miss)
     if result.status != "succeeded":
         out["status"] = result.status
         out["error"] = result.error
     return out
+
+
+def miss_json(miss: CacheMiss) -> dict[str, Any]:
+    """What changed since the step's last run (``previous``, its receipt)."""
+    out: dict[str, Any] = {"previous": str(miss.previous)}
+    if miss.recipe is not None:
+        out["recipe"] = list(miss.recipe)
+    out.update({"inputs": list(miss.inputs), "params": list(miss.params), "code": {
+        "changed": list(miss.code.changed), "added": list(miss.code.added),
+        "removed": list(miss.code.removed)}})
+    return out
+
+
+def miss_rows(miss: CacheMiss) -> list[list[str]]:
+    """``since receipt ID``, then one ``changed`` row per thing that differs."""
+    rows = [["since", "receipt", str(miss.previous)]]
+    if miss.recipe is not None:
+        rows.append(["changed", "recipe", " -> ".join(miss.recipe)])
+    rows += [["changed", "input", name] for name in miss.inputs]
+    rows += [["changed", "param", name] for name in miss.params]
+    for how, files in (("changed", miss.code.changed), ("added", miss.code.added),
+                       ("removed", miss.code.removed)):
+        rows += [["changed", "code", f"{path} ({how})"] for path in files]
+    return rows
 
 
 def verdict_text(verdict: Verdict) -> str:
@@ -96,7 +123,9 @@ def verdict_text(verdict: Verdict) -> str:
 def render_step(result: StepResult, *, pipeline: bool) -> None:
     how = "cached" if result.cached else "ran" if result.status == "succeeded" else "failed"
     who = f"step {result.step} (recipe {result.recipe})" if pipeline else f"recipe {result.recipe}"
-    rows = [["output", name, str(oid)] for name, oid in result.outputs.items()]
+    rows = (miss_rows(result.miss)
+            if result.miss is not None and result.miss.previous is not None else [])
+    rows += [["output", name, str(oid)] for name, oid in result.outputs.items()]
     rows += [["claim", name, _compact(value)] for name, value in result.claims.items()]
     rows += [["verdict", name, verdict_text(v)] for name, v in result.verdicts.items()]
     if result.error:

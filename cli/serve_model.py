@@ -1,23 +1,21 @@
 """``nscas serve-model``: serve a checkpoint over HTTP as one replica until SIGTERM.
 
-Also runnable as ``python -m nscas.cli.serve_model ID ...``: the ``serve`` recipe starts its
-replicas that way and reads the ready line from their stdout.
+A thin command over ``nscas.recipes.serve.replica_main``, the process the ``serve`` recipe
+starts; this adds the CLI's store lookup and help. Also runnable as
+``python -m nscas.cli.serve_model ID ...``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import sys
-import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from nscas.cli import render
 from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
-from nscas.errors import InvalidInput, NscasError
+from nscas.errors import NscasError
 
 app = command_app()
 
@@ -70,54 +68,26 @@ def serve_model(
 
     Example: nscas serve-model experiments/coop/clean-pair --tasks experiments/coop/dev
     """
-    from nscas.recipes.serve.replica import pin_to_cpus
+    from nscas.recipes.serve.replica_main import ReplicaSettings, ready_line, run_replica
 
-    _check(max_batch=max_batch, max_wait_ms=max_wait_ms, threads=threads,
-           max_new_tokens=max_new_tokens, cache_size=cache_size, device=device, port=port,
-           precision=precision)
-    if cpus is not None:  # first, so that every thread started from here on inherits it
-        pin_to_cpus(cpus)
+    settings = ReplicaSettings(
+        checkpoint=id_, tasks=tasks, host=host, port=port, max_batch=max_batch,
+        max_wait_ms=max_wait_ms, threads=threads, max_new_tokens=max_new_tokens,
+        cache_size=cache_size, device=device, precision=precision, cuda_graphs=cuda_graphs,
+        cpus=cpus)
 
-    from nscas.reading import open_store
-    from nscas.recipes.serve.replica import load_replica
-    from nscas.recipes.serve.server import ServerConfig, serve
-    config = ServerConfig(host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                          max_new_tokens=max_new_tokens, cache_size=cache_size)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    store = (open_store(store_path, readonly=True) if store_path is not None
-             else open_cli_store(ctx, readonly=True))
-    with store, tempfile.TemporaryDirectory(prefix="nscas-serve-") as workdir:
-        checkpoint = store.resolve(id_)
-        task_set = store.resolve(tasks) if tasks is not None else None
-        replica = load_replica(store, checkpoint, task_set, device=device,
-                               workdir=Path(workdir), threads=threads, precision=precision,
-                               cuda_graphs=cuda_graphs)
+    def open_store() -> Any:
+        if store_path is None:
+            return open_cli_store(ctx, readonly=True)
+        from nscas.reading import open_store
 
-        def ready(url: str) -> None:
-            if as_json:
-                render.json_out({"url": url, "model_digest": replica.model_digest})
-            else:
-                render.text(f"listening {url}")
-            sys.stdout.flush()  # whoever started us waits for this line
+        return open_store(store_path, readonly=True)
 
-        asyncio.run(serve(replica, config, on_ready=ready))
+    def ready(url: str, model_digest: str) -> None:
+        render.text(ready_line(url, model_digest, as_json=as_json))
+        sys.stdout.flush()  # whoever started us waits for this line
 
-
-def _check(*, max_batch: int, max_wait_ms: float, threads: int, max_new_tokens: int,
-           cache_size: int, device: str, port: int, precision: str) -> None:
-    for name, value in (("--max-batch", max_batch), ("--threads", threads),
-                        ("--max-new-tokens", max_new_tokens), ("--cache-size", cache_size)):
-        if value < 1:
-            raise InvalidInput(f"{name} must be at least 1, got {value}")
-    if max_wait_ms < 0:
-        raise InvalidInput(f"--max-wait-ms must not be negative, got {max_wait_ms}")
-    if device not in ("cpu", "cuda"):
-        raise InvalidInput(f"--device must be cpu or cuda, got {device!r}")
-    if precision not in ("bf16", "fp32"):
-        raise InvalidInput(f"--precision must be bf16 or fp32, got {precision!r}")
-    if not 0 <= port <= 65535:
-        raise InvalidInput(f"--port must be from 0 to 65535, got {port}")
+    run_replica(settings, open_store, on_ready=ready)
 
 
 def main() -> None:

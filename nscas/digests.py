@@ -111,3 +111,16 @@ def hash_stream(stream: BinaryIO, block: int = 8 << 20) -> tuple[Digest, str, in
     while n := stream.readinto(buf):
         h.update(view[:n])
     return h.digest(), h.sha256(), h.size
+
+
+def hash_slice(stream: BinaryIO, length: int, block: int = 8 << 20) -> Digest:
+    """BLAKE3 ID of the next ``length`` bytes of ``stream``; short streams are an error."""
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    left = length
+    while left:
+        data = stream.read(min(block, left))
+        if not data:
+            raise InvalidInput(f"stream ends {left} bytes before the slice does")
+        h.update(data)
+        left -= len(data)
+    return Digest(h.hexdigest())

@@ -103,7 +103,6 @@ class Recipe:
     inputs: Mapping[str, InputSpec]
     run: Callable[[RunContext], RecipeResult]
     outputs: tuple[str, ...]
-    sources: tuple[str, ...]  # module names whose package directories form the code tree
     extra_inputs: bool = False
     extra_kind: str | None = None
     doc: str = ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import platform
 import shutil
@@ -17,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from nscas.codetree import CodeChanges, code_changes, code_tree
 from nscas.compare import Verdict, compare_outputs
 from nscas.config import StepConfig, load_run_file, params_to_json, parse_params, step_reference
 from nscas.digests import Digest
@@ -25,7 +25,6 @@ from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContex
 from nscas.store import Store, check_ref_name
 
 ENTRY_POINT_GROUP = "nscas.recipes"
-_CODE_SUFFIXES = {".py", ".json", ".jinja", ".toml", ".txt"}
 _ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy",
                  "blake3", "rfc8785", "zstandard", "SQLAlchemy", "alembic", "aiohttp", "httpx")
 
@@ -41,6 +40,7 @@ class StepResult:
     outputs: Mapping[str, Digest]
     claims: Mapping[str, Any]
     verdicts: Mapping[str, Verdict] = field(default_factory=dict)
+    miss: CacheMiss | None = None  # why a step that was not asked to rerun ran
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -54,6 +54,22 @@ class StepResult:
         if self.error:
             out["error"] = self.error
         return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheMiss:
+    """Why a step's action had no receipt: how it differs from the last run of that step.
+
+    ``previous`` is that run's receipt, ``None`` if none was found; ``recipe`` holds the old
+    and new ``name@version`` when the version changed; ``inputs`` and ``params`` name what
+    differs; ``code`` is how the code tree changed.
+    """
+
+    previous: Digest | None
+    recipe: tuple[str, str] | None = None
+    inputs: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    code: CodeChanges = field(default_factory=CodeChanges)
 
 
 ProgressFactory = Callable[[str], Progress]
@@ -268,11 +284,13 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
         return StepResult(step=step.name, recipe=recipe.name, receipt=previous, action=action,
                           cached=True, status="succeeded", outputs=outputs,
                           claims=_claim_values(rec["claims"]))
+    miss = None if previous is not None else explain_miss(store, action, step, expected_refs)
     receipt, result, error = _execute(store, recipe, step.name, params, inputs, action,
                                       progress or NullProgress(), rerun)
     if result is None:
         return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action,
-                          cached=False, status="failed", outputs={}, claims={}, error=error)
+                          cached=False, status="failed", outputs={}, claims={}, miss=miss,
+                          error=error)
     verdicts: dict[str, Verdict] = {}
     if previous is not None:
         before = {k: Digest.parse(v) for k, v in store.get_record(previous)["outputs"].items()}
@@ -280,7 +298,8 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
     _set_refs(store, step, dict(result.outputs), expected_refs, receipt)
     return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action,
                       cached=False, status="succeeded", outputs=dict(result.outputs),
-                      claims={k: c.value for k, c in result.claims.items()}, verdicts=verdicts)
+                      claims={k: c.value for k, c in result.claims.items()}, verdicts=verdicts,
+                      miss=miss)
 
 
 def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mapping[str, Digest],
@@ -339,36 +358,82 @@ def _set_refs(store: Store, step: StepConfig, outputs: Mapping[str, Digest],
 
 def find_receipt(store: Store, action: Digest) -> Digest | None:
     """The earliest succeeded receipt of ``action``, if any (the cache)."""
-    best: tuple[str, Digest] | None = None
-    for link in store.links_to(action):
-        if link.path != "$.action":
+    found = [(rec["started"], oid) for oid, rec in _receipts(store, action)]
+    return min(found)[1] if found else None
+
+
+def explain_miss(store: Store, action: Digest, step: StepConfig,
+                 refs: Mapping[str, Digest | None]) -> CacheMiss:
+    """Compare a new action with the one of the step's last succeeded run.
+
+    That run is the newest succeeded receipt of the same recipe that ran on the same inputs
+    and params (so only the code or version differ), or else, among those that set one of the
+    step's output refs to its value at start, the newest.
+    """
+    new = store.get_record(action)
+    last = _last_run(store, new, step, refs)
+    if last is None:
+        return CacheMiss(previous=None)
+    receipt, old = last
+    before = store.get_record(Digest.parse(old["code"]))["entries"]
+    after = store.get_record(Digest.parse(new["code"]))["entries"]
+    return CacheMiss(
+        previous=receipt,
+        recipe=(old["recipe"], new["recipe"]) if old["recipe"] != new["recipe"] else None,
+        inputs=_differing(old["inputs"], new["inputs"]),
+        params=_differing(old["params"], new["params"]),
+        code=code_changes(before, after))
+
+
+def _last_run(store: Store, new: Mapping[str, Any], step: StepConfig,
+              refs: Mapping[str, Digest | None]) -> tuple[Digest, dict[str, Any]] | None:
+    name = _recipe_name(new["recipe"])
+    same: list[tuple[str, Digest, dict[str, Any]]] = []
+    if new["inputs"]:
+        first = min(new["inputs"])
+        for link in store.links_to(Digest.parse(new["inputs"][first])):
+            rec = store.get_record(link.parent)
+            if (rec.get("nscas") == "action/1" and _recipe_name(rec["recipe"]) == name
+                    and rec["inputs"] == new["inputs"] and rec["params"] == new["params"]):
+                same += [(r["finished"], oid, rec) for oid, r in _receipts(store, link.parent)]
+    if same:
+        _, receipt, rec = max(same, key=lambda c: (c[0], c[1]))
+        return receipt, rec
+    setters: list[tuple[str, Digest, dict[str, Any]]] = []
+    for output, ref in step.outputs.items():
+        target = refs.get(ref)
+        if target is None:
             continue
+        for link in store.links_to(target):
+            rec = store.get_record(link.parent)
+            if (rec.get("nscas") == "receipt/1" and rec.get("status") == "succeeded"
+                    and rec["outputs"].get(output) == str(target)):
+                act = store.get_record(Digest.parse(rec["action"]))
+                if _recipe_name(act["recipe"]) == name:
+                    setters.append((rec["finished"], link.parent, act))
+    if setters:
+        _, receipt, rec = max(setters, key=lambda c: (c[0], c[1]))
+        return receipt, rec
+    return None
+
+
+def _receipts(store: Store, action: Digest) -> list[tuple[Digest, dict[str, Any]]]:
+    """The succeeded receipts of ``action``."""
+    out = []
+    for link in store.links_to(action):
         rec = store.get_record(link.parent)
-        if rec.get("nscas") == "receipt/1" and rec.get("status") == "succeeded":
-            key = (rec["started"], link.parent)
-            if best is None or key < best:
-                best = key
-    return best[1] if best else None
+        if (link.path == "$.action" and rec.get("nscas") == "receipt/1"
+                and rec.get("status") == "succeeded"):
+            out.append((link.parent, rec))
+    return out
 
 
-def code_tree(store: Store, recipe: Recipe) -> Digest:
-    """The tree/1 of the recipe's own source files (the modules named in ``sources``)."""
-    entries: dict[str, dict[str, Any]] = {}
-    for module in recipe.sources:
-        spec = importlib.util.find_spec(module)
-        if spec is None or spec.origin is None:
-            raise RecipeError(f"recipe {recipe.name!r}: cannot find source module {module!r}")
-        origin = Path(spec.origin)
-        base = module.replace(".", "/")
-        files = ([(f"{base}/{p.relative_to(origin.parent).as_posix()}", p)
-                  for p in sorted(origin.parent.rglob("*"))
-                  if p.is_file() and p.suffix in _CODE_SUFFIXES and "__pycache__" not in p.parts]
-                 if spec.submodule_search_locations else [(f"{base}.py", origin)])
-        for rel, path in files:
-            oid = store.put_bytes(path.read_bytes())
-            info = store.info(oid)
-            entries[rel] = {"id": str(oid), "size": info.size, "sha256": info.sha256}
-    return store.put_record({"nscas": "tree/1", "entries": entries})
+def _recipe_name(recipe: str) -> str:
+    return recipe.rpartition("@")[0]
+
+
+def _differing(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)))
 
 
 def environment() -> dict[str, Any]:
@@ -430,11 +495,14 @@ def wall_clock() -> float:
 
 
 __all__ = [
+    "CacheMiss",
     "NotFound",
     "OutputRefConflict",
     "StepFailed",
     "StepResult",
     "available_recipes",
+    "code_tree",
+    "explain_miss",
     "find_receipt",
     "load_recipe",
     "run_file",

@@ -94,7 +94,6 @@ RECIPE = Recipe(
     inputs={"prepared": InputSpec(kind="commitment/1", doc="the prepare recipe's commitment")},
     outputs=("commitment",),
     run=run,
-    sources=("nscas.recipes.commit",),
     extra_inputs=True,
     extra_kind="checkpoint/1",
     doc="Commit one checkpoint per arm (inputs named after the arms) before final-test scoring.",

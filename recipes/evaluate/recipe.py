@@ -210,6 +210,5 @@ RECIPE = Recipe(
     },
     outputs=("generations", "checks", "retention"),
     run=run,
-    sources=("nscas.recipes.evaluate", "nscas.recipes.common"),
     doc="Greedy answers to every task, retained and scored; paired statistics against a baseline.",
 )

@@ -55,6 +55,5 @@ RECIPE = Recipe(
     inputs={"tokenizer": InputSpec(kind="tree/1", doc="the tokenizer recipe's output")},
     outputs=("checkpoint",),
     run=run,
-    sources=("nscas.recipes.init", "nscas.recipes.common"),
     doc="Build a seeded Llama-architecture model from a preset and store it as a checkpoint.",
 )

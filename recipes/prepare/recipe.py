@@ -176,6 +176,5 @@ RECIPE = Recipe(
     },
     outputs=("test", "dev", "train", "damaged", "replay", "retention", "prepared"),
     run=run,
-    sources=("nscas.recipes.prepare", "nscas.recipes.common"),
     doc="Grounded tasks (EXPERIMENT 1), the damaged control, replay and retention sets.",
 )

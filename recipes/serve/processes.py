@@ -1,6 +1,6 @@
 """Replica processes: start them, wait until each is ready, stop them; none outlives its group.
 
-A replica is ``python -m nscas.cli.serve_model`` on port 0. It is ready once it has printed
+A replica is ``python -m nscas.recipes.serve.replica_main`` on port 0. It is ready once it has printed
 ``listening URL`` on stdout and ``GET URL/health`` answers ready with the expected model
 digest. A ``ReplicaGroup`` stops every process it started when it closes, also on error:
 SIGTERM first (the replica drains and exits 0), SIGKILL after a grace period.
@@ -25,6 +25,8 @@ import httpx
 
 from nscas.errors import RecipeError
 
+REPLICA_MODULE = "nscas.recipes.serve.replica_main"
+"""What a replica process runs (``python -m``)."""
 READY_PREFIX = "listening "
 """How a replica's ready line starts; the URL follows."""
 
@@ -66,7 +68,7 @@ class ReplicaOptions:
 def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
                     options: ReplicaOptions) -> list[str]:
     """The argv of one replica process serving ``checkpoint`` from the store at ``store_path``."""
-    argv = [sys.executable, "-m", "nscas.cli.serve_model", checkpoint, "--store",
+    argv = [sys.executable, "-m", REPLICA_MODULE, checkpoint, "--store",
             str(store_path), "--host", "127.0.0.1", "--port", "0",
             "--threads", str(options.threads), "--max-batch", str(options.max_batch),
             "--max-wait-ms", str(options.max_wait_ms),

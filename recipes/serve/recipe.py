@@ -170,8 +170,6 @@ RECIPE = Recipe(
     },
     outputs=("requests",),
     run=run,
-    sources=("nscas.recipes.serve", "nscas.recipes.common", "nscas.recipes.init",
-             "nscas.verifiers.params", "nscas.cli.serve_model"),
     doc="Serve a checkpoint from replicas in three phases (single, pair, failure) and "
         "measure throughput, latency, retries and output identity from the request log.",
 )

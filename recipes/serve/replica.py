@@ -1,9 +1,9 @@
 """What one replica serves: a checkpoint loaded from the store, checked, and its task prompts.
 
 A replica never serves weights it has not checked: the checkpoint's files are materialised,
-the parameter digest is recomputed from the materialised safetensors bytes (by the
-independent verifier code, not by the store that wrote it) and must equal the checkpoint's
-``params`` before the model is even loaded.
+the parameter digest is recomputed from the materialised safetensors bytes (the files the
+model is loaded from, not the stored objects) and must equal the checkpoint's ``params``
+before the model is even loaded.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     """
     import torch
 
+    from nscas.checkpoints import file_params_digest
     from nscas.recipes.init.presets import load_hf_dir
-    from nscas.verifiers.params import params_digest
 
     if threads < 1:
         raise ReplicaLoadError(str(checkpoint), f"threads must be at least 1, got {threads}")
@@ -143,7 +143,7 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     weights = sorted(model_dir.glob("*.safetensors"))
     if not weights:
         raise ReplicaLoadError(str(checkpoint), "its files hold no *.safetensors weights")
-    recomputed = params_digest(weights).id
+    recomputed = str(file_params_digest(weights))
     if recomputed != record["params"]:
         raise IntegrityError(f"parameters of checkpoint {checkpoint}", record["params"],
                              recomputed)

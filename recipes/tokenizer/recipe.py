@@ -52,6 +52,5 @@ RECIPE = Recipe(
     inputs={"prepared": InputSpec(kind="commitment/1", doc="the prepare recipe's commitment")},
     outputs=("tokenizer",),
     run=run,
-    sources=("nscas.recipes.tokenizer",),
     doc="Train a byte-level BPE tokenizer with a ChatML chat template.",
 )

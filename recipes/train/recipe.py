@@ -154,6 +154,5 @@ RECIPE = Recipe(
     },
     outputs=("checkpoint", "checkpoints"),
     run=run,
-    sources=("nscas.recipes.train", "nscas.recipes.common", "nscas.recipes.init"),
     doc="Weighted DDP training with per-rank journals, checkpoints and digest agreement.",
 )

@@ -35,6 +35,5 @@ RECIPE = Recipe(
     inputs={"source": InputSpec(kind=None, required=False, doc="any object")},
     outputs=("seen",),
     run=run,
-    sources=("tests.runner.probe_recipe",),
     extra_inputs=True,
 )

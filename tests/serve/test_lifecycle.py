@@ -16,7 +16,12 @@ import httpx
 import pytest
 
 from nscas.errors import InvalidInput
-from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
+from nscas.recipes.serve.processes import (
+    REPLICA_MODULE,
+    ReplicaGroup,
+    ReplicaOptions,
+    replica_command,
+)
 from nscas.recipes.serve.replica import pin_to_cpus
 from nscas.store import open_store
 
@@ -106,6 +111,17 @@ def test_cli_help_and_bad_options() -> None:
     assert bad.returncode == 2
     assert bad.stderr.startswith("nscas: error: --cpus names CPUs this process may not use: "
                                  "99999")
+
+
+def test_the_replica_entry_point_refuses_bad_options_as_the_command_does(tmp_path: Path) -> None:
+    # What the serve recipe starts: the same checks and one-line errors, no CLI behind it.
+    replica = [sys.executable, "-m", REPLICA_MODULE, "blake3:" + "0" * 64, "--store", str(tmp_path)]
+    for option, value, message in (
+            ("--max-batch", "0", "--max-batch must be at least 1, got 0"),
+            ("--precision", "fp16", "--precision must be bf16 or fp32, got 'fp16'")):
+        bad = subprocess.run([*replica, option, value], capture_output=True, text=True,
+                             timeout=60)
+        assert (bad.returncode, bad.stderr) == (2, f"nscas: error: {message}\n")
 
 
 def test_a_pinned_replica_runs_on_its_cpus_only(served: Served, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nscas.checkpoints import file_params_digest
 from nscas.chunks import CHUNK_SIZE, INLINE_MAX, SINGLE_MAX, TENSOR_SPLIT
 from nscas.digests import Digest
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput, NotFound
@@ -299,6 +300,19 @@ class TestCheckpointsContract:
         assert params[1] == expected_two
         assert params[0]["tensors"]["embed"] == params[1]["tensors"]["embed"]
         assert params[0]["tensors"]["head"] != params[1]["tensors"]["head"]
+
+    def test_the_params_digest_of_files_on_disk_is_the_stored_one(self, any_store: Store,
+                                                                  tmp_path: Path) -> None:
+        model = self._model_dir(tmp_path / "m", {
+            "embed": random_f32(TENSOR_SPLIT // 4 + 1000, seed=23),  # cut into its own part
+            "norm": np.ones(16, dtype=np.float32), "empty": np.zeros((0, 4), dtype=np.float32)})
+        write_safetensors(model / "model-2.safetensors", {"head": random_f32(300, seed=24)})
+        checkpoint = any_store.get_record(any_store.put_checkpoint(model, step=0, parent=None))
+        weights = sorted(model.glob("*.safetensors"))
+        assert file_params_digest(weights) == Digest.parse(checkpoint["params"])
+        (model / "model-2.safetensors").write_bytes((model / "model-2.safetensors").read_bytes()[:-1])
+        with pytest.raises(InvalidInput, match="before the slice"):
+            file_params_digest(weights)
 
     def test_refusals(self, any_store: Store, tmp_path: Path) -> None:
         (tmp_path / "empty").mkdir()
