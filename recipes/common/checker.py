@@ -9,6 +9,7 @@ target's keys and, at every depth, the same JSON type and value (``true`` is not
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -66,8 +67,17 @@ def _no_constants(name: str) -> Any:
     raise _Rejected(f"non-finite number {name}")
 
 
+def _finite_float(text: str) -> float:
+    # 1e400 is not a constant to the decoder, but it reads as Infinity all the same.
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Rejected(f"number {text} overflows to infinity")
+    return value
+
+
 _DECODER = json.JSONDecoder(
-    object_pairs_hook=_object_without_duplicates, parse_constant=_no_constants
+    object_pairs_hook=_object_without_duplicates, parse_constant=_no_constants,
+    parse_float=_finite_float,
 )
 
 

@@ -22,6 +22,9 @@ from nscas.errors import InvalidInput, RecipeError
 from .checker import check
 
 FAMILIES = ("lookup", "filter", "total", "sort")
+QUERY_FAMILIES = ("lookup",)
+"""Families whose task is about the query id: their instructions must name it as ``{q}``
+(the published wordings use it there only); elsewhere ``{q}`` is allowed, not required."""
 ROLES = ("test", "dev", "train")
 """Generation order of the roles; it decides which task keeps a prompt if one ever repeats."""
 CITIES = ("Oslo", "Lima", "Kyoto", "Accra", "Perth", "Riga", "Bern", "Suva")
@@ -103,9 +106,9 @@ def parse_wordings(value: object) -> Wordings:
             if not isinstance(text, str):
                 raise WordingError(f"expected a string, got {type(text).__name__}",
                                    family=family, index=index)
-            if "{q}" not in text:
-                raise WordingError("lacks the '{q}' placeholder for the query id",
-                                   family=family, index=index)
+            if family in QUERY_FAMILIES and "{q}" not in text:
+                raise WordingError("lacks the '{q}' placeholder for the query id, which a "
+                                   f"{family} instruction must name", family=family, index=index)
         instructions[family] = tuple(texts)
     return Wordings(header=header, instructions=instructions, description=description)
 

@@ -48,6 +48,8 @@ TABLE = [
     ('{"total":NaN}', '{"total":1}', INVALID),
     ('{"total":Infinity}', '{"total":1}', INVALID),
     ('{"total":-Infinity}', '{"total":1}', INVALID),
+    ('{"total":1e400}', '{"total":1}', INVALID),  # overflows to Infinity
+    ('{"total":-1e999}', '{"total":1}', INVALID),
     ('```json\n{"city":"Oslo","units":365}\n```', LOOKUP, INVALID),  # Markdown fence
     ('The answer is {"city":"Oslo","units":365}', LOOKUP, INVALID),
     ('{"city":"Oslo","units":365} done', LOOKUP, INVALID),

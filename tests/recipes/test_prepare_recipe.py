@@ -208,9 +208,10 @@ def test_wordings_with_the_wrong_number_of_wordings(store: Store, tmp_path: Path
 
 
 def test_wording_without_the_query_placeholder(store: Store, tmp_path: Path) -> None:
-    blob = wordings_blob(store, lambda w: w["filter"].__setitem__(2, "List the ready ids."))
+    blob = wordings_blob(store, lambda w: w["lookup"].__setitem__(2, "Find the record."))
     assert fails(store, tmp_path, {"wordings": blob}) == (
-        "wording object: wordings['filter'][2]: lacks the '{q}' placeholder for the query id")
+        "wording object: wordings['lookup'][2]: lacks the '{q}' placeholder for the query id, "
+        "which a lookup instruction must name")
 
 
 def conversations(store: Store, *records: dict[str, Any]) -> Digest:
@@ -284,3 +285,27 @@ def test_weights_at_the_bounds_are_accepted(store: Store, tmp_path: Path) -> Non
     [result] = run_file(store, path)
     _, train = tasks(store, result, "train")
     assert {line["weight"] for line in train} == {16}
+
+
+def test_wordings_that_name_the_query_in_lookup_only(store: Store, tmp_path: Path) -> None:
+    """The published wording object names the query id in its lookup instructions only: such
+    an object is accepted, its prompts and identities follow the rules, and the independent
+    verifier regenerates the same task sets from it."""
+    from nscas.verifiers.verify import verify
+
+    value = default_wordings()
+    for family in ("filter", "total", "sort"):
+        value["wordings"][family] = [f"{family} wording {n}, no query id." for n in range(4)]
+    blob = store.put_bytes(json.dumps(value).encode())
+    path = write(tmp_path, "lookup-only.toml",
+                 PREPARE_RECIPE + f'[inputs]\nwordings = "{blob}"\n')
+    (result,) = run_file(store, path)
+    for role in ("test", "dev", "train"):
+        record, lines = tasks(store, result, role)
+        assert record["ids"] == [identity(line) for line in lines]
+        for line in lines:
+            family, query = line["task"]["family"], line["task"]["query"]
+            instruction = value["wordings"][family][line["task"]["variant"]]
+            assert line["prompt"].startswith(value["header"] + instruction.replace("{q}", query))
+    report = verify(str(result.receipt), store=store.root)
+    assert report.ok, [c for c in report.checks if c.status == "failed"]

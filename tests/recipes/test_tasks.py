@@ -251,14 +251,26 @@ def _wordings(**changes: object) -> dict:
     (_wordings(wordings={**{f: ["{q}"] * 4 for f in T.FAMILIES}, "filter": ["{q}"] * 3}),
      r"wordings\['filter'\]: expected a list of exactly 4"),
     (_wordings(wordings={**{f: ["{q}"] * 4 for f in T.FAMILIES},
-                             "total": ["{q}", "{q}", "no placeholder", "{q}"]}),
-     r"wordings\['total'\]\[2\]: lacks the '\{q\}'"),
+                             "lookup": ["{q}", "{q}", "no placeholder", "{q}"]}),
+     r"wordings\['lookup'\]\[2\]: lacks the '\{q\}'"),
     (_wordings(wordings={**{f: ["{q}"] * 4 for f in T.FAMILIES}, "lookup": ["{q}"] * 3 + [7]}),
      r"wordings\['lookup'\]\[3\]: expected a string"),
 ])
 def test_wording_validation_names_the_fault(value: object, match: str) -> None:
     with pytest.raises(T.WordingError, match=match):
         T.parse_wordings(value)
+
+
+def test_the_query_id_is_required_in_lookup_instructions_only() -> None:
+    # As in the published wording object: only the lookup instructions name the query id.
+    texts = {"lookup": ["Find {q}.", "Look up {q}.", "Which is {q}?", "Report {q}."],
+             "filter": ["List the ready ids.", "Ready ones?", "Ids ready.", "Ready, please."],
+             "total": ["Sum units times price.", "Total?", "Invoice value.", "Add it up."],
+             "sort": ["Top two by priority.", "Most urgent two.", "Rank, top two.", "Two first."]}
+    wordings = T.parse_wordings(_wordings(wordings=texts))
+    assert wordings.instructions["filter"][0] == "List the ready ids."
+    # {q} stays allowed outside lookup: the default wordings use it everywhere.
+    assert T.parse_wordings(_wordings(wordings={f: ["{q}"] * 4 for f in T.FAMILIES}))
 
 
 def test_default_wordings() -> None:
