@@ -33,8 +33,14 @@ def verify_(
              "directory.")],
     as_json: JsonFlag = False,
     strict: Annotated[bool, typer.Option(
-        "--strict", help="Count skipped checks (not recomputable, omitted weights) as failures.")
+        "--strict", help="Also fail when checks could not be rechecked because weights were "
+                         "omitted (checks that need a model run stay listed, not failed).")
     ] = False,
+    expect: Annotated[str | None, typer.Option(
+        "--expect", metavar="ID", show_default=False,
+        help="Pin what was published: the full receipt ID (or the ID of the object TARGET "
+             "names), or the SHA-256 of a published SHA256SUMS file. A mismatch fails.")
+    ] = None,
     store: Annotated[Path | None, typer.Option(
         "--store", show_default=False, file_okay=False,
         help="The store to read (default: --store of nscas, $NSCAS_STORE, or search upwards).")
@@ -43,31 +49,43 @@ def verify_(
     """Recheck a run independently: integrity, every claim, ordering rules.
 
     Re-hashes every object of TARGET's closure, recomputes each claim with the verifier it
-    names, and checks that test-set scores came after the commitment. Exits 0 if all hold,
-    1 if a check failed, 2 on bad input, 3 if objects are missing.
+    names, and checks that test-set scores came after the commitment. An output (such as a
+    report ref) is verified through the receipt that produced it. The first line names the
+    full receipt ID verified; the summary lists what was not rechecked and which facts are
+    self-reported. Exits 0 if all hold, 1 if a check failed, 2 on bad input, 3 if objects
+    are missing or TARGET has no receipt.
 
-    Example: nscas verify experiments/coop/eval --strict
+    Example: nscas verify experiments/coop/report --expect blake3:2690a45e...
     """
     from nscas.verifiers.errors import VerifierError
     from nscas.verifiers.verify import error_exit_code, exit_code, verify
 
     try:
-        report = verify(target, store=store or state(ctx).store, strict=strict)
+        report = verify(target, store=store or state(ctx).store, strict=strict, expect=expect)
     except VerifierError as exc:
         render.error(exc.message)
         raise typer.Exit(error_exit_code(exc)) from None
     if as_json:
         render.json_out(report.to_dict())
-    elif render.is_tty():
-        _rich_table(report)
     else:
-        render.table(("check", "claimed", "recomputed", "status", "message"),
-                     [(c.name, _cell(c.claimed), _cell(c.recomputed), c.status, c.message)
-                      for c in report.checks])
-        render.text(report.summary())
+        render.text(_first_line(report))
+        if render.is_tty():
+            _rich_table(report)
+        else:
+            render.table(("check", "claimed", "recomputed", "status", "message"),
+                         [(c.name, _cell(c.claimed), _cell(c.recomputed), c.status, c.message)
+                          for c in report.checks])
+            render.text(report.summary())
+        for note in report.notes():
+            render.text(note)
     code = exit_code(report)
     if code:
         raise typer.Exit(code)
+
+
+def _first_line(report: Any) -> str:
+    named = f" (the receipt that produced {report.named})" if report.named else ""
+    return f"target {report.target}{named}"
 
 
 def _cell(value: Any, *, abbreviate: bool = False) -> str:

@@ -9,24 +9,29 @@ deterministic tarball whose entries are exactly the bundle without weights, byte
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import os
 import re
 import tarfile
+import zlib
 from pathlib import Path
+from typing import IO
 
 import rfc8785
 
 from .errors import RecordParseError
 from .records import parse_json
 from .report import Check
-from .sources import MANIFEST, SUMS, TARBALL, BundleSource
+from .sources import MANIFEST, MAX_MANIFEST_BYTES, SUMS, TARBALL, BundleSource, safe_relative
 
 _SUM_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
 _SHOWN = 5
 WEIGHT_SUFFIX = ".safetensors"
+MAX_SUMS_BYTES = 64 << 20
+
+
+def _keys(section: object) -> list[str]:
+    return [k for k in section if isinstance(k, str)] if isinstance(section, dict) else []
 
 
 def _verdict(name: str, problems: list[str], **values: object) -> Check:
@@ -92,6 +97,9 @@ def _sums(bundle: BundleSource, files: list[str]) -> Check:
         return Check.failed("bundle.sha256sums", f"{SUMS} is missing")
     problems, listed = [], []
     try:
+        if path.is_symlink() or path.stat().st_size > MAX_SUMS_BYTES:
+            return Check.failed("bundle.sha256sums", f"{SUMS} is a link or over "
+                                f"{MAX_SUMS_BYTES} bytes")
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         return Check.failed("bundle.sha256sums", f"{SUMS} is not UTF-8")
@@ -121,21 +129,23 @@ def _sums(bundle: BundleSource, files: list[str]) -> Check:
 def _measurements(bundle: BundleSource, files: list[str]) -> Check:
     """The tarball is the bundle without weights: its own manifest (the one a bundle without
     weights has) lists the same objects, less the omitted weights; every other entry equals
-    the bundle's file of that path byte for byte."""
+    the bundle's file of that path byte for byte. Read as a stream: no entry is inflated
+    past the size of the bundle file it must equal, so a gzip bomb costs nothing."""
     path = bundle.root / TARBALL
-    if not path.is_file():
+    if path.is_symlink() or not path.is_file():
         return Check.failed("bundle.measurements", f"{TARBALL} is missing")
-    data = path.read_bytes()
-    problems = []
-    if data[:2] != b"\x1f\x8b" or data[4:8] != b"\0\0\0\0":
-        problems.append("gzip header is not deterministic (mtime must be 0)")
-    if len(data) > 3 and data[3] & 0x08:
-        problems.append("gzip header carries a file name")
-    contents: dict[str, bytes] = {}
+    problems: list[str] = []
     names: list[str] = []
+    inner_manifest: bytes | None = None
     try:
-        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data)), mode="r:") as tar:
-            for member in tar.getmembers():
+        with path.open("rb") as raw:
+            head = raw.read(10)
+        if head[:2] != b"\x1f\x8b" or head[4:8] != b"\0\0\0\0":
+            problems.append("gzip header is not deterministic (mtime must be 0)")
+        if len(head) > 3 and head[3] & 0x08:
+            problems.append("gzip header carries a file name")
+        with tarfile.open(path, mode="r|gz") as tar:
+            for member in tar:
                 names.append(member.name)
                 if not member.isfile():
                     problems.append(f"{member.name}: not a regular file entry")
@@ -144,23 +154,38 @@ def _measurements(bundle: BundleSource, files: list[str]) -> Check:
                         member.mode) != (0, 0, 0, "", "", 0o644):
                     problems.append(f"{member.name}: mtime/owner/mode are not the fixed values")
                 stream = tar.extractfile(member)
-                contents[member.name] = stream.read() if stream is not None else b""
-    except (OSError, EOFError, tarfile.TarError, gzip.BadGzipFile) as exc:
+                if member.name == MANIFEST:
+                    if member.size > MAX_MANIFEST_BYTES:
+                        problems.append(f"the tarball's {MANIFEST} is over "
+                                        f"{MAX_MANIFEST_BYTES} bytes")
+                    elif stream is not None:
+                        inner_manifest = stream.read(MAX_MANIFEST_BYTES + 1)
+                elif member.name not in files or safe_relative(member.name) is not None:
+                    problems.append(f"{member.name}: not a file of the bundle")
+                elif not _same_content(stream, bundle.root / member.name, member.size):
+                    problems.append(f"{member.name}: differs from the bundle's file")
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
         return Check.failed("bundle.measurements", f"{TARBALL} is not a readable tar.gz: {exc}")
     if names != sorted(names, key=lambda p: p.encode("utf-8")) or len(set(names)) != len(names):
         problems.append("entries are not sorted by path (or repeat)")
-    problems += _tar_manifest(bundle, contents)
-    for name, content in contents.items():
-        if name == MANIFEST:
-            continue
-        if name not in files or (bundle.root / name).read_bytes() != content:
-            problems.append(f"{name}: differs from the bundle's file")
+    problems += _tar_manifest(bundle, inner_manifest, set(names) - {MANIFEST})
     return _verdict("bundle.measurements", problems, recomputed=len(names))
 
 
-def _tar_manifest(bundle: BundleSource, contents: dict[str, bytes]) -> list[str]:
+def _same_content(stream: IO[bytes] | None, path: Path, size: int) -> bool:
+    """Whether a tar entry's bytes equal a bundle file's, compared in pieces (never more than
+    the file's own size is read from the entry)."""
+    if stream is None or path.is_symlink() or not path.is_file() or path.stat().st_size != size:
+        return False
+    with path.open("rb") as mine:
+        while piece := stream.read(1 << 20):
+            if mine.read(len(piece)) != piece:
+                return False
+        return mine.read(1) == b""
+
+
+def _tar_manifest(bundle: BundleSource, data: bytes | None, entries: set[str]) -> list[str]:
     """The tarball's manifest must describe exactly its entries: the bundle less weights."""
-    data = contents.get(MANIFEST)
     if data is None:
         return [f"the tarball holds no {MANIFEST}"]
     if data == bundle.manifest_bytes:
@@ -176,7 +201,7 @@ def _tar_manifest(bundle: BundleSource, contents: dict[str, bytes]) -> list[str]
     if inner.get("target") != bundle.manifest.get("target"):
         problems.append(f"the tarball's {MANIFEST} names another target")
     objects = inner.get("objects") if isinstance(inner.get("objects"), dict) else {}
-    left_out = {**(inner.get("omitted") or {}), **(inner.get("derived") or {})}
+    left_out = {*_keys(inner.get("omitted")), *_keys(inner.get("derived"))}
     for path, entry in bundle.paths.items():
         if path in objects:
             if objects[path] != entry:
@@ -186,6 +211,6 @@ def _tar_manifest(bundle: BundleSource, contents: dict[str, bytes]) -> list[str]
     extra = sorted(set(objects) - set(bundle.paths))
     if extra:
         problems.append(f"the tarball lists files the bundle lacks: {extra[:3]}")
-    if set(contents) - {MANIFEST} != set(objects):
+    if entries != set(objects):
         problems.append(f"the tarball's entries are not the files its {MANIFEST} lists")
     return problems

@@ -40,6 +40,13 @@ __all__ = [
 ]
 
 MAX_RECORD_BYTES = 16 * 1024 * 1024
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects accepted in any JSON the verifiers read: the deepest
+honest value (a report) nests under ten; a hostile one nested hundreds deep must be a finding,
+not a RecursionError in a later recursive step."""
+MAX_INTEGER = 2**53 - 1
+"""Largest integer magnitude read exactly: beyond it JSON numbers are not interoperable
+(I-JSON), and no count, id or size the verifiers check comes near it."""
 
 
 def _reject_constant(name: str) -> Any:
@@ -65,12 +72,27 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _number_from_digits(text: str) -> int | float:
     """JSON numbers are IEEE-754 doubles (RFC 8785 3.2.2.3): digits beyond 2**53 - 1 denote the
     double they round to, which is how a canonical writer prints an integral 1e20."""
+    if len(text.lstrip("-")) > 400:  # past any double, and int() of it costs quadratic time
+        raise ValueError(f"integer of {len(text)} digits is beyond any JSON double")
     value = int(text)
-    return value if abs(value) <= 2**53 - 1 else float(value)
+    if abs(value) <= MAX_INTEGER:
+        return value
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"integer of {len(text)} digits overflows a JSON double") from None
+
+
+def _exact_integer(text: str) -> int:
+    """Integers of plain JSON text (logs), refused beyond ``MAX_INTEGER``."""
+    if len(text.lstrip("-")) > 16 or abs(value := int(text)) > MAX_INTEGER:
+        raise ValueError(f"integer {text[:20]}{'...' if len(text) > 20 else ''} "
+                         f"({len(text.lstrip('-'))} digits) is beyond 2**53 - 1")
+    return value
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_object, parse_constant=_reject_constant,
-                            parse_float=_finite_float)
+                            parse_float=_finite_float, parse_int=_exact_integer)
 # For RFC 8785 text (records, journal lines), where every number is a double.
 _JCS_DECODER = json.JSONDecoder(object_pairs_hook=_unique_object, parse_constant=_reject_constant,
                                 parse_float=_finite_float, parse_int=_number_from_digits)
@@ -88,9 +110,32 @@ def parse_json(data: bytes | str, *, what: str = "JSON text", jcs: bool = False)
     else:
         text = data
     try:
-        return (_JCS_DECODER if jcs else _DECODER).decode(text)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        value = (_JCS_DECODER if jcs else _DECODER).decode(text)
+    except RecursionError:
+        raise RecordParseError(f"nested deeper than {MAX_DEPTH} levels", what=what) from None
+    except (ValueError, OverflowError) as exc:  # JSONDecodeError is a ValueError
         raise RecordParseError(str(exc), what=what) from None
+    if _depth_exceeds(value, MAX_DEPTH):
+        raise RecordParseError(f"nested deeper than {MAX_DEPTH} levels", what=what)
+    return value
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest deeper than ``limit`` (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,7 +230,7 @@ def check_record(data: bytes, *, name: str = "record", expected_id: str | None =
     """Every finding about one record's bytes, as checks named ``<name>.<aspect>``.
 
     Aspects: ``id`` (when ``expected_id`` is given), ``size``, ``json``, ``canonical``,
-    ``kind``, ``schema``. Later aspects are skipped when the bytes are not JSON at all.
+    ``kind``, ``schema``. Later aspects fail too when the bytes are not JSON at all.
     """
     checks: list[Check] = []
     recomputed_id = object_id(data)
@@ -201,7 +246,7 @@ def check_record(data: bytes, *, name: str = "record", expected_id: str | None =
     except RecordParseError as exc:
         checks.append(Check.failed(f"{name}.json", exc.why))
         for aspect in ("canonical", "kind", "schema"):
-            checks.append(Check.skipped(f"{name}.{aspect}", "record is not valid strict JSON"))
+            checks.append(Check.failed(f"{name}.{aspect}", "record is not valid strict JSON"))
         return checks
     checks.append(Check.passed(f"{name}.json"))
     canonical = _canonical_problem(data, value)
@@ -218,5 +263,5 @@ def check_record(data: bytes, *, name: str = "record", expected_id: str | None =
                                     recomputed=problems or None,
                                     message="; ".join(problems)))
     else:
-        checks.append(Check.skipped(f"{name}.schema", "kind unknown, schema not checked"))
+        checks.append(Check.failed(f"{name}.schema", "kind unknown, so no schema holds it"))
     return checks

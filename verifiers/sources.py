@@ -15,6 +15,7 @@ Readers hand out bytes as stored, *unverified*: re-hashing is the integrity chec
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sqlite3
@@ -27,7 +28,7 @@ import zstandard
 
 from .errors import MissingObject, RecordParseError, VerifierError
 from .objects import READ_CHUNK, is_object_id
-from .records import extract_links, parse_json
+from .records import MAX_RECORD_BYTES, extract_links, parse_json
 
 DB_NAME = "nscas.db"
 STORE_DIR = ".nscas"
@@ -37,6 +38,10 @@ SUMS = "SHA256SUMS"
 TARBALL = "measurements.tar.gz"
 BUNDLE_FORMAT = "nscas-bundle/1"
 MIN_PREFIX = 8
+MAX_MANIFEST_BYTES = 64 << 20
+"""Largest manifest.json read (about 200,000 objects' entries)."""
+CHUNK_LIMIT = 1 << 30
+"""Most bytes one compressed chunk file may inflate to (store chunks are far smaller)."""
 _HEX_PREFIX = re.compile(r"^(?:blake3:)?([0-9a-f]{8,64})$")
 _REF_NAME = re.compile(r"^[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*$")
 
@@ -158,16 +163,26 @@ class StoreSource:
     def close(self) -> None:
         self._db.close()
 
+    def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:  # a damaged or foreign schema: unusable input, not a crash
+            raise SourceError(f"{self.root / DB_NAME}", f"cannot read the database: {exc}") from None
+
     def _row(self, hex_id: str) -> tuple[Any, ...] | None:
-        return self._db.execute(
-            "SELECT size, sha256, kind, storage, codec, data, created FROM objects WHERE id = ?",
-            (hex_id,)).fetchone()
+        rows = self._query("SELECT size, sha256, kind, storage, codec, data, created FROM objects "
+                           "WHERE id = ?", (hex_id,))
+        return rows[0] if rows else None
 
     def meta(self, oid: str) -> ObjectMeta | None:
         row = self._row(oid.removeprefix("blake3:"))
         if row is None:
             return None
-        return ObjectMeta(id=oid, size=row[0], sha256=row[1], kind=row[2],
+        # Whatever the columns hold, the recorded facts are only compared with what re-hashing
+        # finds: a value of the wrong type simply never matches.
+        size = row[0] if isinstance(row[0], int) and not isinstance(row[0], bool) else -1
+        return ObjectMeta(id=oid, size=size, sha256=str(row[1]),
+                          kind=row[2] if isinstance(row[2], str) else None,
                           where=f"{self.label}, row {oid} ({row[3]})")
 
     def omitted(self, oid: str) -> str | None:
@@ -184,58 +199,76 @@ class StoreSource:
             raise MissingObject(f"blake3:{hex_id}")
         storage, codec, data = row[3], row[4], row[5]
         if storage == "inline":
-            if data is None:
+            if not isinstance(data, bytes | bytearray | memoryview):
                 raise Unreadable(f"blake3:{hex_id}", "inline row without data", missing=True)
             yield bytes(data)
         elif storage == "file":
-            yield self._chunk_file(hex_id, codec)
+            yield self._chunk_file(hex_id, codec, row[0])
         elif storage == "parts":
-            subs = self._db.execute("SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx",
-                                    (hex_id,)).fetchall()
+            subs = self._query("SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx",
+                               (hex_id,))
             if not subs:
                 raise Unreadable(f"blake3:{hex_id}", "stored as parts but has none", missing=True)
             for (sub,) in subs:
+                if not isinstance(sub, str) or not re.fullmatch(r"[0-9a-f]{64}", sub):
+                    raise Unreadable(f"blake3:{hex_id}", f"part {sub!r} is not an ID",
+                                     missing=False)
                 yield from self._leaves(sub, depth + 1)
         else:
             raise Unreadable(f"blake3:{hex_id}", f"unknown storage {storage!r}", missing=False)
 
-    def _chunk_file(self, hex_id: str, codec: str) -> bytes:
+    def _chunk_file(self, hex_id: str, codec: str, size: Any) -> bytes:
         path = self.root / "data" / hex_id[:2] / hex_id[2:]
         try:
             stored = path.read_bytes()
         except FileNotFoundError:
             raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is missing",
                              missing=True) from None
+        except OSError as exc:
+            raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} cannot be read "
+                             f"({exc.strerror or exc})", missing=False) from None
         if codec == "raw":
             return stored
         if codec == "zstd":
+            # Never inflate past the recorded size: a small hostile frame can declare gigabytes.
+            limit = size if isinstance(size, int) and 0 <= size <= CHUNK_LIMIT else CHUNK_LIMIT
             try:
-                return zstandard.ZstdDecompressor().decompress(stored)
+                with zstandard.ZstdDecompressor().stream_reader(stored) as reader:
+                    pieces, got = [], 0
+                    while got <= limit and (piece := reader.read(min(READ_CHUNK, limit + 1 - got))):
+                        pieces.append(piece)
+                        got += len(piece)
+                data = b"".join(pieces)
             except zstandard.ZstdError as exc:
                 raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is not valid zstd "
                                  f"({exc})", missing=False) from None
+            if len(data) > limit:
+                raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} inflates past its "
+                                 f"recorded {limit} bytes", missing=False)
+            return data
         raise Unreadable(f"blake3:{hex_id}", f"unknown codec {codec!r}", missing=False)
 
     def file_path(self, oid: str) -> Path | None:
         return None  # chunk files may be compressed or split: never the object's bytes as is
 
     def resolve(self, text: str) -> str:
-        text = text.strip()
         if is_object_id(text):
             if self._row(text.removeprefix("blake3:")) is None:
                 raise MissingObject(text)
             return text
         if _REF_NAME.fullmatch(text):
-            row = self._db.execute("SELECT target FROM refs WHERE name = ?", (text,)).fetchone()
-            if row is not None:
-                return "blake3:" + row[0]
+            rows = self._query("SELECT target FROM refs WHERE name = ?", (text,))
+            if rows:
+                if not (isinstance(rows[0][0], str) and is_object_id("blake3:" + rows[0][0])):
+                    raise BadTarget(text, "the ref's target in the database is not an ID")
+                return "blake3:" + rows[0][0]
         match = _HEX_PREFIX.fullmatch(text)
         if match is None:
             raise BadTarget(text, "not an ID, a ref name of this store, or a hex prefix of at "
                                   f"least {MIN_PREFIX} digits")
         prefix = match.group(1)
-        rows = self._db.execute("SELECT id FROM objects WHERE id >= ? AND id < ? ORDER BY id "
-                                "LIMIT 11", (prefix, prefix + "g")).fetchall()
+        rows = self._query("SELECT id FROM objects WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
+                           (prefix, prefix + "g"))
         if not rows:
             raise BadTarget(text, "no object or ref of that name in the store")
         if len(rows) > 1:
@@ -244,13 +277,16 @@ class StoreSource:
         return "blake3:" + rows[0][0]
 
     def parents(self, oid: str) -> list[str] | None:
-        rows = self._db.execute("SELECT DISTINCT parent FROM links WHERE child = ? ORDER BY parent",
-                                (oid.removeprefix("blake3:"),)).fetchall()
-        return ["blake3:" + r[0] for r in rows]
+        rows = self._query("SELECT DISTINCT parent FROM links WHERE child = ? ORDER BY parent",
+                           (oid.removeprefix("blake3:"),))
+        return [f"blake3:{r[0]}" for r in rows if isinstance(r[0], str)
+                and is_object_id(f"blake3:{r[0]}")]
 
     def created(self, oid: str) -> float | None:
         row = self._row(oid.removeprefix("blake3:"))
-        return None if row is None else float(row[6])
+        if row is None or not isinstance(row[6], int | float) or isinstance(row[6], bool):
+            return None
+        return float(row[6])
 
 
 # --- the bundle --------------------------------------------------------------------------
@@ -269,8 +305,14 @@ def is_bundle(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
+MAX_SEGMENT_BYTES = 255
+"""Longest path segment a bundle may hold (NAME_MAX of Linux and most filesystems)."""
+MAX_PATH_BYTES = 1024
+
+
 def safe_relative(path: str) -> str | None:
-    """Why a manifest path is unsafe (absolute, ``..``, empty parts), or None if it is fine."""
+    """Why a manifest path is unsafe (absolute, ``..``, empty parts, longer than a filesystem
+    holds), or None if it is fine."""
     if not isinstance(path, str) or not path:
         return "empty path"
     if "\\" in path or "\x00" in path:
@@ -278,8 +320,17 @@ def safe_relative(path: str) -> str | None:
     pure = PurePosixPath(path)
     if pure.is_absolute():
         return "absolute path"
-    if any(part in ("", ".", "..") for part in path.split("/")):
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
         return "holds '.', '..' or an empty part"
+    try:
+        encoded = [part.encode("utf-8") for part in parts]
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if any(len(part) > MAX_SEGMENT_BYTES for part in encoded):
+        return f"has a segment over {MAX_SEGMENT_BYTES} bytes"
+    if len(path.encode("utf-8")) > MAX_PATH_BYTES:
+        return f"is over {MAX_PATH_BYTES} bytes"
     return None
 
 
@@ -317,6 +368,11 @@ class BundleSource:
     def _file_bytes(self, rel: str) -> bytes:
         path = self.root / rel
         try:
+            if path.is_symlink():
+                raise SourceError(str(path), "is a symbolic link")
+            if path.stat().st_size > MAX_MANIFEST_BYTES:
+                raise SourceError(str(path), f"is over {MAX_MANIFEST_BYTES} bytes, more than "
+                                             "any bundle's manifest")
             return path.read_bytes()
         except OSError as exc:
             raise SourceError(str(path), exc.strerror or str(exc)) from None
@@ -388,32 +444,50 @@ class BundleSource:
         if source_path is None:
             why = "omitted" if derived.source in self._omitted else "not in the bundle"
             raise Unreadable(oid, f"derived from {derived.source}, which is {why}", missing=True)
-        yield self._read_range(oid, source_path, derived.offset, derived.size)
+        yield from self._read_range(oid, source_path, derived.offset, derived.size)
 
     def _checked_path(self, oid: str, rel: str) -> Path:
         path = self.root / rel
-        if path.is_symlink() or any(p.is_symlink() for p in path.parents
-                                    if p != self.root and self.root in p.parents):
-            raise Unreadable(oid, f"bundle path {rel} is a symbolic link", missing=False)
-        if not path.is_file():
-            raise Unreadable(oid, f"bundle file {rel} is missing", missing=True)
+        try:
+            if path.is_symlink() or any(p.is_symlink() for p in path.parents
+                                        if p != self.root and self.root in p.parents):
+                raise Unreadable(oid, f"bundle path {rel} is a symbolic link", missing=False)
+            if not path.is_file():
+                raise Unreadable(oid, f"bundle file {rel} is missing", missing=True)
+        except OSError as exc:
+            raise Unreadable(oid, f"bundle path {rel} cannot be examined "
+                             f"({exc.strerror or exc})", missing=False) from None
         return path
 
     def _read_file(self, oid: str, rel: str) -> Iterator[bytes]:
         path = self._checked_path(oid, rel)
-        with path.open("rb") as stream:
-            while piece := stream.read(READ_CHUNK):
-                yield piece
+        try:
+            with path.open("rb") as stream:
+                while piece := stream.read(READ_CHUNK):
+                    yield piece
+        except OSError as exc:
+            raise Unreadable(oid, f"bundle file {rel} cannot be read ({exc.strerror or exc})",
+                             missing=False) from None
 
-    def _read_range(self, oid: str, rel: str, offset: int, size: int) -> bytes:
+    def _read_range(self, oid: str, rel: str, offset: int, size: int) -> Iterator[bytes]:
         path = self._checked_path(oid, rel)
-        with path.open("rb") as stream:
-            stream.seek(offset)
-            data = stream.read(size)
-        if len(data) != size:
-            raise Unreadable(oid, f"range {offset}..+{size} runs past the end of {rel}",
-                             missing=False)
-        return data
+        try:
+            if offset + size > path.stat().st_size:
+                raise Unreadable(oid, f"range {offset}..+{size} runs past the end of {rel}",
+                                 missing=False)
+            with path.open("rb") as stream:
+                stream.seek(offset)
+                left = size
+                while left:
+                    piece = stream.read(min(left, READ_CHUNK))
+                    if not piece:
+                        raise Unreadable(oid, f"{rel} ended inside range {offset}..+{size}",
+                                         missing=False)
+                    left -= len(piece)
+                    yield piece
+        except OSError as exc:
+            raise Unreadable(oid, f"bundle file {rel} cannot be read ({exc.strerror or exc})",
+                             missing=False) from None
 
     def file_path(self, oid: str) -> Path | None:
         path = self._by_id.get(oid)
@@ -425,7 +499,6 @@ class BundleSource:
             return None
 
     def resolve(self, text: str) -> str:
-        text = text.strip()
         known = {*self._by_id, *self._derived, *self._omitted}
         if is_object_id(text):
             if text not in known:
@@ -446,19 +519,52 @@ class BundleSource:
         return self._parents.get(oid, [])
 
     def _index_links(self) -> dict[str, list[str]]:
-        """Child -> parents over every record file of the bundle. The index only points the
-        checkers at records; whatever they then read is verified as usual."""
+        """Child -> parents over every file of the bundle whose bytes are a JSON object with an
+        ``nscas`` member, whatever the manifest's ``kind`` label says (a record relabelled as a
+        blob must not hide from lineage). The index only points the checkers at records;
+        whatever they then read is verified as usual."""
         index: dict[str, set[str]] = {}
         for path, entry in self.paths.items():
-            if entry.get("kind") is None or (self.root / path).is_symlink():
+            data = self._record_candidate(path, entry)
+            if data is None:
                 continue
             try:
-                value = parse_json((self.root / path).read_bytes(), what=path)
-            except (OSError, RecordParseError):
+                value = parse_json(data, what=path)
+            except RecordParseError:
+                continue
+            if not isinstance(value, dict) or not isinstance(value.get("nscas"), str):
                 continue
             for link in extract_links(value):
                 index.setdefault(link.target, set()).add(entry["id"])
         return {child: sorted(parents) for child, parents in index.items()}
+
+    def _record_candidate(self, rel: str, entry: dict[str, Any]) -> bytes | None:
+        """The file's bytes if they could be a record (a regular file of at most 16 MiB that
+        starts with ``{``), else None; read without following links."""
+        path = self.root / rel
+        try:
+            if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_RECORD_BYTES:
+                return None
+            with path.open("rb") as stream:
+                if stream.read(1) != b"{":
+                    return None
+                return b"{" + stream.read(MAX_RECORD_BYTES)
+        except OSError:
+            return None
+
+    def sums_sha256(self) -> str | None:
+        """SHA-256 hex of the bundle's SHA256SUMS file (what a publisher pins), if readable."""
+        path = self.root / SUMS
+        try:
+            if path.is_symlink() or not path.is_file():
+                return None
+            digest = hashlib.sha256()
+            with path.open("rb") as stream:
+                while piece := stream.read(READ_CHUNK):
+                    digest.update(piece)
+            return digest.hexdigest()
+        except OSError:
+            return None
 
     def created(self, oid: str) -> float | None:
         return None

@@ -1,8 +1,11 @@
 """``verify``: the whole independent verification of one target (SPEC 7).
 
 TARGET is a receipt ID (or unique prefix of at least 8 hex digits), a ref name of the store,
-or a bundle directory (its ``manifest.json`` names the target). The report holds, in order:
-what TARGET resolved to (``target``), the bundle's own file checks (bundles only), the
+or a bundle directory (its ``manifest.json`` names the target). What is verified is always a
+receipt, known by its bytes: when TARGET names an object a receipt produced (an output ref),
+the earliest succeeded receipt naming it as an output is verified instead, and an object no
+receipt produced has no evidence (exit 3). The report holds, in order: the verified receipt
+(``target``), the ``--expect`` pin if given, the bundle's own file checks (bundles only), the
 integrity of the target's closure, every receipt of the closure with each claim recomputed,
 every task set regenerated, and every checkpoint's parameter digest rebuilt. Nothing stops
 at the first finding.
@@ -13,14 +16,17 @@ Exit codes (``exit_code``): 0 all checks hold; 1 a check failed (or, strict, was
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 from .bundle import bundle_checks
 from .closure import MISSING_CHECK, Objects, Unusable, walk
 from .errors import VerifierError
+from .objects import is_object_id
+from .ordering import parse_time
 from .receipts import check_receipt
-from .report import Check, Report
+from .report import SELF_REPORTED, Check, Report
 from .sources import (
     MANIFEST,
     BadTarget,
@@ -39,54 +45,136 @@ EXIT_USAGE = 2
 EXIT_MISSING = 3
 
 
+class NoEvidence(VerifierError):
+    """TARGET is an object no receipt produced: there is no evidence to verify (exit 3)."""
+
+    exit_code = EXIT_MISSING
+
+    def __init__(self, oid: str, kind: str | None, where: str) -> None:
+        super().__init__(f"cannot verify {oid}: it is {'a ' + kind if kind else 'a blob'} that "
+                         f"no succeeded receipt in {where} names as an output, so there is no "
+                         "evidence to recheck")
+        self.object_id = oid
+
+
+class BadExpect(VerifierError):
+    """``--expect`` is neither a full object ID nor a SHA-256 hex digest (exit 2)."""
+
+    def __init__(self, value: str, why: str) -> None:
+        super().__init__(f"--expect {value!r}: {why}")
+
+
 def open_target(target: str, *, store: Path | None) -> tuple[Source, str]:
-    """The source to read and the target's full ID."""
+    """The source to read and the full ID of the object TARGET names."""
     path = Path(target)
-    if is_bundle(path):
+    try:
+        bundle_dir, directory = is_bundle(path), path.is_dir()
+    except (OSError, ValueError) as exc:  # a name too long, a NUL: no such path can exist
+        raise BadTarget(target[:80], f"not usable as a path ({exc})") from None
+    if bundle_dir:
         bundle = BundleSource(path)
         return bundle, bundle.target
-    if path.is_dir():
+    if directory:
         raise BadTarget(target, f"a directory without {MANIFEST} is not a bundle")
     source = StoreSource(find_store_dir(store))
     return source, source.resolve(target)
 
 
-def verify(target: str, *, store: Path | None = None, strict: bool = False) -> Report:
+def verify(target: str, *, store: Path | None = None, strict: bool = False,
+           expect: str | None = None) -> Report:
     """Verify ``target`` read-only; every finding as a check. Raises ``VerifierError`` only
-    for unusable input (exit 2) or a missing target (``MissingObject``, exit 3)."""
+    for unusable input (exit 2), a missing target (``MissingObject``, exit 3) or a target no
+    receipt produced (``NoEvidence``, exit 3)."""
+    pin = _parse_expect(expect)
     source, oid = open_target(target, store=store)
     try:
-        return _verify(source, target, oid, strict=strict)
+        return _verify(source, oid, strict=strict, pin=pin)
     finally:
         if isinstance(source, StoreSource):
             source.close()
 
 
-def _verify(source: Source, target: str, oid: str, *, strict: bool) -> Report:
+def _parse_expect(expect: str | None) -> str | None:
+    if expect is None:
+        return None
+    if is_object_id(expect) or _SHA256.fullmatch(expect):
+        return expect
+    raise BadExpect(expect, "expected a full object ID (blake3: and 64 lowercase hex digits) "
+                            "or the 64-hex SHA-256 of a published SHA256SUMS file")
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def producing_receipt(objects: Objects, oid: str) -> str | None:
+    """The earliest succeeded receipt (by its ``finished`` time, then ID) that names ``oid``
+    among its outputs, judged by the receipts' bytes."""
+    found = []
+    for parent in objects.source.parents(oid) or []:
+        if objects.kind(parent) != "receipt/1":
+            continue
+        try:
+            receipt = objects.record(parent)
+        except Unusable:
+            continue
+        if receipt.get("status") == "succeeded" and oid in receipt["outputs"].values():
+            finished = parse_time(receipt.get("finished"))
+            found.append((finished if finished is not None else float("inf"), parent))
+    return min(found)[1] if found else None
+
+
+def _verify(source: Source, oid: str, *, strict: bool, pin: str | None) -> Report:
     objects = Objects(source)
-    # What TARGET named, first, so a reader sees what the rest is about.
-    checks: list[Check] = [Check.passed("target", claimed=target, recomputed=oid,
-                                        message=f"{objects.kind(oid) or 'blob'} in "
-                                                f"{source.label}")]
+    named: str | None = None
+    kind = objects.kind(oid)
+    if kind != "receipt/1":
+        producer = producing_receipt(objects, oid)
+        if producer is None:
+            raise NoEvidence(oid, kind, source.label)
+        named, oid = oid, producer
+    # What is verified, first, so a reader sees what the rest is about.
+    what = f"receipt in {source.label}" + (
+        f", the earliest succeeded one that output {named}" if named else "")
+    checks: list[Check] = [Check.passed("target", recomputed=oid, message=what)]
+    if pin is not None:
+        checks.append(_expect_check(source, pin, oid, named))
     if isinstance(source, BundleSource):
         checks.extend(bundle_checks(source))
     closure, integrity = walk(objects, oid)
     checks.extend(integrity)
     if isinstance(source, BundleSource):
-        checks.append(_unreached(source, closure.order))
+        checks.append(_unreached(source, {*closure.order, *([named] if named else [])}))
     checkers: tuple[tuple[str, Checker], ...] = (
         ("receipt/1", check_receipt), ("tasks/1", check_task_set),
         ("checkpoint/1", checkpoint_checks))
     for kind, checker in checkers:
         for member in closure.of_kind(kind):
             checks.extend(_guarded(checker, objects, member))
-    return Report.of(checks, strict=strict)
+    return Report.of(checks, strict=strict, target=oid, named=named,
+                     self_reported=SELF_REPORTED)
 
 
-def _unreached(bundle: BundleSource, reached: tuple[str, ...]) -> Check:
+def _expect_check(source: Source, pin: str, oid: str, named: str | None) -> Check:
+    """``--expect``: the pinned ID is the verified receipt (or the object TARGET named), or the
+    pinned SHA-256 is that of the bundle's SHA256SUMS file."""
+    if is_object_id(pin):
+        return Check.verdict("expect", pin in (oid, named), claimed=pin, recomputed=oid,
+                             message="the verified target is not the pinned ID: this is not "
+                                     "the evidence that was published")
+    if not isinstance(source, BundleSource):
+        return Check.failed("expect", "a SHA-256 pin names a published SHA256SUMS file, and "
+                            "only a bundle has one; pin a store target by its full ID",
+                            claimed=pin)
+    digest = source.sums_sha256()
+    return Check.verdict("expect", digest == pin, claimed=pin, recomputed=digest,
+                         message="the bundle's SHA256SUMS is not the pinned one: this is not "
+                                 "the bundle that was published")
+
+
+def _unreached(bundle: BundleSource, reached: set[str]) -> Check:
     """A bundle holds the target's closure and nothing else: an object no link reaches is
     something the exporter never wrote (import refuses it too)."""
-    stray = sorted(bundle.listed_ids() - set(reached))
+    stray = sorted(bundle.listed_ids() - reached)
     return Check.verdict("bundle.closure", not stray, claimed=len(bundle.listed_ids()),
                          recomputed=len(reached),
                          message=f"{len(stray)} object(s) in the manifest that the target does "
@@ -97,22 +185,29 @@ Checker = Callable[[Objects, str], list[Check]]
 
 
 def _guarded(checker: Checker, objects: Objects, oid: str) -> list[Check]:
-    """A checker's findings; content it cannot read at all is a finding too, not a crash."""
+    """A checker's findings; content it cannot read at all is a failed check, not a crash
+    (skipped only when what it lacks is an omitted weight)."""
     name = f"{objects.kind(oid) or 'object'}".partition("/")[0] + f".{oid[7:15]}"
     try:
         return checker(objects, oid)
     except Unusable as exc:
-        return [Check.skipped(name, f"{exc.object_id} is unusable: {exc.why}")]
+        why = f"{exc.object_id} is unusable: {exc.why}"
+        if exc.needs is not None:
+            return [Check.skipped(name, why, needs=exc.needs)]
+        return [Check.failed(name, why)]
     except VerifierError as exc:
         return [Check.failed(name, exc.message)]
 
 
 def exit_code(report: Report) -> int:
-    """SPEC 7 exit code of a finished report."""
+    """SPEC 7 exit code of a finished report: 3 when objects are missing; but a bundle whose
+    manifest is malformed (an entry of the wrong type hides its object) has failed a check,
+    which is 1, not a reason to say it cannot be verified."""
     if report.ok:
         return EXIT_OK
-    missing = any(c.name == MISSING_CHECK and c.status == "failed" for c in report.checks)
-    return EXIT_MISSING if missing else EXIT_FAILED
+    failed = {c.name for c in report.checks if c.status == "failed"}
+    return (EXIT_MISSING if MISSING_CHECK in failed and "bundle.manifest" not in failed
+            else EXIT_FAILED)
 
 
 def error_exit_code(error: VerifierError) -> int:

@@ -92,7 +92,7 @@ def test_duplicate_keys_and_nan_are_reported() -> None:
     dup = b'{"nscas":"checkpoint/1","step":1,"step":2}'
     result = statuses(check_record(dup))
     assert result["json"] == "failed"
-    assert result["canonical"] == result["kind"] == result["schema"] == "skipped"
+    assert result["canonical"] == result["kind"] == result["schema"] == "failed"
     for bad in (b'{"nscas":"x/1","v":NaN}', b'{"nscas":"x/1","v":-Infinity}', b"\xff{}"):
         assert statuses(check_record(bad))["json"] == "failed"
         with pytest.raises(RecordParseError):
@@ -102,7 +102,7 @@ def test_duplicate_keys_and_nan_are_reported() -> None:
 def test_wrong_kind_is_reported() -> None:
     other = rfc8785.dumps(dict(record("checkpoint/1"), nscas="checkpoint/2"))
     result = statuses(check_record(other))
-    assert (result["kind"], result["schema"]) == ("failed", "skipped")
+    assert (result["kind"], result["schema"]) == ("failed", "failed")
     data = rfc8785.dumps(record("checkpoint/1"))
     checks = check_record(data, expected_kind="receipt/1")
     assert statuses(checks)["kind"] == "failed"

@@ -10,10 +10,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from nscas.digests import Digest
 from nscas.runner import run_file
 from nscas.verifiers.report import Report
-from nscas.verifiers.verify import exit_code, verify
+from nscas.verifiers.verify import NoEvidence, exit_code, verify
 
 from .conftest import Pipeline
 
@@ -107,8 +109,12 @@ def test_a_swapped_checkpoint_fails(pipeline: Pipeline) -> None:
     # A checkpoint record whose weights are another model's than its params say.
     record = pipeline.record(seed)
     forged = pipeline.reput(seed, files=pipeline.record(other)["files"], params=record["params"])
-    report = verify(forged, store=pipeline.store_dir)
-    assert failed(report) == {f"checkpoint.{short(forged)}.params"}
+    # A checkpoint is verified through the receipt that produced it: none did.
+    with pytest.raises(NoEvidence):
+        verify(forged, store=pipeline.store_dir)
+    init = pipeline.reput(pipeline.receipt("init"), outputs={"checkpoint": forged})
+    report = verify(init, store=pipeline.store_dir)
+    assert f"checkpoint.{short(forged)}.params" in failed(report)
     # An evaluation of the other model that cites the seed's commitment.
     receipt = pipeline.record(pipeline.receipt("eval-seed"))
     action = pipeline.record(receipt["action"])
@@ -168,10 +174,10 @@ def test_a_flipped_byte_in_a_chunk_file_fails_integrity(pipeline: Pipeline,
     assert "integrity.hashes" in failed(report)
     assert exit_code(report) == 1
     label = f"evaluate.{short(receipt)}"
-    # What needs the damaged object is skipped, not passed.
+    # What needs the damaged object fails too: unreadable evidence is never a skip.
     statuses = {c.name: c.status for c in report.checks}
-    assert statuses[f"{label}.answers"] == "skipped"
-    assert statuses[f"{label}.claims.correct"] == "skipped"
+    assert statuses[f"{label}.answers"] == "failed"
+    assert statuses[f"{label}.claims.correct"] == "failed"
 
 
 def test_a_flipped_byte_in_a_weight_chunk_fails_integrity(pipeline: Pipeline,
@@ -259,8 +265,13 @@ def test_a_malformed_wording_object_is_a_finding(pipeline: Pipeline) -> None:
     test_set = pipeline.output("prepare", "test")
     bad = str(pipeline.store.put_bytes(b'{"header": 1}'))
     edited = pipeline.reput(test_set, wordings=bad)
-    report = verify(edited, store=pipeline.store_dir)
-    assert failed(report) == {f"tasks.test.{short(edited)}.regenerated"}
+    with pytest.raises(NoEvidence):  # a task set no receipt produced has no evidence
+        verify(edited, store=pipeline.store_dir)
+    receipt = pipeline.record(pipeline.receipt("prepare"))
+    prepare = pipeline.reput(pipeline.receipt("prepare"),
+                             outputs={**receipt["outputs"], "test": edited})
+    report = verify(prepare, store=pipeline.store_dir)
+    assert f"tasks.test.{short(edited)}.regenerated" in failed(report)
 
 
 def test_a_receipt_without_its_outputs_is_a_finding(pipeline: Pipeline) -> None:
