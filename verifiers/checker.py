@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import RecordParseError, TaskError
-from .records import parse_json
 from .report import Check
 
 MAX_ANSWER_BYTES = 32_768
@@ -59,8 +59,88 @@ _WRONG = CheckResult(correct=False, valid_json_object=True, reason="wrong_schema
 _CORRECT = CheckResult(correct=True, valid_json_object=True, reason="correct")
 
 
+MAX_ANSWER_NESTING = 64
+"""Deeper nesting of arrays and objects in an answer makes it invalid (the parse recurses;
+every target nests two deep)."""
+MAX_INT_DIGITS = 4300
+"""Integers up to this many digits are read as ints (CPython's default conversion limit);
+longer ones are still valid JSON but equal no target value."""
+
+
+class _HugeInteger:
+    """A JSON integer too long to convert: valid JSON, equal to nothing."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _answer_int(text: str) -> Any:
+    return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else _HugeInteger(text)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):  # 1e400 is Infinity, which JSON does not have
+        raise ValueError(f"number {text[:20]} overflows to infinity")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Answers are model output, not canonical records: strict JSON (no duplicate keys, no
+# NaN/Infinity literals) with numbers read as Python reads them, so that an answer's
+# validity does not depend on the limits the verifier puts on its own records.
+_ANSWER_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs, parse_constant=_no_constant,
+                                   parse_int=_answer_int, parse_float=_finite)
+
+
+def _nesting(text: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def _parse_strict(text: str) -> Any:
-    return parse_json(text, what="answer")
+    if (text.count("[") + text.count("{") > MAX_ANSWER_NESTING
+            and _nesting(text) > MAX_ANSWER_NESTING):
+        raise RecordParseError(f"nested deeper than {MAX_ANSWER_NESTING}", what="answer")
+    try:
+        return _ANSWER_DECODER.decode(text)
+    except (ValueError, RecursionError) as exc:
+        raise RecordParseError(str(exc)[:200], what="answer") from None
 
 
 def check_answer(answer: str, target: str | Mapping[str, Any]) -> CheckResult:

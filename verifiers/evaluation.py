@@ -12,14 +12,15 @@ model and are not recomputed; their summary statistics are.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from .chat import TemplateError, prompt_renderer, template_source
 from .checker import CheckResult, check_answer, compute_target
 from .closure import Objects, Unusable
-from .errors import InvalidArgument, RecordParseError, TaskError
+from .errors import InvalidArgument, RecordParseError, TaskError, VerifierError
 from .records import parse_json
 from .report import Check
 from .stats import (
@@ -134,7 +135,8 @@ def check_lines(objects: Objects, checks_id: str, scored: Scored, name: str) -> 
 
 
 def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eos: set[int],
-                      name: str) -> list[Check]:
+                      name: str, prompt_ids: Callable[[str], list[int]] | None = None
+                      ) -> list[Check]:
     """Each generation is internally consistent and, with a tokenizer, decodes to its text."""
     problems = []
     for number, g in enumerate(scored.generations, start=1):
@@ -161,8 +163,10 @@ def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eo
             problems.append(f"line {number}: tokens_per_second is not tokens / seconds")
     checks = [_problems(f"{name}.generations", problems, recomputed=len(scored.generations))]
     if tokenizer is None:
-        reason = "the model's tokenizer.json is not available"
-        return [*checks, Check.skipped(f"{name}.decoded", reason), Check.skipped(f"{name}.prompts", reason)]
+        reason = ("the model's tokenizer.json is not available or not readable, so the texts "
+                  "cannot be shown to decode from the output ids")
+        return [*checks, Check.failed(f"{name}.decoded", reason),
+                Check.failed(f"{name}.prompts", reason)]
     decoded, prompts = [], []
     for number, (g, prompt) in enumerate(zip(scored.generations, scored.prompts, strict=True),
                                          start=1):
@@ -172,11 +176,33 @@ def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eo
             visible = g["output_ids"][:-1] if g["ended_with_eos"] else g["output_ids"]
             if tokenizer.decode(visible, skip_special_tokens=True) != g["text"]:
                 decoded.append(f"line {number}: text is not the decoding of output_ids")
-            if prompt not in tokenizer.decode(g["prompt_ids"], skip_special_tokens=False):
-                prompts.append(f"line {number}: prompt_ids do not encode the task's prompt")
+            if prompt_ids is None:
+                prompts.append(f"line {number}: no chat template to render the prompt with")
+            elif g["prompt_ids"] != prompt_ids(prompt):
+                prompts.append(f"line {number}: prompt_ids are not the task's prompt rendered "
+                               "with the checkpoint's chat template")
         except (TypeError, ValueError, OverflowError) as exc:
             decoded.append(f"line {number}: ids cannot be decoded ({exc})")
+        except VerifierError as exc:
+            prompts.append(f"line {number}: {exc.message}")
     return [*checks, _problems(f"{name}.decoded", decoded, recomputed=len(scored.generations)), _problems(f"{name}.prompts", prompts, recomputed=len(scored.generations))]
+
+
+def prompt_encoder(objects: Objects, model_id: str, tokenizer: Any
+                   ) -> Callable[[str], list[int]] | None:
+    """The token ids a model is given for a prompt, by the checkpoint's own chat template
+    (``chat.render_prompt``) and tokenizer; None when the checkpoint has no usable template."""
+    if tokenizer is None:
+        return None
+    try:
+        files = objects.record_of(objects.record_of(model_id, "checkpoint/1")["files"], "tree/1")
+        render = prompt_renderer(*template_source(objects, files["entries"]))
+    except (Unusable, TemplateError):
+        return None
+
+    def encode(prompt: str) -> list[int]:
+        return list(tokenizer.encode(render(prompt), add_special_tokens=False).ids)
+    return encode
 
 
 def load_tokenizer(objects: Objects, model_id: str) -> tuple[Any, set[int]]:

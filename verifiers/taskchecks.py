@@ -6,8 +6,11 @@ then fixed: case from ``generate_case(seed, role, i)``, prompt ``header + instru
 visible records`` with ``{q}`` replaced (``str.replace``) by the query, identity, target,
 and, in the damaged control (``control: "damaged"``), the damaged target for ids the rule
 picks. Every line of the records blob (``{"id", "task", "prompt", "target", "weight"}``) is
-compared with that regeneration. Conversation sets (``replay``, ``retention``) are checked
-for shape and ids only: their content is an input, not derived.
+compared with that regeneration. A conversation set (``replay``, ``retention``) is checked
+for shape and ids on its own; through its ``prepare`` receipt it is also rebuilt, either as
+the stand-in set regenerated from ``standin_seed`` and ``replay_count`` / ``retention_count``
+(``standin.py``) or, when the run was given the set as an input, as that input's lines in
+order with the weight added, and the record and records blob must equal the rebuild.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .closure import Objects, Unusable
 from .errors import RecordParseError, TaskError
 from .records import parse_json
 from .report import Check
+from .standin import StandinError, jsonl_bytes, standin_note, standin_set
 
 GROUNDED = ("test", "dev", "train")
 CONVERSATIONS = ("replay", "retention")
@@ -143,7 +147,10 @@ def check_task_set(objects: Objects, oid: str) -> list[Check]:
     try:
         _, lines = task_lines(objects, oid)
     except Unusable as exc:
-        return [Check.skipped(f"{name}.lines", f"records blob unusable: {exc.why}")]
+        if exc.needs is not None:
+            return [Check.skipped(f"{name}.lines", f"records blob unusable: {exc.why}",
+                                  needs=exc.needs)]
+        return [Check.failed(f"{name}.lines", f"records blob unusable: {exc.why}")]
     ids = [line.get("id") for line in lines]
     checks = [_verdict(f"{name}.ids", [] if ids == record["ids"] and record["count"] == len(lines)
                        else [f"record lists {record['count']} ids, the blob holds {len(lines)} "
@@ -154,7 +161,9 @@ def check_task_set(objects: Objects, oid: str) -> list[Check]:
     if role in CONVERSATIONS:
         return checks + _conversation_checks(name, lines)
     if role not in GROUNDED:
-        return [*checks, Check.skipped(f"{name}.content", f"role {role!r} has no known rules")]
+        return [*checks, Check.failed(f"{name}.content", f"role {role!r} is not a known task "
+                                      f"role ({', '.join((*GROUNDED, *CONVERSATIONS))}), so "
+                                      "nothing checks its content")]
     bad_shape = [f"line {i + 1}" for i, line in enumerate(lines) if set(line) != RECORD_KEYS]
     checks.append(_verdict(f"{name}.lines", bad_shape, recomputed=len(lines)))
     if bad_shape:
@@ -168,14 +177,14 @@ def _grounded_checks(objects: Objects, name: str, record: Mapping[str, Any],
     seed, wordings_id = record.get("seed"), record.get("wordings")
     checks: list[Check] = []
     if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(wordings_id, str):
-        checks.append(Check.skipped(f"{name}.regenerated", "the record names no task seed and "
-                                    "wordings, so the tasks cannot be regenerated"))
+        checks.append(Check.failed(f"{name}.regenerated", "the record names no task seed and "
+                                   "wordings, so the tasks cannot be regenerated"))
         tasks = None
     else:
         try:
             wordings = parse_wordings(objects.bytes(wordings_id))
         except Unusable as exc:
-            checks.append(Check.skipped(f"{name}.regenerated", f"wordings unusable: {exc.why}"))
+            checks.append(Check.failed(f"{name}.regenerated", f"wordings unusable: {exc.why}"))
             tasks = None
         except TaskError as exc:
             checks.append(Check.failed(f"{name}.regenerated", exc.message))
@@ -243,6 +252,12 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
     wordings_id = inputs.get("wordings") or records.get("test", {}).get("wordings")
     problems = []
     for role, rec in records.items():
+        # What each output is comes from the output name, so its label must say the same: a
+        # test set relabelled in its record would escape the rules that key on the label.
+        want = ("train", "damaged") if role == "damaged" else (role, None)
+        if (rec.get("role"), rec.get("control")) != want:
+            problems.append(f"{role}: labelled role {rec.get('role')!r}, control "
+                            f"{rec.get('control')!r}, expected {want[0]!r}, {want[1]!r}")
         if role in (*GROUNDED, "damaged"):
             if rec.get("seed") != seed:
                 problems.append(f"{role}: seed {rec.get('seed')} is not the param {seed}")
@@ -281,6 +296,10 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
                            recomputed=values["counts"]))
     checks.extend(_weights(objects, records, params, f"{name}.weights"))
     for kind in CONVERSATIONS:
+        if kind in records:
+            checks.append(_conversations_rebuilt(objects, records[kind], kind, params=params,
+                                                 inputs=inputs, name=f"{name}.{kind}.regenerated"))
+    for kind in CONVERSATIONS:
         rec = records.get(kind)
         if rec is None:
             skipped[f"{kind}_count"] = f"output {kind!r} is missing"
@@ -301,6 +320,59 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
             skipped[f"{arm}.{claim}"] = ("needs the tokenizer's chat-template rendering of every "
                                          "document; not recomputed here")
     return checks, values, skipped
+
+
+def _conversations_rebuilt(objects: Objects, record: Mapping[str, Any], kind: str, *,
+                           params: Mapping[str, Any], inputs: Mapping[str, str],
+                           name: str) -> Check:
+    """The conversation set ``kind`` of a prepare run against its rebuild from params/inputs.
+
+    Without an input the recipe generates the stand-in set of ``<kind>_count`` conversations
+    from ``standin_seed``; with one it takes every line of the input, in order (the count
+    param is then unused). Either way each records line is the conversation plus its weight
+    (``replay_weight`` for replay, 1 for retention).
+    """
+    weight = params.get("replay_weight") if kind == "replay" else 1
+    count, seed = params.get(f"{kind}_count"), params.get("standin_seed")
+    standin = kind not in inputs
+    if standin:
+        try:
+            conversations = standin_set(kind, count, seed)
+        except StandinError as exc:
+            return Check.failed(name, f"the stand-in set cannot be regenerated: {exc}")
+        source = f"the stand-in set for seed {seed}, count {count}"
+    else:
+        try:
+            conversations = read_lines(objects.bytes(inputs[kind]), f"{kind} input")
+        except RecordParseError as exc:
+            return Check.failed(name, f"the {kind} input is unreadable: {exc.message}")
+        source = f"the {kind} input"
+    expected = [{**c, "weight": weight} for c in conversations]
+    problems = []
+    if record.get("standin") is not standin:
+        problems.append(f"the record says standin {record.get('standin')!r}, but the run "
+                        + ("had no" if standin else "had a") + f" {kind} input")
+    want_note = standin_note(count, seed) if standin else None
+    if record.get("note") != want_note:
+        problems.append(f"note {record.get('note')!r} is not {want_note!r}")
+    if record.get("count") != len(expected):
+        problems.append(f"count {record.get('count')!r} is not {len(expected)}")
+    if record.get("ids") != [c.get("id") for c in conversations]:
+        problems.append(f"ids differ from {source}")
+    try:
+        data = objects.bytes(record["records"])
+    except Unusable as exc:
+        problems.append(f"records blob unusable: {exc.why}")
+    else:
+        if data != jsonl_bytes(expected):
+            lines = data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n")
+            want = jsonl_bytes(expected).split(b"\n")[:-1]
+            wrong = [str(i + 1) for i, (a, b) in enumerate(zip(lines, want, strict=False))
+                     if a != b]
+            problems.append(f"records blob is not {source} with weight {weight!r}: "
+                            f"{len(lines)} line(s) for {len(want)}"
+                            + (f", line(s) {', '.join(wrong[:_SHOWN])} differ" if wrong else ""))
+    return _verdict(name, problems, claimed=record.get("count"), recomputed=len(expected))
 
 
 def _weights(objects: Objects, records: Mapping[str, Mapping[str, Any]],

@@ -24,6 +24,7 @@ Across phases:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
@@ -78,7 +79,12 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 _FIELDS: dict[str, Any] = {
@@ -231,21 +237,196 @@ def recompute(attempts: list[Attempt]) -> Serving:
                    phase_order_ok=order_ok)
 
 
-def check_serving(log: bytes, claims: Mapping[str, Any], *, prefix: str = "serving",
-                  rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> list[Check]:
-    """Compare claimed serving values (name -> value) with the log's recomputation, and check
-    the serving rules: phases in order, identical outputs, no cache hits.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeRun:
+    """What the serve action fixes about its log (EXPERIMENT 5): the run id that prefixes
+    every request id, the tasks it names, the committed dev task ids, and its params."""
 
-    A claim name the verifier cannot recompute is reported as skipped, never passed.
+    run_id: str
+    """The action ID's first 12 hex digits: request ids are ``<run id>-<phase>-<index>``."""
+    task_ids: tuple[str, ...]
+    """The ids of the serve's ``tasks`` input, in order: request i asks for ``task_ids[i]``."""
+    committed_dev: frozenset[str] | None
+    """The dev task ids of the committed prepared inputs; None when none is found."""
+    requests: Any
+    replicas: Any
+    attempts: Any
+
+
+MAX_ATTEMPTS = 2
+"""EXPERIMENT 5: at most two attempts per request."""
+
+
+def _by_phase_request(attempts: list[Attempt]) -> dict[str, dict[str, list[Attempt]]]:
+    out: dict[str, dict[str, list[Attempt]]] = {}
+    for phase in PHASES:
+        out[phase] = _requests([a for a in attempts if a.phase == phase])
+    return out
+
+
+def _problems(name: str, problems: list[str], **values: Any) -> Check:
+    shown = "; ".join(problems[:5])
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    return Check.verdict(name, not problems, message=f"{len(problems)} problem(s): {shown}"
+                         f"{more}", **values)
+
+
+def serving_rules(attempts: list[Attempt], run: ServeRun, prefix: str) -> list[Check]:
+    """The log against the serve action and EXPERIMENT 5: request ids, requested tasks,
+    routing per phase, retries, response shape."""
+    phases = _by_phase_request(attempts)
+    checks = []
+    # request ids and tasks
+    ids_problems, task_problems = [], []
+    n = run.requests if isinstance(run.requests, int) and not isinstance(run.requests, bool) \
+        else None
+    if n is None or n < 1:
+        ids_problems.append(f"the params give no request count ({run.requests!r})")
+    if run.committed_dev is None:
+        task_problems.append("no committed dev set is found in the serve's lineage (its "
+                             "commitment's prepared inputs), so its task ids are not shown "
+                             "to be committed dev tasks")
+    index_of: dict[tuple[str, str], int] = {}
+    for phase in PHASES:
+        requests = phases[phase]
+        if not requests:
+            ids_problems.append(f"phase {phase!r} is missing from the log")
+            continue
+        if n and len(requests) != n:
+            ids_problems.append(f"phase {phase}: {len(requests)} requests, the params say {n}")
+        expected = {f"{run.run_id}-{phase}-{i}" for i in range(n)} if n and len(
+            requests) == n else set()
+        if expected and set(requests) != expected:
+            odd = sorted(set(requests) ^ expected)[:3]
+            ids_problems.append(f"phase {phase}: request ids are not {run.run_id}-{phase}-0.."
+                                f"{n - 1} (differing: {odd})")
+        for rid, group in requests.items():
+            tail = rid.rpartition("-")[2]
+            if tail.isdigit() and len(tail) <= 9:
+                index_of[(phase, rid)] = int(tail)
+            task = group[0].task_id
+            index = index_of.get((phase, rid))
+            if run.committed_dev is not None and task not in run.committed_dev:
+                task_problems.append(f"{rid} asks for {task[:16]}, not a committed dev task")
+            if index is not None and (index >= len(run.task_ids) or run.task_ids[index] != task):
+                task_problems.append(f"{rid} asks for {task[:16]}, not task {index} of the "
+                                     "serve's task set")
+    checks.append(_problems(f"{prefix}.rule.request_ids", ids_problems, recomputed=n))
+    checks.append(_problems(f"{prefix}.rule.tasks", task_problems,
+                            recomputed=len(run.committed_dev or ())))
+    checks.append(_routing(phases, index_of, run, prefix))
+    checks.append(_responses(attempts, run, prefix))
+    return checks
+
+
+def _routing(phases: dict[str, dict[str, list[Attempt]]], index_of: dict[tuple[str, str], int],
+             run: ServeRun, prefix: str) -> Check:
+    """single: one endpoint; pair: all replicas, attempt a of request i to
+    ``endpoints[(i + a - 1) % R]`` (a from 1); failure: the same routing, one replica
+    stopped (every attempt to it failed), each request sent to it retried to the next."""
+    problems: list[str] = []
+    replicas = run.replicas
+    if not (isinstance(replicas, int) and not isinstance(replicas, bool) and replicas >= 2):
+        return Check.failed(f"{prefix}.rule.routing", f"the params give no replica count of at "
+                                                      f"least 2 ({replicas!r})")
+    limit = run.attempts if isinstance(run.attempts, int) and not isinstance(
+        run.attempts, bool) else MAX_ATTEMPTS
+    limit = min(limit, MAX_ATTEMPTS)
+    for requests in phases.values():
+        for rid, group in requests.items():
+            numbers = [a.attempt for a in group]
+            if numbers != list(range(1, len(numbers) + 1)) or len(numbers) > limit:
+                problems.append(f"{rid}: attempts {numbers[:4]}, expected 1.. at most {limit}")
+            if any(a.ok for a in group[:-1]):
+                problems.append(f"{rid}: an attempt follows a successful one")
+    single = {a.endpoint for g in phases["single"].values() for a in g}
+    if len(single) != 1:
+        problems.append(f"the single phase used {len(single)} endpoints, not one")
+    order: list[str] = []
+    pair = phases["pair"]
+    for i in range(replicas):
+        rid = next((r for r in pair if index_of.get(("pair", r)) == i), None)
+        if rid is None:
+            problems.append(f"the pair phase has no request {i} to show replica {i}'s endpoint")
+            break
+        order.append(pair[rid][0].endpoint)
+    if len(order) == replicas:
+        if len(set(order)) != replicas:
+            problems.append(f"the pair phase's first {replicas} requests went to "
+                            f"{len(set(order))} distinct endpoint(s), not {replicas} replicas")
+        elif single and order[0] not in single:
+            problems.append("the pair phase's first replica is not the single phase's endpoint")
+        for phase in ("pair", "failure"):
+            used = {a.endpoint for g in phases[phase].values() for a in g}
+            if phase == "pair" and used != set(order):
+                problems.append(f"the pair phase used {len(used)} endpoint(s), not the "
+                                f"{replicas} replicas")
+            for rid, group in phases[phase].items():
+                i = index_of.get((phase, rid))
+                if i is None:
+                    continue
+                for a in group:
+                    want = order[(i + a.attempt - 1) % replicas]
+                    if a.endpoint != want:
+                        problems.append(f"{rid} attempt {a.attempt} went to {a.endpoint}, not "
+                                        f"{want}")
+        problems += _failure_phase(phases["failure"], order, limit)
+    return _problems(f"{prefix}.rule.routing", problems, recomputed=order)
+
+
+def _failure_phase(requests: dict[str, list[Attempt]], order: list[str], limit: int) -> list[str]:
+    problems = []
+    attempts = [a for g in requests.values() for a in g]
+    dead = [e for e in order if any(a.endpoint == e for a in attempts)
+            and all(not a.ok for a in attempts if a.endpoint == e)]
+    if len(dead) != 1:
+        return [f"the failure phase has {len(dead)} stopped replica(s) (endpoints whose every "
+                "attempt failed), not one"]
+    stopped = dead[0]
+    for rid, group in requests.items():
+        for a, b in pairwise(group):
+            if a.endpoint == stopped and b.endpoint == stopped:
+                problems.append(f"{rid} was retried to the stopped replica")
+        last = group[-1]
+        if last.endpoint == stopped and len(group) < limit:
+            problems.append(f"{rid} was not retried after the stopped replica refused it")
+        if last.endpoint == stopped and len(group) >= limit:
+            problems.append(f"{rid} ended at the stopped replica without a retry to a survivor")
+    return problems
+
+
+def _responses(attempts: list[Attempt], run: ServeRun, prefix: str) -> Check:
+    """A successful attempt is an HTTP 200 with output ids and ``cached: false``; a failed
+    one names its error."""
+    problems = []
+    for a in attempts:
+        if a.ok and (a.status != 200 or a.error is not None or a.output_ids is None
+                     or a.cached is not False):
+            problems.append(f"line {a.line}: a success needs status 200, no error, output ids "
+                            "and cached false")
+        if not a.ok and not a.error:
+            problems.append(f"line {a.line}: a failed attempt names no error")
+    return _problems(f"{prefix}.rule.responses", problems, recomputed=len(attempts))
+
+
+def check_serving(log: bytes, claims: Mapping[str, Any], *, prefix: str = "serving",
+                  run: ServeRun | None = None, rel_tol: float = REL_TOL,
+                  abs_tol: float = ABS_TOL) -> list[Check]:
+    """Compare claimed serving values (name -> value) with the log's recomputation, and check
+    the serving rules: phases in order, identical outputs, no cache hits and, given the serve
+    action's facts (``run``), request ids, requested tasks, routing and responses.
+
+    A claim name the verifier cannot recompute fails: a claim nobody rechecks is no evidence.
     """
-    serving = recompute(read_log(log))
+    attempts = read_log(log)
+    serving = recompute(attempts)
     recomputed = serving.claims()
     checks: list[Check] = []
     for claim, value in claims.items():
         name = f"{prefix}.{claim}"
         if claim not in recomputed:
-            checks.append(Check.skipped(name, "no recomputation exists for this claim name "
-                                        "(or its phase is not in the log)", claimed=value))
+            checks.append(Check.failed(name, "no recomputation exists for this claim name "
+                                       "(or its phase is not in the log)", claimed=value))
         else:
             checks.append(compare(name, value, recomputed[claim], rel_tol=rel_tol,
                                   abs_tol=abs_tol))
@@ -258,4 +439,6 @@ def check_serving(log: bytes, claims: Mapping[str, Any], *, prefix: str = "servi
     checks.append(Check.verdict(f"{prefix}.rule.no_cache_hits", serving.cache_hits == 0,
                                 recomputed=serving.cache_hits,
                                 message=f"{serving.cache_hits} result(s) were cache hits"))
+    if run is not None:
+        checks.extend(serving_rules(attempts, run, prefix))
     return checks

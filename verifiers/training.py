@@ -26,10 +26,11 @@ from typing import Any
 import blake3
 
 from .closure import Objects, Unusable
+from .compare import Tolerance
 from .errors import InvalidArgument, LogFormatError, RecordParseError, SafetensorsError
 from .params import ParamsDigest, params_digest, read_header, sha256_stream
 from .records import parse_json
-from .report import Check
+from .report import Check, Needs
 from .schedule import check_journal, document_schedule, read_journal
 
 FLOAT_NOISE = 1e-6
@@ -143,43 +144,66 @@ def registration_order(config: Mapping[str, Any], names: set[str]) -> list[str] 
 def checkpoint_checks(objects: Objects, checkpoint: str) -> list[Check]:
     """A checkpoint's ``params`` is the digest rebuilt from its weight files."""
     name = f"checkpoint.{checkpoint[7:15]}.params"
-    values, skipped = parameter_values(objects, checkpoint)
+    values, failed, not_rechecked = parameter_findings(objects, checkpoint)
     if "parameter_digest" not in values:
-        return [Check.skipped(name, skipped["parameter_digest"])]
+        if "parameter_digest" in not_rechecked:
+            needs, why = not_rechecked["parameter_digest"]
+            return [Check.skipped(name, why, needs=needs)]
+        return [Check.failed(name, failed.get("parameter_digest", "the digest cannot be "
+                                              "rebuilt"))]
     claimed = objects.record_of(checkpoint, "checkpoint/1")["params"]
     rebuilt = values["parameter_digest"]
     return [Check.verdict(name, rebuilt == claimed, claimed=claimed, recomputed=rebuilt,
                           message="the params/1 rebuilt from the weight files differs")]
 
 
+PARAMETER_CLAIMS = ("parameter_digest", "tensors", "parameters", "sha256_stream",
+                    "agreed_parameters")
+
+
 def parameter_values(objects: Objects, checkpoint: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """Recomputed parameter claims of a checkpoint, and the ones that cannot be (memoised)."""
+    """Recomputed parameter claims of a checkpoint, and why the others are not (every reason,
+    whether it fails or needs omitted weights; ``parameter_findings`` tells them apart)."""
+    values, failed, not_rechecked = parameter_findings(objects, checkpoint)
+    return values, {**failed, **{k: why for k, (_, why) in not_rechecked.items()}}
+
+
+def parameter_findings(objects: Objects, checkpoint: str) -> tuple[
+        dict[str, Any], dict[str, str], dict[str, tuple[Needs, str]]]:
+    """Recomputed parameter claims of a checkpoint (memoised); the claims that cannot be
+    recomputed, with why (failures); and those that need omitted weights, with
+    ``(needs, why)`` (the only ones that may be skipped)."""
     key = ("parameters", checkpoint)
     if key not in objects.memo:
         objects.memo[key] = _parameter_values(objects, checkpoint)
     return objects.memo[key]
 
 
-def _parameter_values(objects: Objects, checkpoint: str) -> tuple[dict[str, Any], dict[str, str]]:
+def _parameter_values(objects: Objects, checkpoint: str) -> tuple[
+        dict[str, Any], dict[str, str], dict[str, tuple[Needs, str]]]:
     values: dict[str, Any] = {}
-    skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    not_rechecked: dict[str, tuple[Needs, str]] = {}
     try:
         with Weights(objects, checkpoint) as weights:
             values["parameter_digest"] = weights.params().id
             values["tensors"], values["parameters"] = weights.counts()
             order = weights.order()
             if order is None:
-                reason = "registration order unknown for this architecture"
-                skipped["sha256_stream"] = skipped["agreed_parameters"] = reason
+                reason = ("registration order unknown for this architecture, so the ranks' "
+                          "digests cannot be rebuilt")
+                failed["sha256_stream"] = failed["agreed_parameters"] = reason
             else:
                 values["sha256_stream"] = sha256_stream(weights.paths, order)
                 values["agreed_parameters"] = weights.ordered_blake3(order)
     except Unusable as exc:
         reason = f"weights unavailable: {exc.why}"
-        for claim in ("parameter_digest", "tensors", "parameters", "sha256_stream",
-                      "agreed_parameters"):
-            skipped[claim] = reason
-    return values, skipped
+        for claim in PARAMETER_CLAIMS:
+            if exc.needs is not None:
+                not_rechecked[claim] = (exc.needs, reason)
+            else:
+                failed[claim] = reason
+    return values, failed, not_rechecked
 
 
 # --- journals ----------------------------------------------------------------------------
@@ -210,7 +234,7 @@ def journal_checks(objects: Objects, journal_ids: Sequence[str],
             record = objects.record_of(oid, "journal/1")
             data = objects.bytes(record["entries"])
         except Unusable as exc:
-            checks.append(Check.skipped(f"{name}.journal.{oid[7:15]}", f"unusable: {exc.why}"))
+            checks.append(Check.failed(f"{name}.journal.{oid[7:15]}", f"unusable: {exc.why}"))
             continue
         rank = record["rank"]
         listed.append(rank)
@@ -220,13 +244,35 @@ def journal_checks(objects: Objects, journal_ids: Sequence[str],
             ranks[rank] = read_journal(data)
         except LogFormatError:
             continue
-    expected = list(range(next(iter(worlds)))) if len(worlds) == 1 else None
-    ok = expected is not None and sorted(listed) == expected and len(journal_ids) == len(expected)
+        checks.append(_journal_record_check(record, ranks[rank], f"{name}.journal{rank}.record"))
+    world = next(iter(worlds)) if len(worlds) == 1 else None
+    expected = (list(range(world)) if isinstance(world, int) and world == len(journal_ids)
+                else None)
+    ok = expected is not None and sorted(listed) == expected
     checks.append(Check.verdict(f"{name}.journals.ranks", ok, claimed=sorted(listed),
-                                recomputed=expected if expected else sorted(worlds),
+                                recomputed=expected if expected else sorted(worlds)[:3],
                                 message="one journal per rank 0..world-1 with one world size "
                                         "is required"))
     return checks, ranks
+
+
+def _journal_record_check(record: Mapping[str, Any], entries: list[Mapping[str, Any]],
+                          name: str) -> Check:
+    """The journal/1 record and its entries speak of one rank and one history: every entry
+    names the record's rank, and ``resumed_from`` is the step of the last ``resume`` event
+    (null when the run never resumed, or resumed from step 0)."""
+    problems = []
+    wrong = [n for n, e in enumerate(entries, start=1) if e.get("rank") != record["rank"]]
+    if wrong:
+        problems.append(f"{len(wrong)} entries name another rank than {record['rank']} "
+                        f"(first: line {wrong[0]})")
+    resumes = [e.get("from_step") for e in entries if e.get("event") == "resume"]
+    expected = (resumes[-1] or None) if resumes else None
+    if record.get("resumed_from") != expected or isinstance(record.get("resumed_from"), bool):
+        problems.append(f"resumed_from is {record.get('resumed_from')!r}, the entries say "
+                        f"{expected!r}")
+    return Check.verdict(name, not problems, claimed=record.get("resumed_from"),
+                         recomputed=expected, message="; ".join(problems))
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -270,7 +316,7 @@ def schedule_check(steps: list[Mapping[str, Any]], *, seed: Any, documents: int,
     try:
         schedule = document_schedule(seed, documents, n_steps, batch)
     except InvalidArgument as exc:
-        return Check.skipped(f"{name}.schedule", f"cannot rebuild the schedule: {exc.message}")
+        return Check.failed(f"{name}.schedule", f"cannot rebuild the schedule: {exc.message}")
     problems = []
     numbers = [e.get("step") for e in steps]
     if numbers != list(range(1, len(schedule) + 1)):
@@ -296,26 +342,156 @@ def schedule_check(steps: list[Mapping[str, Any]], *, seed: Any, documents: int,
     return _problems(f"{name}.schedule", problems, recomputed=len(schedule))
 
 
+INTEGER_FIELDS = ("targets", "weighted_targets", "tokens", "bytes_communicated")
+"""Step-entry members that are counts: integers, compared exactly."""
+LR_TOLERANCE = Tolerance(None, rel=1e-12, abs=0.0,
+                         why="math.cos may differ by an ulp between C libraries")
+SUM_TOLERANCE = "floating sums of per-step seconds taken in another order"
+FP32_BYTES = 4
+"""Bytes of one FP32 parameter's gradient (EXPERIMENT 3: FP32 parameters)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def run_values(steps: list[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """Claims recomputed from one rank's effective step entries."""
+    """Claims recomputed from one rank's effective step entries. Counts must be integers in
+    every entry (a float count is a problem, never summed); seconds must be finite numbers."""
     problems = []
-    for key in ("seconds", "targets", "weighted_targets", "bytes_communicated"):
-        bad = [e.get("step") for e in steps if isinstance(e.get(key), bool)
-               or not isinstance(e.get(key), int | float)]
+    for key in ("seconds", *INTEGER_FIELDS):
+        check = _is_real if key == "seconds" else _is_int
+        bad = [e.get("step") for e in steps if not check(e.get(key))
+               or (key == "seconds" and not math.isfinite(e[key]))
+               or (key != "seconds" and e[key] < 0)]
         if bad:
-            problems.append(f"steps {bad[:3]} lack a numeric {key!r}")
+            what = "a finite number" if key == "seconds" else "a non-negative integer"
+            problems.append(f"steps {bad[:3]} lack {what} {key!r}")
     if problems or not steps:
         return {}, problems or ["no step entries"]
     seconds = [float(e["seconds"]) for e in steps]
     total = math.fsum(seconds)
+    tokens = sum(e["tokens"] for e in steps)
     values: dict[str, Any] = {
         "updates": len(steps),
-        "update_seconds": total,
-        "median_update_seconds": statistics.median(seconds),
+        "update_seconds": Tolerance(total, why=SUM_TOLERANCE),
+        "median_update_seconds": Tolerance(statistics.median(seconds), why=SUM_TOLERANCE),
         "bytes_communicated": sum(e["bytes_communicated"] for e in steps),
         "targets": sum(e["targets"] for e in steps),
         "weighted_targets": sum(e["weighted_targets"] for e in steps),
+        "tokens": tokens,
+        "tokens_per_second": Tolerance(tokens / total if total > 0 else 0.0, why=SUM_TOLERANCE),
     }
-    if all(isinstance(e.get("tokens"), int) for e in steps) and total > 0:
-        values["tokens_per_second"] = sum(e["tokens"] for e in steps) / total
     return values, []
+
+
+def learning_rate(step: int, *, lr: float, warmup: int, steps: int) -> float:
+    """EXPERIMENT 3's learning rate of update ``step`` (0-based): ``lr·(s+1)/warmup`` while
+    ``s < warmup``, then cosine from ``lr`` (first decay update) to ``0.1·lr`` (last one)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    decay = steps - warmup
+    if decay <= 1:
+        return lr
+    progress = (step - warmup) / (decay - 1)
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def lr_check(steps: list[Mapping[str, Any]], params: Mapping[str, Any], name: str) -> Check:
+    """Every step entry's ``lr`` is the schedule's value for its step (step ``s`` is update
+    ``s - 1``), within ``LR_TOLERANCE``."""
+    check = f"{name}.journals.lr"
+    lr, warmup, total = params.get("lr"), params.get("warmup"), params.get("steps")
+    if not (_is_real(lr) and math.isfinite(lr) and _is_int(warmup) and warmup >= 0
+            and _is_int(total) and total >= 1):
+        return Check.failed(check, f"the params give no usable schedule (lr {lr!r}, warmup "
+                                   f"{warmup!r}, steps {total!r})")
+    problems = []
+    for entry in steps:
+        step, got = entry.get("step"), entry.get("lr")
+        if not _is_int(step) or not 1 <= step <= total:
+            problems.append(f"step {step!r} is not an update of a {total}-step schedule")
+            continue
+        want = learning_rate(step - 1, lr=float(lr), warmup=warmup, steps=total)
+        if not _is_real(got) or not math.isfinite(got) or abs(got - want) > (
+                LR_TOLERANCE.rel * abs(want) + LR_TOLERANCE.abs):
+            problems.append(f"step {step}: lr {got!r}, the schedule gives {want!r}")
+    result = _problems(check, problems, recomputed=len(steps))
+    return _with_rule(result, LR_TOLERANCE.describe())
+
+
+def _with_rule(check: Check, rule: str) -> Check:
+    message = f"{check.message} [{rule}]" if check.message else rule
+    return Check(name=check.name, status=check.status, claimed=check.claimed,
+                 recomputed=check.recomputed, message=message, needs=check.needs)
+
+
+def weighted_targets_check(steps: list[Mapping[str, Any]], params: Mapping[str, Any],
+                           replay_ids: set[str], grounded_ids: set[str], name: str) -> Check:
+    """``weighted_targets = Σ targets_i · w_i`` (EXPERIMENT 3) with grounded weight and replay
+    weight from the params: exactly ``w · targets`` when a batch holds documents of one
+    weight, and between ``min(w) · targets`` and ``max(w) · targets`` otherwise (the
+    per-document target counts need the chat template)."""
+    check = f"{name}.journals.weighted_targets"
+    grounded, replay = params.get("grounded_weight"), params.get("replay_weight")
+    if not (_is_int(grounded) and _is_int(replay) and grounded >= 0 and replay >= 0):
+        return Check.failed(check, f"the params give no integer loss weights (grounded "
+                                   f"{grounded!r}, replay {replay!r})")
+    problems = []
+    for entry in steps:
+        docs, targets, weighted = (entry.get("documents"), entry.get("targets"),
+                                   entry.get("weighted_targets"))
+        if not (isinstance(docs, list) and _is_int(targets) and _is_int(weighted)):
+            problems.append(f"step {entry.get('step')!r}: documents, targets or weighted "
+                            "targets malformed")
+            continue
+        weights = set()
+        for doc in docs:
+            if isinstance(doc, str) and doc in replay_ids:
+                weights.add(replay)
+            elif isinstance(doc, str) and doc in grounded_ids:
+                weights.add(grounded)
+            else:
+                problems.append(f"step {entry.get('step')}: document {str(doc)[:16]!r} is not "
+                                "a training document")
+                weights = set()
+                break
+        if not weights:
+            continue
+        low, high = min(weights) * targets, max(weights) * targets
+        if not low <= weighted <= high:
+            expected = f"{low}" if low == high else f"between {low} and {high}"
+            problems.append(f"step {entry.get('step')}: weighted targets {weighted}, expected "
+                            f"{expected} for {targets} targets")
+    return _problems(check, problems, recomputed=len(steps))
+
+
+def bytes_check(steps: list[Mapping[str, Any]], *, world: Any, parameters: int | None,
+                not_rechecked: tuple[Needs, str] | None, why_not: str | None,
+                name: str) -> Check:
+    """Each update all-reduces every trained parameter's FP32 gradient once when the world
+    has more than one rank: ``bytes_communicated = 4 · parameters`` per step, ``0`` alone."""
+    check = f"{name}.journals.bytes_communicated"
+    values = [e.get("bytes_communicated") for e in steps]
+    if not _is_int(world) or world < 1:
+        return Check.failed(check, f"the params give no world size ({world!r})")
+    if world == 1:
+        expected: int | None = 0
+    elif parameters is not None:
+        expected = FP32_BYTES * parameters
+    elif not_rechecked is not None:
+        return Check.skipped(check, "the bytes per update follow from the parameter count: "
+                             + not_rechecked[1], needs=not_rechecked[0])
+    else:
+        return Check.failed(check, f"the parameter count is unknown: {why_not}")
+    wrong = [e.get("step") for e, v in zip(steps, values, strict=True)
+             if not _is_int(v) or v != expected]
+    why = "one rank: none" if world == 1 else "4 bytes per FP32 parameter gradient per update"
+    return Check.verdict(check, not wrong, claimed=values[0] if values else None,
+                         recomputed=expected,
+                         message=f"steps {wrong[:3]} do not communicate {expected} bytes "
+                                 f"({why})")

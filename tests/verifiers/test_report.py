@@ -13,31 +13,49 @@ from nscas.verifiers.report import Check, Report
 
 
 def test_report_json_shape() -> None:
+    target = "blake3:" + "ab" * 32
     report = Report.of([
         Check.passed("a", claimed=1, recomputed=1),
         Check.failed("b", "differs", claimed=Fraction(1, 4), recomputed=(1, 2)),
-        Check.skipped("c", "no data"),
-    ])
+        Check.skipped("c", "no model run", needs="model"),
+    ], target=target, self_reported=("receipts: started, finished",))
     data = json.loads(report.to_json())
-    assert list(data) == ["ok", "checks"]
-    assert data["ok"] is False
+    assert list(data) == ["target", "named", "ok", "strict", "summary", "not_rechecked",
+                          "self_reported", "checks"]
+    assert data["target"] == target and data["ok"] is False
+    assert data["not_rechecked"] == {"weights": [], "model": ["c"]}
+    assert data["self_reported"] == ["receipts: started, finished"]
     assert [list(c) for c in data["checks"]] == [
-        ["name", "status", "claimed", "recomputed", "message"]] * 3
+        ["name", "status", "claimed", "recomputed", "message", "needs"]] * 3
     assert data["checks"][1] == {"name": "b", "status": "failed", "claimed": 0.25,
-                                 "recomputed": [1, 2], "message": "differs"}
+                                 "recomputed": [1, 2], "message": "differs", "needs": None}
     assert data["checks"][2] == {"name": "c", "status": "skipped", "claimed": None,
-                                 "recomputed": None, "message": "no data"}
-    assert report.summary() == "FAILED: 3 checks, 1 passed, 1 failed, 1 skipped"
+                                 "recomputed": None, "message": "no model run", "needs": "model"}
+    assert report.summary() == "FAILED: 3 checks, 1 passed, 1 failed, 1 not rechecked"
+    assert report.notes() == ["not rechecked (needs a model run): c",
+                              "self-reported, trusted only as far as the pinned ID or a "
+                              "signature: receipts: started, finished"]
 
 
 def test_ok_and_strict() -> None:
-    lenient = Report.of([Check.passed("a"), Check.skipped("b", "why")])
+    lenient = Report.of([Check.passed("a"), Check.skipped("b", "why", needs="weights"),
+                         Check.skipped("m", "why", needs="model")])
     assert lenient.ok
     strict = Report.of(lenient.checks, strict=True)
+    # Strict fails for omitted weights, never for what only a model run can recheck.
     assert not strict.ok and [c.name for c in strict.failures] == ["b"]
+    assert Report.of([Check.skipped("m", "why", needs="model")], strict=True).ok
     assert Report().ok
     grown = lenient.with_checks([Check.failed("c", "bad")])
-    assert not grown.ok and lenient.ok and len(grown.checks) == 3
+    assert not grown.ok and lenient.ok and len(grown.checks) == 4
+
+
+@pytest.mark.parametrize("needs", [None, "", "network", "weights "])
+def test_a_skip_must_name_weights_or_a_model_run(needs) -> None:
+    with pytest.raises(InvalidArgument):
+        Check(name="x", status="skipped", needs=needs)
+    with pytest.raises(InvalidArgument):
+        Check(name="x", status="failed", needs="weights")
 
 
 def test_non_finite_values_still_serialise() -> None:
@@ -69,7 +87,10 @@ def test_check_validates_status_and_verdict() -> None:
     ([1, 2], [1, 2], True),
     ([1, 2], [2, 1], False),
     ([1], [1, 1], False),
-    ({"a": 1.0, "b": [True]}, {"b": [True], "a": 1}, True),
+    ({"a": 1.0, "b": [True]}, {"b": [True], "a": 1}, False),  # a recomputed int is a count
+    ({"a": 1, "b": [True]}, {"b": [True], "a": 1}, True),
+    (1.0000000001, 1, False),  # a count is an integer, exactly
+    (1e-12, 0, False),
 ])
 def test_compare_rules(claimed, recomputed, equal) -> None:
     check = compare("c", claimed, recomputed)
