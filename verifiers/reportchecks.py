@@ -1,50 +1,60 @@
-"""``report`` receipts rechecked (EXPERIMENT 6): every headline claim and every number of
-report.json recomputed from the retained objects by ``reportcompute``, plus the page and files.
+"""``report`` receipts rechecked (EXPERIMENT 6): every headline claim, every member of
+report.json, every number and verdict of the answer page and the data of every figure file,
+recomputed from the retained objects by ``reportcompute``, ``reportpage`` and
+``reportfigures``.
 
 Checks, each named ``report.<8 hex>.<what>``:
 
 - ``inputs``: the input receipts describe one experiment (rules in ``reportinputs``);
-- ``files``: the output tree holds report.json, resources.json, generations.html and each
-  figure the report has data for as SVG, PNG and PDF (what the figures draw is not rechecked);
+- ``files``: the output tree holds exactly report.json, resources.json, generations.html and
+  each figure the report has data for as SVG, PNG and PDF;
 - ``json.<part>`` for the parts ``learning`` (with ``contract``), ``training``, ``serving``,
-  ``resources`` and ``header`` (format, title, inputs, prepared sets, commitment, audit):
-  passed when every recomputed field equals report.json's. Otherwise each differing field is
-  its own failed check ``json.<path>`` (``json.learning.arms.seed.correct``,
-  ``json.learning.comparisons[0].wins``). Fields report.json holds that are not recomputed
-  are listed in one skipped ``json.<part>.not_recomputed``; prose (``note``, ``notes``) is
-  not compared;
-- ``resources_json``: resources.json holds what report.json's ``resources`` holds;
-- ``page.tasks`` and ``page.answers``: generations.html names every test task id and shows
-  every arm's retained answer (HTML-escaped);
+  ``resources``, ``figures`` and ``header`` (format, title, inputs, prepared sets,
+  commitment): passed when every recomputed member equals report.json's. Otherwise each
+  differing member is its own failed check ``json.<path>``
+  (``json.learning.arms.seed.correct``, ``json.learning.comparisons[0].wins``); a member
+  report.json holds that is not recomputed is a failed ``json.<path>`` too. Prose
+  (``note``, ``notes``) is fixed text, regenerated and compared exactly;
+- ``json.parts``: report.json has exactly the known top-level parts (an unknown part fails);
+- ``resources_json``: resources.json holds what report.json's ``resources`` must hold;
+- ``figures.<name>.<format>``: the figure file (``training.png``) carries, in its own
+  metadata, exactly the recomputed data of that figure (``reportfigures``);
+- ``page.headline``, ``page.filters``, ``page.tasks``, ``page.verdicts``, ``page.answers``
+  and ``page.exact``: generations.html is, part by part and then byte for byte, the page
+  rendered from the recomputation (``reportpage``);
 - ``weights``: the parameter digests report.json names are the ones rebuilt from the
-  checkpoints' weight files; skipped, never passed, when the weights are not available.
+  checkpoints' weight files; skipped (``needs="weights"``), never passed, when the bundle
+  omitted the weights, failed when they cannot be rebuilt for any other reason.
 
-Each part runs on its own: an unusable object skips that part and its claims, not the rest.
-The claims themselves (``documents``, ``correct.<arm>``, ``gain.<arm>``, ...) are compared by
-the receipt driver with the values recomputed here.
+Comparison rules (SPEC 7): booleans, strings and null are equal only when identical;
+integers only to integers, exactly (a count ``0.000000000001`` is not ``0``); a value the
+verifiers hold as an exact rational (accuracy, gain, p, bytes per update) only as that
+rational's correctly rounded float (or the integer it equals); values copied from the
+journals (losses, learning rates, gradient norms) exactly; any other float within the
+tolerance ``float_recomputation`` (relative ``REL_TOL``, absolute ``ABS_TOL``), since the
+verifiers may sum the same floats in another order. The claims of a report receipt are
+decided here with the same rules; ``p_exact.<arm>`` must be the recomputed rational's
+``numerator/denominator`` and ``p.<arm>`` its correctly rounded float.
+
+Each part runs on its own: an unusable object fails that part and its claims, not the rest.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from html import escape
+from fractions import Fraction
 from typing import Any, Protocol
 
-from .closure import Objects
-from .compare import differences
+from .closure import Objects, weights_omitted
 from .errors import InvalidArgument, RecordParseError
 from .records import parse_json
 from .report import Check
-from .reportcompute import (
-    Learning,
-    NotRecomputed,
-    header,
-    learning,
-    serving,
-    training,
-)
+from .reportcompute import Learning, header, learning, serving, training
+from .reportfigures import FIGURE_FORMAT, FigureError, embedded, figure_data
 from .reportinputs import Inputs, load_inputs, resources
+from .reportpage import PARTS, Answer, Task, compare_pages, render
 from .training import parameter_values
 
 REPORT_VERIFIERS = frozenset({"answers", "statistics", "journals", "throughput"})
@@ -52,10 +62,19 @@ REPORT_VERIFIERS = frozenset({"answers", "statistics", "journals", "throughput"}
 LEARNING_CLAIMS = ("documents", "correct.", "gain.", "p.", "p_exact.", "contract.")
 TRAINING_CLAIMS = ("median_update_seconds.", "update_seconds.", "update_seconds_ratio.")
 SERVING_CLAIMS = ("throughput_ratio", "failure_retries", "identical_outputs", "cache_hits")
-PROSE = frozenset({"note", "notes"})
 PAGE_FILES = ("report.json", "resources.json", "generations.html")
 FIGURE_FORMATS = ("svg", "png", "pdf")
+KNOWN_PARTS = frozenset({"format", "title", "inputs", "prepared", "commitment", "learning",
+                         "contract", "training", "serving", "resources", "figures"})
+"""report.json's top-level members (format ``nscas-report/2``)."""
+REL_TOL = 1e-9
+ABS_TOL = 1e-12
+TOLERANCE = f"float_recomputation (relative {REL_TOL:g}, absolute {ABS_TOL:g})"
+EXACT_KEYS = frozenset({"first_loss", "last_loss", "loss_by_step", "lr_by_step",
+                        "grad_norm_by_step", "x", "y"})
+"""Members whose floats are copied from retained entries, so they compare exactly."""
 _SHOWN = 5
+"""How ``closure.Objects`` says a bundle left an object out (``omitted (<reason>)``)."""
 
 
 class ReportRun(Protocol):
@@ -74,11 +93,13 @@ class ReportRun(Protocol):
 
 
 class Sink(Protocol):
-    """Where findings go (``receipts.Findings``): checks, recomputed claim values, and
-    ``section``, which runs one part and turns an unusable object into skipped claims."""
+    """Where findings go (``receipts.Findings``): checks, claims decided here (by claim
+    name), and ``section``, which runs one part and turns an unusable object into a failed
+    part and failed claims."""
 
     checks: list[Check]
     values: dict[str, Any]
+    decided: dict[str, Check]
 
     def section(self, name: str, claims: tuple[str, ...], work: Callable[[], None]) -> None: ...
 
@@ -94,13 +115,129 @@ def _malformed(what: str, work: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         try:
             work()
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(what, f"malformed content ({exc})") from None
+        except (TypeError, ValueError, AttributeError, IndexError, OverflowError,
+                ZeroDivisionError) as exc:
+            raise InvalidArgument(what, f"malformed content ({type(exc).__name__}: {exc})"
+                                  ) from None
     return run
 
 
+# --- strict comparison ---------------------------------------------------------------------
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float | Fraction):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Fraction):
+        text = f"{value.numerator}/{value.denominator}"
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 30:
+        text = f"an integer of {len(str(abs(value)))} digits"
+    else:
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def leaf_problem(claimed: Any, mine: Any, *, exact: bool = False) -> str | None:
+    """Why ``claimed`` is not ``mine`` under the comparison rules, or None when it is."""
+    kc, km = _kind(claimed), _kind(mine)
+    if km in ("null", "boolean", "string"):
+        if kc != km or claimed != mine:
+            return f"shows {kc} {_show(claimed)}, recomputed {km} {_show(mine)}"
+        return None
+    if km == "integer":
+        if kc != "integer" or claimed != mine:
+            return f"shows {kc} {_show(claimed)}, recomputed integer {_show(mine)} (exact)"
+        return None
+    if km == "number" and isinstance(mine, Fraction):
+        if kc == "integer" and claimed == mine:
+            return None
+        if kc == "number" and isinstance(claimed, float) and claimed == _as_float(mine):
+            return None
+        return (f"shows {kc} {_show(claimed)}, recomputed exactly {_show(mine)} (correctly "
+                f"rounded {_show(_as_float(mine))})")
+    if km == "number":
+        got = _as_float(claimed) if kc in ("integer", "number") else None
+        if got is None or not math.isfinite(got):
+            return f"shows {kc} {_show(claimed)}, recomputed number {_show(mine)}"
+        if exact:
+            return None if got == mine else (f"shows {_show(claimed)}, recomputed "
+                                             f"{_show(mine)} (copied values compare exactly)")
+        if math.isfinite(mine) and abs(got - mine) <= max(REL_TOL * max(abs(got), abs(mine)),
+                                                          ABS_TOL):
+            return None
+        return f"shows {_show(claimed)}, recomputed {_show(mine)} (tolerance {TOLERANCE})"
+    return f"shows {kc} {_show(claimed)}, recomputed {km} {_show(mine)}"
+
+
+def strict_problems(claimed: Any, mine: Any, path: str = "$", *,
+                    exact: bool = False) -> list[str]:
+    """Every place ``claimed`` differs from ``mine`` (recursing only along ``mine``)."""
+    out: list[str] = []
+    stack = [(claimed, mine, path, exact)]
+    while stack:
+        a, b, where, ex = stack.pop()
+        if isinstance(b, dict) and isinstance(a, dict):
+            extra = sorted(str(k) for k in a if k not in b)
+            missing = sorted(str(k) for k in b if k not in a)
+            if extra:
+                out.append(f"{where}: members not recomputed {extra[:_SHOWN]}")
+            if missing:
+                out.append(f"{where}: lacks members {missing[:_SHOWN]}")
+            stack.extend((a[k], b[k], f"{where}.{k}", ex or k in EXACT_KEYS)
+                         for k in reversed(list(b)) if k in a)
+        elif isinstance(b, list | tuple) and isinstance(a, list):
+            if len(a) != len(b):
+                out.append(f"{where}: {len(a)} items, recomputed {len(b)}")
+            stack.extend((x, y, f"{where}[{i}]", ex)
+                         for i, (x, y) in reversed(list(enumerate(zip(a, b, strict=False)))))
+        else:
+            problem = leaf_problem(a, b, exact=ex)
+            if problem is not None:
+                out.append(f"{where}: {problem}")
+    return out
+
+
+def _decide(run: ReportRun, found: Sink, values: Mapping[str, Any]) -> None:
+    """Decide each of the receipt's claims among ``values`` under the strict rules."""
+    claims = run.receipt["claims"]
+    for claim, mine in values.items():
+        if claim not in claims:
+            continue
+        claimed = claims[claim]["value"]
+        name = f"{run.name}.claims.{claim}"
+        problems = strict_problems(claimed, mine)
+        found.decided[claim] = (
+            Check.passed(name, claimed=claimed, recomputed=mine) if not problems else
+            Check.failed(name, "claimed value differs from the recomputation: "
+                         + "; ".join(problems[:_SHOWN]), claimed=claimed, recomputed=mine))
+
+
+# --- the checks ----------------------------------------------------------------------------
+
 def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
-    """Every finding about one ``report`` run; recomputed claim values into ``found.values``."""
+    """Every finding about one ``report`` run; its claims decided into ``found.decided``."""
     name = run.name
     state: dict[str, Any] = {}
 
@@ -122,7 +259,8 @@ def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
 
     def compare_json(part: str, mine: dict[str, Any]) -> None:
         if report is None:
-            found.checks.append(Check.skipped(f"{name}.json.{part}", "report.json is unusable"))
+            found.checks.append(Check.failed(f"{name}.json.{part}", "report.json is unusable, "
+                                             "so this part cannot be compared"))
             return
         claimed = {k: report[k] for k in mine if k in report}
         found.checks.extend(field_checks(f"{name}.json", part, claimed, mine))
@@ -130,72 +268,129 @@ def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
     def learn() -> None:
         result = learning(objects, ins)
         state["learning"] = result
-        found.values.update(learning_claims(result))
+        _decide(run, found, learning_claims(result))
         compare_json("learning", {"learning": result.section, "contract": result.contract})
 
     def train() -> None:
         result = training(objects, ins)
         state["training"] = result
+        values: dict[str, Any] = {}
         for arm, t in (result or {"arms": {}})["arms"].items():
-            found.values[f"median_update_seconds.{arm}"] = t["median_update_seconds"]
-            found.values[f"update_seconds.{arm}"] = t["update_seconds"]
+            values[f"median_update_seconds.{arm}"] = t["median_update_seconds"]
+            values[f"update_seconds.{arm}"] = t["update_seconds"]
         for r in (result or {"ratios": []})["ratios"]:
-            found.values[f"update_seconds_ratio.{r['pair']}:{r['single']}"] = r["update_seconds"]
+            values[f"update_seconds_ratio.{r['pair']}:{r['single']}"] = r["update_seconds"]
+        _decide(run, found, values)
         compare_json("training", {"training": result})
 
     def serve() -> None:
         result = serving(objects, ins)
+        state["serving"] = result
         if result is not None:
-            found.values.update({k: result[k] for k in SERVING_CLAIMS})
+            _decide(run, found, {k: result[k] for k in SERVING_CLAIMS})
         compare_json("serving", {"serving": result})
 
     def spent() -> None:
         mine = resources(objects, ins, float(run.params.get("price_per_host_hour", 0)))
         compare_json("resources", {"resources": mine})
-        if report is not None and "resources_json" in state:
-            found.checks.append(Check.verdict(
-                f"{name}.resources_json", state["resources_json"] == report.get("resources"),
-                message="resources.json is not report.json's resources"))
+        if "resources_json" in state:
+            problems = strict_problems(state["resources_json"], mine)
+            found.checks.append(_listing(f"{name}.resources_json", problems))
 
     section("learning", LEARNING_CLAIMS, learn)
     section("training", TRAINING_CLAIMS, train)
     section("serving", SERVING_CLAIMS, serve)
     section("resources", (), spent)
     section("header", (), lambda: compare_json("header", header(objects, ins, run.params)))
+    section("figures", (), lambda: _figures(name, ins, state, compare_json, found))
     if report is not None:
-        unknown = sorted(set(report) - KNOWN_PARTS)
-        if unknown:
-            found.checks.append(Check.skipped(f"{name}.json.not_recomputed", "report.json "
-                                              f"parts not recomputed here: {unknown}"))
-
-    def page() -> None:
-        if "learning" not in state or "page" not in state:
-            why = "generations.html is unusable" if "page" not in state else \
-                "the learning part was not recomputed"
-            found.checks.extend(Check.skipped(f"{name}.page.{c}", why)
-                                for c in ("tasks", "answers"))
-            return
-        found.checks.extend(page_checks(f"{name}.page", state["page"], state["learning"]))
+        extra, missing = sorted(set(report) - KNOWN_PARTS), sorted(KNOWN_PARTS - set(report))
+        found.checks.append(Check.verdict(
+            f"{name}.json.parts", not extra and not missing, claimed=sorted(report),
+            recomputed=sorted(KNOWN_PARTS),
+            message=f"report.json has parts no verifier recomputes {extra[:_SHOWN]}"
+                    f"{' and lacks parts ' + str(missing) if missing else ''}"))
+    else:
+        found.checks.append(Check.failed(f"{name}.json.parts", "report.json is unusable"))
+    section("page", (), lambda: _page(name, run, state, found))
 
     def weights() -> None:
         check_name = f"{name}.weights"
         if report is None or "learning" not in state:
-            found.checks.append(Check.skipped(check_name, "needs report.json and the learning "
-                                              "part, which are unusable"))
+            found.checks.append(Check.failed(check_name, "needs report.json and the learning "
+                                             "part, which are unusable"))
             return
         check = weights_check(objects, check_name, report, state["learning"],
                               state.get("training"))
-        if ins.train and "training" not in state and check.status == "passed":
-            check = Check.skipped(check_name, "the training part was not recomputed, so its "
-                                  "digests were not rebuilt")
+        if ins.train and "training" not in state and check.status != "failed":
+            check = Check.failed(check_name, "the training part was not recomputed, so its "
+                                 "digests were not rebuilt")
         found.checks.append(check)
 
-    section("page", (), page)
     section("weights", (), weights)
 
 
-KNOWN_PARTS = frozenset({"format", "title", "inputs", "prepared", "commitment", "learning",
-                         "contract", "training", "serving", "resources", "audit"})
+def _figures(name: str, ins: Inputs, state: dict[str, Any],
+             compare_json: Callable[[str, dict[str, Any]], None], found: Sink) -> None:
+    """report.json's ``figures`` and every figure file's own copy of its data."""
+    absent = [part for part, needed in (("learning", True), ("training", bool(ins.train)),
+                                        ("serving", ins.serve is not None))
+              if needed and state.get(part) is None]
+    files: dict[str, bytes] = state.get("figure_files", {})
+    if absent:
+        why = f"the {', '.join(absent)} part(s) were not recomputed"
+        found.checks.append(Check.failed(f"{name}.json.figures", why))
+        found.checks.extend(Check.failed(f"{name}.figures.{stem}", why) for stem in files)
+        return
+    result: Learning = state["learning"]
+    mine = figure_data(result.section, state.get("training"), state.get("serving"))
+    compare_json("figures", {"figures": mine})
+    for stem, data in files.items():
+        figure, _, fmt = stem.rpartition(".")
+        check_name = f"{name}.figures.{stem}"
+        if figure not in mine:
+            found.checks.append(Check.failed(check_name, "no figure of this name is drawn"))
+            continue
+        try:
+            carried = embedded(fmt, data)
+        except FigureError as exc:
+            found.checks.append(Check.failed(check_name, f"{stem} does not carry its figure "
+                                             f"data: {exc}"))
+            continue
+        want = {"format": FIGURE_FORMAT, "figure": figure, "data": mine[figure]}
+        problems = strict_problems(carried, want)
+        found.checks.append(_listing(check_name, [f"{stem} {p}" for p in problems],
+                                     recomputed=f"{figure} data"))
+
+
+def _page(name: str, run: ReportRun, state: dict[str, Any], found: Sink) -> None:
+    checks = [f"{name}.page.{part}" for part in (*PARTS, "exact")]
+    if "learning" not in state or "page" not in state:
+        why = "generations.html is unusable" if "page" not in state else \
+            "the learning part was not recomputed"
+        found.checks.extend(Check.failed(c, why) for c in checks)
+        return
+    result: Learning = state["learning"]
+    tasks = page_tasks(result)
+    title = run.params.get("title")
+    expected = render(str(title), result.section["arms"], tasks, result.held_out)
+    problems, same = compare_pages(state["page"], expected, tasks)
+    for part in (*PARTS, "exact"):
+        found.checks.append(_listing(f"{name}.page.{part}", problems[part],
+                                     recomputed="byte for byte" if same else None))
+
+
+def page_tasks(result: Learning) -> list[Task]:
+    """Every test task with every arm's retained answer and the verifiers' verdict."""
+    tasks = []
+    for n, line in enumerate(result.tests):
+        answers = {arm: Answer(text=str(s.generations[n].get("text", "")),
+                               correct=s.results[n].correct, reason=str(s.results[n].reason))
+                   for arm, s in result.scored.items()}
+        tasks.append(Task(id=line["id"], family=line["task"]["family"],
+                          variant=line["task"]["variant"], prompt=line["prompt"],
+                          target=line["target"], answers=answers))
+    return tasks
 
 
 def learning_claims(result: Learning) -> dict[str, Any]:
@@ -212,7 +407,8 @@ def learning_claims(result: Learning) -> dict[str, Any]:
 
 
 def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink) -> dict[str, Any]:
-    """The output tree's files checked by name; report.json, resources.json and the page."""
+    """The output tree's files checked by name; report.json, resources.json, the page and
+    the figure files' bytes."""
     entries = objects.record_of(run.outputs["report"], "tree/1")["entries"]
     figures = ["comparison", "accuracy", *(["training"] if ins.train else []),
                *(["serving"] if ins.serve is not None else [])]
@@ -228,14 +424,18 @@ def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink) ->
                 out[key] = parse_json(objects.bytes(entries[path]["id"]), what=path)
             except RecordParseError as exc:
                 found.checks.append(Check.failed(f"{run.name}.files.{path}", exc.message))
-    if not isinstance(out.get("report"), dict):
-        out.pop("report", None)
+    if "report" in out and not isinstance(out["report"], dict):
+        found.checks.append(Check.failed(f"{run.name}.files.report.json",
+                                         "report.json is not a JSON object"))
+        out.pop("report")
     if "generations.html" in entries:
         try:
             out["page"] = objects.bytes(entries["generations.html"]["id"]).decode("utf-8")
         except UnicodeDecodeError as exc:
             found.checks.append(Check.failed(f"{run.name}.files.generations.html",
                                              f"not UTF-8 text ({exc})"))
+    out["figure_files"] = {f"{f}.{x}": objects.bytes(entries[f"{f}.{x}"]["id"])
+                           for f in figures for x in FIGURE_FORMATS if f"{f}.{x}" in entries}
     return out
 
 
@@ -244,66 +444,60 @@ class _Fields:
     prefix: str
     compared: int = 0
     failed: list[Check] = field(default_factory=list)
-    not_recomputed: list[str] = field(default_factory=list)
 
-    def walk(self, claimed: Any, mine: Any, path: str) -> None:
-        if isinstance(mine, NotRecomputed):
-            self.not_recomputed.append(f"{path} ({mine.why})")
-        elif isinstance(claimed, dict) and isinstance(mine, dict):
-            for key in sorted(set(claimed) | set(mine), key=str):
-                sub = f"{path}.{key}" if path else str(key)
-                if key not in mine:
-                    if key not in PROSE:
-                        self.not_recomputed.append(sub)
-                elif key not in claimed:
-                    self.failed.append(Check.failed(f"{self.prefix}.{sub}", "report.json lacks "
-                                                    "this field", recomputed=mine[key]))
-                else:
-                    self.walk(claimed[key], mine[key], sub)
-        elif isinstance(claimed, list) and isinstance(mine, list):
-            if len(claimed) != len(mine):
-                self.failed.append(Check.failed(
-                    f"{self.prefix}.{path}", f"report.json lists {len(claimed)} items, "
-                    f"recomputed {len(mine)}", claimed=len(claimed), recomputed=len(mine)))
-            for index, (a, b) in enumerate(zip(claimed, mine, strict=False)):
-                self.walk(a, b, f"{path}[{index}]")
-        else:
-            found = differences(claimed, mine)
-            if found:
-                why = "; ".join(f.removeprefix("$: ") for f in found[:_SHOWN])
-                self.failed.append(Check.failed(f"{self.prefix}.{path}", "report.json differs "
-                                                f"from the recomputation: {why}",
-                                                claimed=claimed, recomputed=mine))
+    def walk(self, claimed: Any, mine: Any, path: str, exact: bool = False) -> None:
+        stack = [(claimed, mine, path, exact)]
+        while stack:
+            a, b, where, ex = stack.pop()
+            if isinstance(a, dict) and isinstance(b, dict):
+                for key in sorted(set(a) - set(b), key=str):
+                    self.failed.append(Check.failed(
+                        f"{self.prefix}.{_join(where, key)}", "report.json holds this member, "
+                        "which no verifier recomputes", claimed=_short(a[key])))
+                for key in sorted(set(b) - set(a), key=str):
+                    self.failed.append(Check.failed(f"{self.prefix}.{_join(where, key)}",
+                                                    "report.json lacks this member",
+                                                    recomputed=b[key]))
+                stack.extend((a[k], b[k], _join(where, k), ex or k in EXACT_KEYS)
+                             for k in sorted((k for k in b if k in a), key=str, reverse=True))
+            elif isinstance(a, list) and isinstance(b, list | tuple):
+                if len(a) != len(b):
+                    self.failed.append(Check.failed(
+                        f"{self.prefix}.{where}", f"report.json lists {len(a)} items, "
+                        f"recomputed {len(b)}", claimed=len(a), recomputed=len(b)))
+                stack.extend((x, y, f"{where}[{i}]", ex) for i, (x, y)
+                             in reversed(list(enumerate(zip(a, b, strict=False)))))
             else:
-                self.compared += 1
+                problem = leaf_problem(a, b, exact=ex)
+                if problem is not None:
+                    self.failed.append(Check.failed(f"{self.prefix}.{where}", "report.json "
+                                                    f"differs from the recomputation: {problem}",
+                                                    claimed=_short(a), recomputed=b))
+                else:
+                    self.compared += 1
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _short(value: Any) -> Any:
+    """A claimed value as a check may hold it (no huge or deep hostile values)."""
+    if isinstance(value, dict | list) or (isinstance(value, int) and abs(value) > 10 ** 30):
+        return _show(value)
+    if isinstance(value, str) and len(value) > 200:
+        return value[:197] + "..."
+    return value
 
 
 def field_checks(prefix: str, part: str, claimed: dict[str, Any],
                  mine: dict[str, Any]) -> list[Check]:
-    """One failed check per differing field of ``claimed`` (report.json's top-level members
-    of ``part``), else one passed check for the part; a skipped one lists what is not
-    recomputed."""
+    """One failed check per differing, missing or unrecomputed member of ``claimed``
+    (report.json's top-level members of ``part``), else one passed check for the part."""
     fields = _Fields(prefix=prefix)
     fields.walk(claimed, mine, "")
-    checks = fields.failed or [Check.passed(f"{prefix}.{part}",
-                                            recomputed=f"{fields.compared} fields equal")]
-    if fields.not_recomputed:
-        checks.append(Check.skipped(f"{prefix}.{part}.not_recomputed", "not recomputed: "
-                                    + "; ".join(fields.not_recomputed)))
-    return checks
-
-
-def page_checks(prefix: str, page: str, result: Learning) -> list[Check]:
-    """generations.html names every test task and shows every arm's answer."""
-    absent = [i for i in result.test_ids if escape(i, quote=True) not in page]
-    answers = [f"{arm} answer to {result.test_ids[n][:12]}"
-               for arm, s in result.scored.items()
-               for n, g in enumerate(s.generations)
-               if escape(str(g.get("text", "")), quote=True) not in page]
-    return [_listing(f"{prefix}.tasks", [f"task {i} is absent" for i in absent],
-                     recomputed=len(result.test_ids)),
-            _listing(f"{prefix}.answers", [f"{a} is absent" for a in answers],
-                     recomputed=sum(len(s.generations) for s in result.scored.values()))]
+    return fields.failed or [Check.passed(f"{prefix}.{part}",
+                                          recomputed=f"{fields.compared} values equal")]
 
 
 def _at(value: Any, *path: str) -> Any:
@@ -323,17 +517,22 @@ def weights_check(objects: Objects, name: str, report: dict[str, Any], result: L
         wanted.append((f"training.arms.{arm}.final_parameters_blake3", t["checkpoint"],
                        "agreed_parameters",
                        _at(report, "training", "arms", arm, "final_parameters_blake3")))
-    problems, unavailable = [], []
+    problems, omitted = [], []
     for what, checkpoint, kind, claimed in wanted:
         values, skipped = parameter_values(objects, checkpoint)
         if kind not in values:
-            unavailable.append(f"{what}: {skipped.get(kind, 'not rebuilt')}")
+            why = skipped.get(kind, "not rebuilt")
+            if weights_omitted(objects, checkpoint):  # the one legal skip
+                omitted.append(f"{what}: {why}")
+            else:
+                problems.append(f"{what} cannot be rebuilt from {checkpoint}'s weights: {why}")
         elif values[kind] != claimed:
             problems.append(f"{what} is not the digest of {checkpoint}'s weights")
     if problems:
         return _listing(name, problems, recomputed=len(wanted))
-    if unavailable:
-        return Check.skipped(name, "cannot rebuild from weights: " + "; ".join(unavailable))
+    if omitted:
+        return Check.skipped(name, "needs the omitted weights: " + "; ".join(omitted[:_SHOWN]),
+                             needs="weights")
     return Check.passed(name, recomputed=f"{len(wanted)} digests rebuilt")
 
 

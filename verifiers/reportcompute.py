@@ -54,15 +54,15 @@ from .taskchecks import read_lines, task_lines
 from .throughput import PHASES, read_log, recompute
 from .training import effective_steps
 
-REPORT_FORMAT = "nscas-report/1"
+REPORT_FORMAT = "nscas-report/2"
 PREPARED_SETS = ("test", "dev", "train", "damaged", "replay", "retention")
 
 
-@dataclass(frozen=True, slots=True)
-class NotRecomputed:
-    """A report field this verifier cannot recompute; compared as a skipped check."""
-
-    why: str
+CLAIMED_ONLY_NOTE = ("self-reported: loop wall time and peak memory as the train run measured "
+                     "them; no journal entry records them, so this report cannot recompute them")
+"""Fixed prose of every ``claimed_only`` part, regenerated exactly."""
+SERIES = {"loss_by_step": "loss", "lr_by_step": "lr", "grad_norm_by_step": "grad_norm"}
+"""Per-rank series by effective step (the training figure's lines), from these members."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +72,10 @@ class Learning:
     section: dict[str, Any]
     contract: dict[str, Any]
     test_ids: list[str]
+    tests: list[dict[str, Any]]
+    """The prepared test set's task lines, in order (the page shows their prompts and
+    targets)."""
+    held_out: list[Any]
     scored: dict[str, Scored]
     """Re-scored answers by arm, in report order."""
     versus_seed: dict[str, Paired]
@@ -106,8 +110,8 @@ def learning(objects: Objects, ins: Inputs) -> Learning:
     compared, contracts, versus = _comparisons(ins, scored, losses)
     section = {"baseline": BASELINE, "documents": len(ids), "held_out_variants": held_out,
                "arms": arms, "comparisons": compared}
-    return Learning(section=section, contract=contracts, test_ids=ids, scored=scored,
-                    versus_seed=versus)
+    return Learning(section=section, contract=contracts, test_ids=ids, tests=test,
+                    held_out=held_out, scored=scored, versus_seed=versus)
 
 
 def _tally(keys: list[Any], s: Scored, order: list[Any]) -> dict[str, dict[str, int]]:
@@ -231,7 +235,7 @@ def _rank_numbers(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens": tokens,
         "tokens_per_second": tokens / total if total else 0.0,
         "final_parameters": agreed[-1] if agreed else None,
-        "losses": [e["loss"] for e in steps],
+        **{key: [e[member] for e in steps] for key, member in SERIES.items()},
         "steps": [e["step"] for e in steps],
     }
 
@@ -255,8 +259,10 @@ def _train_arm(objects: Objects, ins: Inputs, run: Run) -> dict[str, Any]:
     head = ranks[0]
     finals = {r["final_parameters"] for r in ranks.values()}
     checkpoint = run.outputs["checkpoint"]
-    per_rank = ("updates", "update_seconds", "median_update_seconds", "bytes_communicated",
-                "targets", "weighted_targets", "tokens", "tokens_per_second")
+    totals = ("updates", "update_seconds", "median_update_seconds", "bytes_communicated",
+              "targets", "weighted_targets", "tokens", "tokens_per_second")
+    per_rank = (*totals, *SERIES)
+    losses = head["loss_by_step"]
     return {
         "receipt": run.id,
         "world": world,
@@ -269,12 +275,12 @@ def _train_arm(objects: Objects, ins: Inputs, run: Run) -> dict[str, Any]:
         "parameter_digest": objects.record_of(checkpoint, "checkpoint/1")["params"],
         "parameters_agree": len(finals) == 1 and None not in finals,
         "final_parameters_blake3": head["final_parameters"],
-        **{k: head[k] for k in per_rank},
+        **{k: head[k] for k in totals},
         "bytes_per_update": (Fraction(head["bytes_communicated"], head["updates"])
                              if head["updates"] else 0),
-        "first_loss": head["losses"][0] if head["losses"] else None,
-        "last_loss": head["losses"][-1] if head["losses"] else None,
-        "loss_by_step": head["losses"],
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "loss_by_step": losses,
         "ranks": [{"rank": rank, **{k: ranks[rank][k] for k in per_rank}}
                   for rank in sorted(ranks)],
         "claimed_only": _measured(run, [records[rank] for rank in sorted(records)]),
@@ -289,7 +295,7 @@ def _measured(run: Run, records: list[Mapping[str, Any]]) -> dict[str, Any]:
             else claims.get("loop_seconds"))
     peak = ([r["peak_memory_bytes"] for r in records]
             if all("peak_memory_bytes" in r for r in records) else claims.get("peak_memory_bytes"))
-    return {"loop_seconds": loop, "peak_memory_bytes": peak}
+    return {"loop_seconds": loop, "peak_memory_bytes": peak, "note": CLAIMED_ONLY_NOTE}
 
 
 def _ratio(a: Any, b: Any) -> Any:
@@ -318,6 +324,7 @@ def training(objects: Objects, ins: Inputs) -> dict[str, Any] | None:
                     "allocated_device_seconds_in_loop": _ratio(
                         loop_p * p["world"] if loop_p is not None else None,
                         loop_s * s["world"] if loop_s is not None else None),
+                    "note": CLAIMED_ONLY_NOTE,
                 },
             })
     return {"arms": arms, "ratios": ratios}
@@ -376,7 +383,7 @@ def prepared(objects: Objects, ins: Inputs) -> dict[str, Any]:
 
 
 def header(objects: Objects, ins: Inputs, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The report's format, title, inputs, prepared sets, commitment and audit summary."""
+    """The report's format, title, inputs, prepared sets and commitment."""
     commitment = ins.commit.outputs["commitment"]
     return {
         "format": REPORT_FORMAT,
@@ -384,7 +391,4 @@ def header(objects: Objects, ins: Inputs, params: Mapping[str, Any]) -> dict[str
         "inputs": {run.name: run.id for run in ins.runs()},
         "prepared": prepared(objects, ins),
         "commitment": {"id": commitment, "subjects": commitment_subjects(objects, ins)},
-        "audit": {"values_checked": NotRecomputed("the report recipe's own count of the "
-                                                  "values it compared"),
-                  "mismatches": 0},
     }

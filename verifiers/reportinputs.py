@@ -147,6 +147,21 @@ def link_problems(objects: Objects, ins: Inputs) -> list[str]:
 
 # --- resources ---------------------------------------------------------------------------
 
+CPU_NOTE = ("cpu runs count one CPU 'device' per rank, replica or process, not per core; "
+            "their device seconds are totalled apart from GPU device seconds")
+COST_NOTE = ("estimate only: price_per_host_hour x hosts x wall hours of the runs listed; it "
+             "excludes setup and idle time outside the runs, storage, transfer and taxes; not "
+             "an invoice")
+NO_COST_NOTE = ("no price per host-hour given (param price_per_host_hour), so no cost "
+                "estimate")
+RESOURCE_NOTES = (
+    "wall seconds run from each receipt's started to its finished time, setup included",
+    "allocated device seconds = wall seconds x devices used (world for train, replicas "
+    "for serve, one otherwise)",
+    CPU_NOTE,
+)
+"""The fixed prose of report.json's ``resources``, regenerated exactly."""
+
 def _devices(run: Run) -> tuple[str, int]:
     device = str(run.params.get("device", "cpu"))
     if run.recipe == "train":
@@ -190,7 +205,7 @@ def run_resources(objects: Objects, run: Run) -> dict[str, Any]:
 
 
 def resources(objects: Objects, ins: Inputs, price_per_host_hour: float) -> dict[str, Any]:
-    """report.json's ``resources`` (its prose notes are not recomputed)."""
+    """report.json's ``resources``, its fixed prose included."""
     runs = [run_resources(objects, run) for run in ins.runs()]
     by_type: dict[str, float] = {}
     for r in runs:
@@ -204,5 +219,7 @@ def resources(objects: Objects, ins: Inputs, price_per_host_hour: float) -> dict
                    "allocated_device_seconds": by_type, "host_hours": host_hours},
         "cost_estimate": {"price_per_host_hour": price_per_host_hour if priced else None,
                           "host_hours": host_hours,
-                          "estimate": price_per_host_hour * host_hours if priced else None},
+                          "estimate": price_per_host_hour * host_hours if priced else None,
+                          "note": COST_NOTE if priced else NO_COST_NOTE},
+        "notes": list(RESOURCE_NOTES),
     }

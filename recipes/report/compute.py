@@ -3,7 +3,9 @@
 ``compute`` reads the input receipts and the objects they link (task records, generations,
 checks, retention losses, journals, the request log, environments, receipt times) and
 writes nothing to the store. Every value a step also claimed is recomputed and audited; a
-single disagreement stops the report with a ``ClaimMismatch`` naming both values.
+single disagreement stops the report with a ``ClaimMismatch`` naming both values, so a report
+that exists had no mismatch (and says nothing more about its audit: every member of
+report.json is one a verifier recomputes). ``figures`` holds exactly what each figure draws.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from nscas.digests import Digest
 
 from .audit import Audit
 from .evidence import BASELINE, Evidence, jsonl, load_evidence
+from .figures import figure_data
 from .learning import FinalTest, Scored, arm_summary, comparisons, load_final_test, score
 from .resources import resources_section
 from .serving import serving_section
 from .training import training_section
 
-REPORT_FORMAT = "nscas-report/1"
+REPORT_FORMAT = "nscas-report/2"
+"""Version 2: a ``figures`` part (what each figure draws); no ``audit`` part."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,11 +73,8 @@ def compute(store: Any, inputs: Mapping[str, Digest], *, title: str,
         "training": training,
         "serving": serving,
         "resources": resources,
-        "audit": {"values_checked": audit.checked, "mismatches": 0,
-                  "note": "every value the input receipts claim that this report recomputes "
-                          "(and every line of each evaluation's own checks) was recomputed "
-                          "from retained objects and agreed"},
     }
+    report["figures"] = figure_data(report)
     return Computed(report=report, evidence=ev, tests=tests, scored=scored)
 
 

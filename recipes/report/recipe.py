@@ -3,8 +3,9 @@
 Inputs are receipts named by role: ``prepare``, ``commit``, ``train.<arm>``,
 ``evaluate.<arm>`` (``evaluate.seed`` is the baseline) and ``serve``. Output ``report`` is a
 tree of ``report.json``, ``resources.json``, ``generations.html`` and figures
-(``comparison``, ``accuracy``, ``training``, ``serving``; each ``.svg``, ``.png``, ``.pdf``).
-Every file is a deterministic function of the inputs, so a rerun is ``identical``.
+(``comparison``, ``accuracy``, ``training``, ``serving``; each ``.svg``, ``.png``, ``.pdf``,
+drawn from report.json's ``figures`` and carrying that data in its own metadata). Every file
+is a deterministic function of the inputs, so a rerun is ``identical``.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def run(ctx: RunContext) -> RecipeResult:
     page = render_page(p.title, computed.report, computed.tests, computed.scored)
     (out / "generations.html").write_text(page, encoding="utf-8")
     ctx.progress.note("drawing figures")
-    write_figures(computed.report, out)
+    write_figures(computed.report["figures"], out)
     tree = ctx.store.put_tree(out)
     return RecipeResult(outputs={"report": tree}, claims=headline_claims(computed.report))
 
@@ -105,8 +106,6 @@ RECIPE = Recipe(
     },
     outputs=("report",),
     run=run,
-    sources=("nscas.recipes.report", "nscas.recipes.common", "nscas.recipes.serve",
-             "nscas.recipes.train"),
     extra_inputs=True,
     extra_kind="receipt/1",
     doc="Recompute the experiment's report (learning, training, serving, resources), its "

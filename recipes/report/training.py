@@ -4,8 +4,10 @@ Each ``journal/1`` record links a hash-chained JSONL blob; the chain is checked 
 recipe's own reader, the record's ``head`` must be the chain's last hash, and the steps that
 count are the train recipe's ``effective_steps`` (a resumed run's redone steps drop out).
 Headline numbers are rank 0's, as each rank times its own updates; every rank's are listed.
-Loop seconds and peak memory are not in the journals: they are shown as the run claimed
-them, under ``claimed_only``, and never feed a comparison of retained data.
+Every rank's loss, learning rate and gradient norm by effective step are listed under
+``ranks`` (the training figure draws them). Loop seconds and peak memory are no journal
+entry's: they are shown as the run measured them (its journal/1 records, which its receipt
+claims), under ``claimed_only``, and never feed a comparison of retained data.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from .audit import Audit
 from .evidence import BASELINE, Evidence, Run, documents_kind
 
 CLAIMED_ONLY = ("loop_seconds", "peak_memory_bytes")
-CLAIMED_ONLY_NOTE = ("as claimed by the train receipt: the journals do not record loop wall time "
-                     "or peak memory, so this report cannot recompute them")
+CLAIMED_ONLY_NOTE = ("self-reported: loop wall time and peak memory as the train run measured "
+                     "them; no journal entry records them, so this report cannot recompute them")
+SERIES = {"loss_by_step": "loss", "lr_by_step": "lr", "grad_norm_by_step": "grad_norm"}
+"""Per-rank series by effective step, from these journal entry members."""
 
 
 def _rank_steps(store: Any, run: Run, journal_id: Digest, scratch: Path
@@ -62,6 +66,7 @@ def rank_numbers(steps: list[dict[str, Any]], entries: list[dict[str, Any]]) -> 
         "tokens": tokens,
         "tokens_per_second": tokens / update_seconds if update_seconds else 0.0,
         "final_parameters": agreed[-1]["parameters"] if agreed else None,
+        **{key: [e[member] for e in steps] for key, member in SERIES.items()},
     }
 
 
@@ -84,6 +89,7 @@ def train_arm(store: Any, ev: Evidence, arm: str, run: Run, scratch: Path,
         raise RecipeError(f"{run.name}: the ranks' journals do not hold the same steps 1..n")
     finals = {n["final_parameters"] for n in numbers.values()}
     head = numbers[0]
+    totals = {k: v for k, v in head.items() if k != "final_parameters" and k not in SERIES}
     checkpoint = run.output("checkpoint")
     params_id = store.get_record(checkpoint)["params"]
     claims = run.claims
@@ -99,7 +105,7 @@ def train_arm(store: Any, ev: Evidence, arm: str, run: Run, scratch: Path,
         "parameter_digest": params_id,
         "parameters_agree": len(finals) == 1 and None not in finals,
         "final_parameters_blake3": head["final_parameters"],
-        **{k: v for k, v in head.items() if k != "final_parameters"},
+        **totals,
         "bytes_per_update": head["bytes_communicated"] / head["updates"] if head["updates"] else 0,
         "first_loss": ranks[0][0][0]["loss"] if ranks[0][0] else None,
         "last_loss": ranks[0][0][-1]["loss"] if ranks[0][0] else None,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,6 +129,9 @@ def test_training_from_journals(done: dict[str, Any], experiment: Experiment) ->
     assert (pair["targets"], pair["weighted_targets"], pair["tokens_per_second"]) == (
         40, 200, 400 / 22)
     assert pair["loss_by_step"] == [2.5, 2.0, 1.5, 1.0]
+    for rank in pair["ranks"]:  # every rank's series by step, as the training figure draws
+        assert rank["loss_by_step"] == [2.5, 2.0, 1.5, 1.0]
+        assert rank["lr_by_step"] == [0.001] * 4 and rank["grad_norm_by_step"] == [1.0] * 4
     assert pair["claimed_only"]["loop_seconds"] == 27
     (ratio,) = training["ratios"]
     assert (ratio["pair"], ratio["single"]) == ("clean-pair", "clean-single")
@@ -212,6 +218,59 @@ def test_files_in_every_format_and_the_page_escapes_answers(done: dict[str, Any]
         ["report.json", "resources.json", "generations.html"]
         + [f"{n}.{f}" for n in ("comparison", "accuracy", "training", "serving")
            for f in ("svg", "png", "pdf")])
+
+
+def _embedded(fmt: str, data: bytes) -> Any:
+    """The figure data a file carries, read here with the standard library only."""
+    if fmt == "svg":
+        (text,) = re.findall(r"<dc:description>([^<]*)</dc:description>", data.decode())
+        text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    elif fmt == "png":
+        at, texts = 8, []
+        while at < len(data):
+            length, kind = struct.unpack(">I4s", data[at:at + 8])
+            body = data[at + 8:at + 8 + length]
+            assert zlib.crc32(kind + body) == struct.unpack(
+                ">I", data[at + 8 + length:at + 12 + length])[0]
+            if kind == b"tEXt" and body.startswith(b"nscas-figure\0"):
+                texts.append(body.split(b"\0", 1)[1].decode("latin-1"))
+            at += 12 + length
+        (text,) = texts
+    else:
+        (raw,) = re.findall(rb"/Subject \(((?:[^\\()]|\\.)*)\)", data)
+        text = re.sub(rb"\\(.)", rb"\1", raw).decode("ascii")
+    return json.loads(text)
+
+
+def test_each_figure_is_its_data_and_carries_it_in_every_format(done: dict[str, Any]) -> None:
+    report, files = done["report"], done["files"]
+    figures = report["figures"]
+    assert list(figures) == ["comparison", "accuracy", "training", "serving"]
+    accuracy = figures["accuracy"]["panels"][0]
+    assert accuracy["groups"][0] == "all"
+    assert [s["values"][0] for s in accuracy["series"]] == [
+        a["accuracy"] for a in report["learning"]["arms"].values()]
+    lines = {p["title"]: p for p in figures["training"]["panels"] if p["kind"] == "lines"}
+    assert set(lines) == {"Training objective", "Learning rate", "Gradient norm"}
+    labels = [s["label"] for s in lines["Gradient norm"]["series"]]
+    assert labels == ["clean-single", "damaged-single", "clean-pair", "clean-pair rank 1"]
+    assert lines["Training objective"]["series"][2]["y"] == [2.5, 2.0, 1.5, 1.0]
+    throughput = figures["serving"]["panels"][0]
+    assert throughput["values"] == [p["requests_per_second"]
+                                    for p in report["serving"]["phases"].values()]
+    assert throughput["texts"] == [f"{v:.2f}" for v in throughput["values"]]
+    for name, data in figures.items():
+        for fmt in ("svg", "png", "pdf"):
+            carried = _embedded(fmt, (files / f"{name}.{fmt}").read_bytes())
+            assert carried == {"format": "nscas-figure/1", "figure": name, "data": data}, (
+                name, fmt)
+
+
+def test_report_json_has_only_recomputable_parts(done: dict[str, Any]) -> None:
+    report = done["report"]
+    assert report["format"] == "nscas-report/2"
+    assert set(report) == {"format", "title", "inputs", "prepared", "commitment", "learning",
+                           "contract", "training", "serving", "resources", "figures"}
 
 
 def test_rerun_is_identical(done: dict[str, Any], experiment: Experiment) -> None:

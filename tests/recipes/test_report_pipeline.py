@@ -48,8 +48,9 @@ def test_report_over_real_evaluations(store: Store, tmp_path: Path) -> None:
     # The same checkpoint decoded greedily twice: no discordant pair, nothing changes.
     assert (versus["wins"], versus["losses"], versus["p_exact"]) == (0, 0, "1/1")
     assert versus["retention"]["mean"] == 0.0
-    # every score, paired statistic and retention claim of both evaluations was audited
-    assert report["audit"]["values_checked"] >= 2 * 6 + 16 * 2 + 11
+    # the audit passed (the report exists) and leaves no member of its own behind
+    assert "audit" not in report and report["format"] == "nscas-report/2"
+    assert list(report["figures"]) == ["comparison", "accuracy"]
     assert report["training"] is None and report["serving"] is None
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["report.json", "resources.json", "generations.html"]

@@ -1,7 +1,10 @@
 """``verify`` of a ``report`` receipt over a real tiny experiment (prepare .. train .. serve ..
 report, CPU): the untouched report verifies with every claim recomputed; a changed claim, a
-consistently re-stored report.json or page fails naming exactly what was changed; an export
-bundle verifies offline, and one without weights skips (never passes) the weight check."""
+consistently re-stored report.json, page or figure fails naming exactly what was changed; an
+export bundle verifies offline, and one without weights skips (never passes) the weight check.
+
+Expectations are built here from the stored objects (JSON, the page's text, the figure files'
+bytes), never with the verifiers' code."""
 
 from __future__ import annotations
 
@@ -100,9 +103,13 @@ CLAIMS = {
     *(f"{claim}.{arm}" for claim in ("update_seconds", "median_update_seconds")
       for arm in ARMS[1:]),
 }
+FIGURES = ("comparison", "accuracy", "training", "serving")
+FORMATS = ("svg", "png", "pdf")
+PAGE_PARTS = ("headline", "filters", "tasks", "verdicts", "answers", "exact")
 REPORT_CHECKS = ("inputs", "files", "json.learning", "json.training", "json.serving",
-                 "json.resources", "json.header", "resources_json", "page.tasks",
-                 "page.answers", "weights")
+                 "json.resources", "json.header", "json.figures", "json.parts",
+                 "resources_json", *(f"page.{p}" for p in PAGE_PARTS),
+                 *(f"figures.{f}.{x}" for f in FIGURES for x in FORMATS), "weights")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,8 +183,8 @@ def test_the_report_verifies_with_every_claim_recomputed(experiment: Experiment)
         assert checks[f"{name}.claims.{claim}"].status == "passed", claim
     for check in REPORT_CHECKS:
         assert checks[f"{name}.{check}"].status == "passed", check
-    # The report recipe's count of its own comparisons is listed, not passed.
-    assert checks[f"{name}.json.header.not_recomputed"].status == "skipped"
+    # Nothing of the report is left unrecomputed: no skipped report check at all.
+    assert not [c for c in checks if c.startswith(name) and checks[c].status == "skipped"]
     recomputed = {c: checks[f"{name}.claims.{c}"].recomputed for c in CLAIMS}
     assert recomputed["documents"] == 16
     single, pair = rank0_seconds(experiment, "train-single"), rank0_seconds(experiment,
@@ -228,7 +235,7 @@ def test_an_edited_report_json_fails_naming_each_field(experiment: Experiment,
         data["learning"]["arms"]["clean-single"]["correct"] += 1
         data["training"]["arms"]["clean-pair"]["updates"] += 1
         data["serving"]["phases"]["pair"]["wall_seconds"] *= 0.5
-        data["resources"]["notes"] = ["prose is not compared"]
+        data["resources"]["notes"][0] = "prose is compared too"
         (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
     tampered = restore_report(experiment, tmp_path, edit)
@@ -238,7 +245,7 @@ def test_an_edited_report_json_fails_naming_each_field(experiment: Experiment,
         f"{name}.json.learning.arms.clean-single.correct",
         f"{name}.json.training.arms.clean-pair.updates",
         f"{name}.json.serving.phases.pair.wall_seconds",
-        f"{name}.resources_json",  # resources.json still holds the original notes
+        f"{name}.json.resources.notes[0]",
     }
     check = by_name(report)[f"{name}.json.learning.arms.clean-single.correct"]
     assert check.recomputed + 1 == check.claimed
@@ -257,8 +264,8 @@ def test_a_page_without_a_task_fails(experiment: Experiment, tmp_path: Path) -> 
 
     tampered = restore_report(experiment, tmp_path, edit)
     report = verify(tampered, store=experiment.store_dir)
-    assert failed(report) == {f"{label(tampered)}.page.tasks"}
-    assert first in by_name(report)[f"{label(tampered)}.page.tasks"].message
+    assert failed(report) == {f"{label(tampered)}.page.tasks", f"{label(tampered)}.page.exact"}
+    assert "gone" in by_name(report)[f"{label(tampered)}.page.tasks"].message
 
 
 def test_an_export_bundle_verifies_offline(experiment: Experiment, tmp_path: Path,
@@ -281,11 +288,12 @@ def test_an_export_bundle_verifies_offline(experiment: Experiment, tmp_path: Pat
     light = verify(str(tmp_path / "light"))
     assert light.ok, light.failures
     weights = by_name(light)[f"{name}.weights"]
-    assert weights.status == "skipped" and "weights" in weights.message
+    assert weights.status == "skipped" and weights.needs == "weights"
+    assert "weights" in weights.message
     assert by_name(light)[f"{name}.json.learning"].status == "passed"
 
 
-def test_an_unreadable_report_json_skips_its_comparisons_not_the_claims(
+def test_an_unreadable_report_json_fails_its_comparisons_not_the_claims(
         experiment: Experiment, tmp_path: Path) -> None:
     def edit(out: Path) -> None:
         (out / "report.json").write_text('{"learning": NaN}\n', encoding="utf-8")
@@ -294,8 +302,141 @@ def test_an_unreadable_report_json_skips_its_comparisons_not_the_claims(
     report = verify(tampered, store=experiment.store_dir)
     name = label(tampered)
     checks = by_name(report)
-    assert failed(report) == {f"{name}.files.report.json"}
-    for part in ("learning", "training", "serving", "resources", "header"):
-        assert checks[f"{name}.json.{part}"].status == "skipped", part
-    assert checks[f"{name}.weights"].status == "skipped"
+    parts = ("learning", "training", "serving", "resources", "header", "figures", "parts")
+    assert failed(report) == {f"{name}.files.report.json", f"{name}.weights",
+                              *(f"{name}.json.{part}" for part in parts)}
     assert all(checks[f"{name}.claims.{claim}"].status == "passed" for claim in CLAIMS)
+
+
+def edit_json(change: Any) -> Any:
+    def edit(out: Path) -> None:
+        data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        change(data)
+        (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return edit
+
+
+def edit_page(old: str, new: str) -> Any:
+    def edit(out: Path) -> None:
+        page = (out / "generations.html").read_text(encoding="utf-8")
+        assert old in page, old
+        (out / "generations.html").write_text(page.replace(old, new, 1), encoding="utf-8")
+    return edit
+
+
+def test_a_page_count_or_verdict_that_differs_fails(experiment: Experiment,
+                                                    tmp_path: Path) -> None:
+    seed = experiment.steps["evaluate-seed"].claims["correct"]
+    cases = {
+        "headline": (f"<th>seed</th><td>{seed} / 16</td>", f"<th>seed</th><td>{seed + 1} / 16</td>"),
+        "verdicts": ('data-outcome="wrong"', 'data-outcome="correct"'),
+        "answers": ("<td><pre>", "<td><pre>forged "),
+        "filters": ('<option value="sort">sort</option>', ""),
+    }
+    for part, (old, new) in cases.items():
+        tampered = restore_report(experiment, tmp_path / part, edit_page(old, new))
+        report = verify(tampered, store=experiment.store_dir)
+        name = label(tampered)
+        assert failed(report) == {f"{name}.page.{part}", f"{name}.page.exact"}, part
+    # A change no part holds (the page's own script) is still caught, byte for byte.
+    tampered = restore_report(experiment, tmp_path / "script",
+                              edit_page("shown + \" of \"", "16 + \" of \""))
+    assert failed(verify(tampered, store=experiment.store_dir)) == {
+        f"{label(tampered)}.page.exact"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_swapped_figure_fails_in_every_format(experiment: Experiment, tmp_path: Path,
+                                                fmt: str) -> None:
+    def edit(out: Path) -> None:
+        shutil.copyfile(out / f"accuracy.{fmt}", out / f"comparison.{fmt}")
+        (out / f"training.{fmt}").write_bytes((out / f"training.{fmt}").read_bytes()[:200])
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    report = verify(tampered, store=experiment.store_dir)
+    name = label(tampered)
+    assert failed(report) == {f"{name}.figures.comparison.{fmt}",
+                              f"{name}.figures.training.{fmt}"}
+
+
+def test_figure_data_changed_in_report_json_fails(experiment: Experiment,
+                                                  tmp_path: Path) -> None:
+    def change(data: dict[str, Any]) -> None:
+        (loss,) = [p for p in data["figures"]["training"]["panels"]
+                   if p["title"] == "Training objective"]
+        loss["series"][0]["y"][0] += 1e-9  # a copied journal value: compared exactly
+        data["figures"]["accuracy"]["panels"][0]["series"][0]["label"] = "seed (16/16)"
+
+    tampered = restore_report(experiment, tmp_path, edit_json(change))
+    report = verify(tampered, store=experiment.store_dir)
+    name = label(tampered)
+    assert failed(report) == {f"{name}.json.figures.training.panels[3].series[0].y[0]",
+                              f"{name}.json.figures.accuracy.panels[0].series[0].label"}
+
+
+def test_an_extra_member_or_part_in_report_json_fails(experiment: Experiment,
+                                                      tmp_path: Path) -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["learning"]["arms"]["seed"]["verdict"] = "best arm"
+        data["audit"] = {"values_checked": 1, "mismatches": 0}
+
+    tampered = restore_report(experiment, tmp_path, edit_json(change))
+    report = verify(tampered, store=experiment.store_dir)
+    name = label(tampered)
+    assert failed(report) == {f"{name}.json.learning.arms.seed.verdict", f"{name}.json.parts"}
+
+
+def test_numbers_compare_exactly_where_they_are_exact(experiment: Experiment,
+                                                      tmp_path: Path) -> None:
+    def change(data: dict[str, Any]) -> None:
+        versus = data["learning"]["comparisons"][0]
+        versus["p"] = math.nextafter(versus["p"], 0.0)  # not the correctly rounded rational
+        data["learning"]["arms"]["seed"]["correct"] += 1e-12  # a count that is not an integer
+        data["learning"]["documents"] = float(data["learning"]["documents"])
+
+    tampered = restore_report(experiment, tmp_path, edit_json(change))
+    report = verify(tampered, store=experiment.store_dir)
+    name = label(tampered)
+    assert failed(report) == {f"{name}.json.learning.comparisons[0].p",
+                              f"{name}.json.learning.arms.seed.correct",
+                              f"{name}.json.learning.documents"}
+
+
+@pytest.mark.parametrize(("claim", "change"), [
+    ("p.clean-pair", lambda v: math.nextafter(float(v), 0.0)),
+    ("p.clean-single", lambda v: 1e-12),
+    ("p_exact.clean-single", lambda v: "2/4" if v == "1/2" else "1/2"),
+    ("correct.seed", lambda v: v + 1e-12),
+    ("documents", lambda v: float(v) + 0.5),
+])
+def test_a_claim_that_is_not_exact_fails(experiment: Experiment, claim: str,
+                                         change: Any) -> None:
+    def edit(record: dict[str, Any]) -> None:
+        record["claims"][claim]["value"] = change(record["claims"][claim]["value"])
+
+    tampered = store_receipt(experiment, edit)
+    report = verify(tampered, store=experiment.store_dir)
+    assert failed(report) == {f"{label(tampered)}.claims.{claim}"}
+
+
+def test_hostile_report_content_fails_without_a_traceback(experiment: Experiment,
+                                                          tmp_path: Path) -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["learning"]["arms"] = [1, 2]
+        data["figures"] = "drawn elsewhere"
+        data["training"]["arms"]["clean-pair"]["updates"] = "4"
+        data["serving"]["phases"] = {"single": {"requests": {"deep": [[[[]]]]}}}
+
+    def edit(out: Path) -> None:
+        edit_json(change)(out)
+        (out / "generations.html").write_text("<div>" * 5000 + "</p></table>",
+                                              encoding="utf-8")
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    report = verify(tampered, store=experiment.store_dir)
+    name = label(tampered)
+    bad = failed(report)
+    assert {f"{name}.json.learning.arms", f"{name}.json.figures",
+            f"{name}.json.training.arms.clean-pair.updates", f"{name}.page.exact"} <= bad
+    assert f"{name}.json.serving.phases.single.requests" in bad
+    assert exit_code(report) == 1

@@ -1,0 +1,296 @@
+"""The report's figures rechecked: what each figure draws, recomputed, and read back from the
+figure files themselves.
+
+The report recipe draws every figure from report.json's ``figures`` part alone and embeds
+the same data in each file: the canonical JSON (sorted keys, no spaces, ASCII) of
+``{"format": "nscas-figure/1", "figure": <name>, "data": <the figure's data>}`` in the SVG's
+Dublin Core ``<dc:description>``, in the PNG's ``tEXt`` (or ``iTXt``) chunk ``nscas-figure``
+and in the PDF's document-information ``/Subject`` string. ``figure_data`` recomputes that
+data from the verifiers' own recomputed report parts; ``embedded`` reads it from a file with
+the standard library only (PNG chunks with their CRCs, a PDF literal string, SVG text).
+
+What cannot be rechecked this way: that the pixels or paths of a file are the drawing of
+its data (that needs the recipe's own plotting library and fonts); the data a file carries,
+its format and its name are checked.
+
+Definitions (as the report recipe draws them): arm colours follow the learning table's
+order, then any other trained arm; bar texts are the values formatted (``{:.2f}``, or
+``{:.3g}`` for seconds, bytes and tokens per second), ``n/a`` for none; the training figure
+draws every rank's loss, learning rate and gradient norm by effective step.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from fractions import Fraction
+from typing import Any
+
+from .errors import RecordParseError
+from .records import parse_json
+
+FIGURE_FORMAT = "nscas-figure/1"
+FORMATS = ("svg", "png", "pdf")
+PNG_KEY = b"nscas-figure"
+COLOURS = ("#6b7280", "#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2")
+RANK_STYLES = ("-", "--", ":", "-.")
+SIZES = {"comparison": [11.0, 3.8], "accuracy": [8.0, 4.2], "training": [12.0, 7.0],
+         "serving": [9.0, 3.8]}
+MAX_TEXT = 64 * 1024 * 1024
+"""Largest embedded text read (a decompressed iTXt chunk is cut off there)."""
+
+
+def _colour(i: int) -> str:
+    return COLOURS[i % len(COLOURS)]
+
+
+def _float(value: Any) -> Any:
+    return float(value) if isinstance(value, Fraction) else value
+
+
+def _bars(labels: list[str], values: list[Any], *, title: str, ylabel: str,
+          fmt: str = "{:.2f}", colours: list[str] | None = None) -> dict[str, Any]:
+    return {"kind": "bars", "title": title, "ylabel": ylabel, "labels": labels,
+            "values": values,
+            "texts": ["n/a" if v is None else fmt.format(_float(v)) for v in values],
+            "colours": colours or [_colour(i) for i in range(len(labels))]}
+
+
+def _byte_unit(largest: float) -> tuple[str, float]:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if largest >= scale:
+            return unit, scale
+    return "bytes", 1.0
+
+
+def figure_data(learning: dict[str, Any], training: dict[str, Any] | None,
+                serving: dict[str, Any] | None) -> dict[str, Any]:
+    """report.json's ``figures`` from the recomputed ``learning``, ``training`` and
+    ``serving`` parts."""
+    arms = learning["arms"]
+    names = list(arms) + [a for a in (training or {"arms": {}})["arms"] if a not in arms]
+    colours = {name: _colour(i) for i, name in enumerate(names)}
+    comparison = [_bars(list(arms), [a["accuracy"] for a in arms.values()],
+                        title="Final-test accuracy", ylabel="accuracy",
+                        colours=[colours[n] for n in arms])]
+    if training:
+        t = training["arms"]
+        comparison.append(_bars(list(t), [a["update_seconds"] for a in t.values()],
+                                title="Sum of update times", ylabel="seconds", fmt="{:.3g}",
+                                colours=[colours[n] for n in t]))
+    if serving:
+        s = serving["phases"]
+        comparison.append(_bars(list(s), [p["requests_per_second"] for p in s.values()],
+                                title="Serving throughput", ylabel="requests per second"))
+    out: dict[str, Any] = {
+        "comparison": {"size": SIZES["comparison"], "rows": 1, "cols": len(comparison),
+                       "panels": comparison},
+        "accuracy": _accuracy(arms, colours),
+    }
+    if training:
+        out["training"] = _training(training["arms"], colours)
+    if serving:
+        out["serving"] = _serving(serving)
+    return out
+
+
+def _accuracy(arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
+    families = list(next(iter(arms.values()))["by_family"])
+    series = [{"label": f"{arm} ({a['correct']}/{a['documents']})", "colour": colours[arm],
+               "values": [a["accuracy"]] + [Fraction(f["correct"], f["documents"])
+                                            for f in a["by_family"].values()]}
+              for arm, a in arms.items()]
+    panel = {"kind": "grouped", "title": "Final-test accuracy by arm and task family",
+             "ylabel": "accuracy (exact, strict checker)", "groups": ["all", *families],
+             "ylim": [0, 1.05], "series": series}
+    return {"size": SIZES["accuracy"], "rows": 1, "cols": 1, "panels": [panel]}
+
+
+def _training(arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
+    names = list(arms)
+    mine = [colours[n] for n in names]
+    per_update = [_float(a["bytes_per_update"]) for a in arms.values()]
+    unit, scale = _byte_unit(max(per_update))
+    panels = [
+        _bars(names, [a["median_update_seconds"] for a in arms.values()],
+              title="Median update", ylabel="seconds", fmt="{:.3g}", colours=mine),
+        _bars(names, [b / scale for b in per_update], title="Gradient bytes per update",
+              ylabel=f"{unit} (rank 0)", fmt="{:.3g}", colours=mine),
+        _bars(names, [a["tokens_per_second"] for a in arms.values()],
+              title="Tokens per update second", ylabel="tokens / s (rank 0)", fmt="{:.3g}",
+              colours=mine),
+    ]
+    for key, title, ylabel in (("loss_by_step", "Training objective", "weighted loss"),
+                               ("lr_by_step", "Learning rate", "lr"),
+                               ("grad_norm_by_step", "Gradient norm", "norm")):
+        series = [{"label": arm if r["rank"] == 0 else f"{arm} rank {r['rank']}",
+                   "colour": colours[arm], "style": RANK_STYLES[r["rank"] % len(RANK_STYLES)],
+                   "x": list(range(1, len(r[key]) + 1)), "y": r[key]}
+                  for arm, a in arms.items() for r in a["ranks"]]
+        panels.append({"kind": "lines", "title": title, "xlabel": "update", "ylabel": ylabel,
+                       "series": series})
+    return {"size": SIZES["training"], "rows": 2, "cols": 3, "panels": panels}
+
+
+def _serving(serving: dict[str, Any]) -> dict[str, Any]:
+    phases = serving["phases"]
+    names = list(phases)
+    ratio = serving["throughput_ratio"]
+    throughput = _bars(names, [p["requests_per_second"] for p in phases.values()],
+                       title="Throughput (pair/single "
+                             f"{'n/a' if ratio is None else format(float(ratio), '.2f')}x)",
+                       ylabel="requests per second")
+    latency = {"kind": "grouped", "title": "Latency", "ylabel": "seconds", "groups": names,
+               "ylim": None,
+               "series": [{"label": key.split("_")[0], "colour": _colour(j + 1),
+                           "values": [phases[n][key] for n in names]}
+                          for j, key in enumerate(("median_latency_seconds",
+                                                   "p95_latency_seconds"))]}
+    return {"size": SIZES["serving"], "rows": 1, "cols": 2, "panels": [throughput, latency]}
+
+
+# --- reading a figure file's own copy of its data --------------------------------------------
+
+class FigureError(ValueError):
+    """A figure file that does not carry readable figure data."""
+
+
+def embedded(fmt: str, data: bytes) -> Any:
+    """The parsed JSON a figure file of format ``fmt`` carries; raises ``FigureError``."""
+    text = {"svg": _svg_text, "png": _png_text, "pdf": _pdf_text}[fmt](data)
+    try:
+        return parse_json(text, what=f"the {fmt.upper()} file's figure data")
+    except RecordParseError as exc:
+        raise FigureError(exc.message) from None
+
+
+def _one(found: list[Any], what: str) -> Any:
+    if len(found) != 1:
+        raise FigureError(f"holds {len(found)} {what}, not exactly one")
+    return found[0]
+
+
+def _svg_text(data: bytes) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FigureError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not text.startswith("<?xml") or "<svg" not in text:
+        raise FigureError("not an SVG document")
+    start, end = "<dc:description>", "</dc:description>"
+    at = _one([i for i in _find_all(text, start)], f"{start} elements")
+    stop = text.find(end, at)
+    if stop < 0 or "<metadata>" not in text[:at]:
+        raise FigureError(f"its {start} is not closed or not inside <metadata>")
+    body = text[at + len(start):stop]
+    if "<" in body:
+        raise FigureError(f"its {start} holds markup, not text")
+    for entity, char in (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&apos;", "'")):
+        body = body.replace(entity, char)
+    return body.replace("&amp;", "&")
+
+
+def _find_all(text: str, needle: str) -> list[int]:
+    out, at = [], text.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = text.find(needle, at + 1)
+    return out
+
+
+def _png_text(data: bytes) -> str:
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise FigureError("not a PNG file")
+    at, found = 8, []
+    while at < len(data):
+        if at + 12 > len(data):
+            raise FigureError(f"a chunk at byte {at} is cut short")
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + length]
+        if len(body) != length or at + 12 + length > len(data):
+            raise FigureError(f"chunk {kind!r} at byte {at} is cut short")
+        (crc,) = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            raise FigureError(f"chunk {kind!r} at byte {at} fails its CRC")
+        if kind in (b"tEXt", b"iTXt") and body.split(b"\0", 1)[0] == PNG_KEY:
+            found.append((kind, body[len(PNG_KEY) + 1:]))
+        at += 12 + length
+        if kind == b"IEND":
+            break
+    kind, body = _one(found, f"{PNG_KEY.decode()} text chunks")
+    if kind == b"tEXt":
+        return body.decode("latin-1")
+    if len(body) < 2:
+        raise FigureError("its iTXt chunk is cut short")
+    compressed, rest = body[0], body[2:]
+    parts = rest.split(b"\0", 2)
+    if len(parts) != 3:
+        raise FigureError("its iTXt chunk is malformed")
+    raw = parts[2]
+    if compressed:
+        inflate = zlib.decompressobj()
+        try:
+            raw = inflate.decompress(raw, MAX_TEXT)
+        except zlib.error as exc:
+            raise FigureError(f"its iTXt chunk does not inflate ({exc})") from None
+        if inflate.unconsumed_tail:
+            raise FigureError(f"its iTXt text is larger than {MAX_TEXT} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FigureError(f"its iTXt text is not UTF-8 ({exc.reason})") from None
+
+
+_PDF_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("b"): b"\b",
+                ord("f"): b"\f", ord("("): b"(", ord(")"): b")", ord("\\"): b"\\"}
+
+
+def _pdf_text(data: bytes) -> str:
+    if not data.startswith(b"%PDF-"):
+        raise FigureError("not a PDF file")
+    key = b"/Subject ("
+    at = _one([i for i in _find_all_bytes(data, key)], "/Subject strings")
+    i, depth, out = at + len(key), 1, bytearray()
+    while True:
+        if i >= len(data):
+            raise FigureError("its /Subject string is not closed")
+        c = data[i]
+        if c == ord("\\"):
+            nxt = data[i + 1] if i + 1 < len(data) else None
+            if nxt is None:
+                raise FigureError("its /Subject string is not closed")
+            if nxt in _PDF_ESCAPES:
+                out += _PDF_ESCAPES[nxt]
+                i += 2
+            elif ord("0") <= nxt <= ord("7"):
+                j = i + 1
+                while j < min(i + 4, len(data)) and ord("0") <= data[j] <= ord("7"):
+                    j += 1
+                out.append(int(data[i + 1:j], 8) & 0xFF)
+                i = j
+            elif nxt in (ord("\r"), ord("\n")):
+                i += 2
+            else:
+                out.append(nxt)
+                i += 2
+            continue
+        if c == ord("("):
+            depth += 1
+        elif c == ord(")"):
+            depth -= 1
+            if depth == 0:
+                break
+        out.append(c)
+        i += 1
+    try:
+        return out.decode("ascii")
+    except UnicodeDecodeError:
+        raise FigureError("its /Subject string is not ASCII text") from None
+
+
+def _find_all_bytes(data: bytes, needle: bytes) -> list[int]:
+    out, at = [], data.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = data.find(needle, at + 1)
+    return out
