@@ -33,7 +33,7 @@ _OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 class Imported:
     checkpoint: Digest
     params: Digest
-    """The parameter digest (SPEC 4)."""
+    """The parameter digest (docs/format.md §4)."""
     files: Digest
     """The tree/1 of the directory as stored."""
     model_type: str

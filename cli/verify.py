@@ -2,7 +2,7 @@
 
 Thin: parse, call ``nscas.verifiers.verify``, render. The verifiers raise their own errors
 (they share no code with the store), so this command maps them to one-line messages and
-SPEC 7 exit codes itself: 0 all hold, 1 a check failed, 2 bad input, 3 missing objects.
+docs/format.md §7 exit codes itself: 0 all hold, 1 a check failed, 2 bad input, 3 missing objects.
 """
 
 from __future__ import annotations

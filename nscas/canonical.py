@@ -1,4 +1,4 @@
-"""RFC 8785 canonical records and link extraction (SPEC 2)."""
+"""RFC 8785 canonical records and link extraction (docs/format.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""params/1 records of safetensors files (SPEC 4), stored or on disk, without any framework."""
+"""params/1 records of safetensors files (docs/format.md §4), stored or on disk, without any framework."""
 
 from __future__ import annotations
 

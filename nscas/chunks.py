@@ -1,4 +1,4 @@
-"""Chunk files on disk and how files are cut into objects (SPEC 5).
+"""Chunk files on disk and how files are cut into objects (docs/format.md §5).
 
 Only this module touches chunk files. A leaf object's bytes live in ``data/<2 hex>/<62 hex>``,
 raw or zstd-compressed (only when that saves space). Files are written to ``tmp/`` first,

@@ -1,4 +1,4 @@
-"""Recipe and pipeline files (SPEC 6) parsed into typed configs; params into dataclasses."""
+"""Recipe and pipeline files (docs/format.md §6) parsed into typed configs; params into dataclasses."""
 
 from __future__ import annotations
 

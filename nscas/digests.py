@@ -1,4 +1,4 @@
-"""Typed object IDs and the hashing that names objects (SPEC 1)."""
+"""Typed object IDs and the hashing that names objects (docs/format.md §1)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class Digest:
 
 
 def is_digest_text(text: object) -> bool:
-    """True if ``text`` is exactly an object ID string (the link syntax of SPEC 2)."""
+    """True if ``text`` is exactly an object ID string (the link syntax of docs/format.md §2)."""
     return isinstance(text, str) and len(text) == 71 and _FULL.fullmatch(text) is not None
 
 

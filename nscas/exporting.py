@@ -1,4 +1,4 @@
-"""Publication bundles and SHA256SUMS (SPEC 8, docs/bundle.md): export a closure, import one.
+"""Publication bundles and SHA256SUMS (docs/format.md §8, docs/bundle.md): export a closure, import one.
 
 A bundle is a directory in which every object file is exactly an object's bytes, so
 ``sha256sum -c`` and ``b3sum`` check it with no store. Export is deterministic: paths are a

@@ -1,4 +1,4 @@
-"""Schemas of the v1 record kinds (SPEC 3) and their validation."""
+"""Schemas of the v1 record kinds (docs/format.md §3) and their validation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Putting bytes and files into the store: hashing, lookups and durable writes (SPEC 1, 5).
+"""Putting bytes and files into the store: hashing, lookups and durable writes (docs/format.md §1, 5).
 
 ``Store.put_file`` hands a file here and gets back every row to insert, which it inserts in one
 transaction once every chunk file is durable. A piece the store already holds costs one BLAKE3

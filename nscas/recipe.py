@@ -26,7 +26,7 @@ class InputSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Claim:
-    """A claimed value and the verifier that rechecks it (SPEC 3: no claim without one)."""
+    """A claimed value and the verifier that rechecks it (docs/format.md §3: no claim without one)."""
 
     value: Any
     verifier: str

@@ -1,4 +1,4 @@
-"""recipe.toml -> action -> cache or execute -> receipt (SPEC 6)."""
+"""recipe.toml -> action -> cache or execute -> receipt (docs/format.md §6)."""
 
 from __future__ import annotations
 

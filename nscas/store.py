@@ -223,7 +223,7 @@ class Store(StoreReader):
 
     def put_checkpoint(self, hf_dir: Path, *, step: int, parent: Digest | None,
                        extra: dict[str, Any] | None = None) -> Digest:
-        """An HF model directory as checkpoint/1 with its params/1 digest (SPEC 4)."""
+        """An HF model directory as checkpoint/1 with its params/1 digest (docs/format.md §4)."""
         from nscas.checkpoints import params_record
 
         weights = sorted(hf_dir.glob("*.safetensors"))

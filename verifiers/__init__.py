@@ -1,4 +1,4 @@
-"""Independent verifiers: a second implementation of SPEC.md.
+"""Independent verifiers: a second implementation of docs/format.md.
 
 Nothing here imports the nscas core modules, the recipes or SQLAlchemy.
 """

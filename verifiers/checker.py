@@ -1,4 +1,4 @@
-"""The strict answer checker and the task rules of EXPERIMENT 1, implemented independently.
+"""The strict answer checker and the task rules of docs/experiment.md §1, implemented independently.
 
 ``check_answer`` decides whether a model's answer text equals a target: at most 32,768 UTF-8
 bytes, strict JSON (no duplicate keys, no NaN/Infinity), a top-level object with only JSON
@@ -196,7 +196,7 @@ def _field(row: Mapping[str, Any], key: str) -> Any:
 
 
 def compute_target(case: Mapping[str, Any]) -> dict[str, Any]:
-    """The target object of a case by the rules of EXPERIMENT 1 (keys in the published order)."""
+    """The target object of a case by the rules of docs/experiment.md §1 (keys in the published order)."""
     family, rows = _family(case), _rows(case)
     if family == "lookup":
         query = case.get("query")

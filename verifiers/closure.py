@@ -1,18 +1,18 @@
-"""The closure of a target and its integrity (SPEC 1, 2 and 7), with verified object access.
+"""The closure of a target and its integrity (docs/format.md §1, 2 and 7), with verified object access.
 
 ``Objects`` wraps a ``Source``: it re-hashes each object once (BLAKE3 must equal its ID,
 SHA-256 and size must equal what the source records), parses records strictly, and hands
 the later checkers only bytes that passed. ``walk`` follows record links from the target and
 turns every problem into a check; it never stops at the first.
 
-What an object is comes from its bytes, never from a label (SPEC 7): an object is a record
+What an object is comes from its bytes, never from a label (docs/format.md §7): an object is a record
 when its bytes parse as a JSON object with a string ``nscas`` member, and it is then held to
 every rule of records (canonical, known kind, schema) and its links are followed, whatever the
 source's manifest or table says. The member that links an object also says what it must be
 (``EXPECTED``: a receipt's ``action`` is an ``action/1``, a journal's ``entries`` a blob, ...).
 
 Check names (all of them always present, so a report reads the same every time):
-``integrity.missing`` (linked objects the source lacks: SPEC 7 "cannot verify", exit 3),
+``integrity.missing`` (linked objects the source lacks: docs/format.md §7 "cannot verify", exit 3),
 ``integrity.hashes``, ``integrity.records``, ``integrity.labels`` (the source's recorded kind
 is the one the bytes declare), ``integrity.kinds`` (each object is what the member linking it
 requires), ``integrity.trees`` (tree entries agree with the objects they name),

@@ -1,7 +1,7 @@
 """Compare a claimed value with a recomputed one and turn the verdict into a ``Check``.
 
 The rule is chosen by what the verifier recomputed, never by what the claim looks like
-(SPEC 7: integers compare exactly; a floating value only within a tolerance named for that
+(docs/format.md §7: integers compare exactly; a floating value only within a tolerance named for that
 check):
 
 - a recomputed ``int`` (a count, wins, losses, documents, updates, targets, bytes) requires

@@ -1,4 +1,4 @@
-"""A run's ``environment/1`` record cross-checked against its params and journals (SPEC 3).
+"""A run's ``environment/1`` record cross-checked against its params and journals (docs/format.md §3).
 
 The record describes the process that ran the recipe: ``python``, ``platform``, ``host``,
 ``packages`` (distribution versions), ``torch`` (null when the recipe never imported torch,

@@ -2,7 +2,7 @@
 
 A finding about the thing being verified is a failed ``Check``, never an exception. These
 exceptions are for input the verifiers cannot use at all: a file that is not safetensors, a
-log line that is not JSON, an argument of the wrong shape. ``exit_code`` follows SPEC 7:
+log line that is not JSON, an argument of the wrong shape. ``exit_code`` follows docs/format.md §7:
 2 for bad input, 3 when something needed to verify is missing.
 """
 
@@ -62,7 +62,7 @@ class LogFormatError(VerifierError):
 
 
 class TaskError(VerifierError):
-    """A task case lacks what the target rules of EXPERIMENT 1 need."""
+    """A task case lacks what the target rules of docs/experiment.md §1 need."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"unusable task case: {why}")
@@ -70,7 +70,7 @@ class TaskError(VerifierError):
 
 
 class MissingObject(VerifierError):
-    """An object needed to verify a target is not available (SPEC 7: cannot verify)."""
+    """An object needed to verify a target is not available (docs/format.md §7: cannot verify)."""
 
     exit_code = 3
 

@@ -1,4 +1,4 @@
-"""The ``evaluate`` recipe's claims, recomputed from its retained generations (EXPERIMENT 4).
+"""The ``evaluate`` recipe's claims, recomputed from its retained generations (docs/experiment.md §4).
 
 Every generation's text is re-scored with the verifiers' own strict checker against the
 target the task rules give for its case (not the target text the run used), so neither the

@@ -1,4 +1,4 @@
-"""Objects and their IDs (SPEC 1): BLAKE3-256 names, SHA-256 and size, for bytes and files.
+"""Objects and their IDs (docs/format.md §1): BLAKE3-256 names, SHA-256 and size, for bytes and files.
 
 An ID is ``blake3:`` followed by the 64 lowercase hex digits of BLAKE3-256 of exactly the
 object's bytes; anything else is not an ID. Files are hashed in bounded memory.
@@ -19,7 +19,7 @@ READ_CHUNK = 1 << 20
 
 
 def object_id(data: bytes) -> str:
-    """The SPEC 1 ID of a byte string: ``blake3:`` + BLAKE3-256 hex."""
+    """The docs/format.md §1 ID of a byte string: ``blake3:`` + BLAKE3-256 hex."""
     return "blake3:" + blake3.blake3(data).hexdigest()
 
 
@@ -34,7 +34,7 @@ def is_object_id(value: Any) -> bool:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Digests:
-    """What SPEC 1 records of every object."""
+    """What docs/format.md §1 records of every object."""
 
     id: str
     """``blake3:`` ID."""

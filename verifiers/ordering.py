@@ -1,4 +1,4 @@
-"""Ordering rules (SPEC 7): test-set scores come after, and never before, the commitment.
+"""Ordering rules (docs/format.md §7): test-set scores come after, and never before, the commitment.
 
 Which evaluations score the test set is decided by lineage and content, never by a label
 alone. The *test sets of an evaluation's lineage* are the ``test`` outputs of the ``prepare``

@@ -1,10 +1,10 @@
-"""Rebuild a model's ``params/1`` record (SPEC 4) from safetensors files, in bounded memory.
+"""Rebuild a model's ``params/1`` record (docs/format.md §4) from safetensors files, in bounded memory.
 
 The safetensors layout is read here directly: an 8-byte little-endian header length, a
 JSON header ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}``
 and a data buffer that the offsets index. Tensors are hashed slice by slice from the file,
 so memory stays at one read buffer whatever the model size. safetensors stores raw
-little-endian C-contiguous bytes, which is exactly what SPEC 4 hashes.
+little-endian C-contiguous bytes, which is exactly what docs/format.md §4 hashes.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def params_digest(paths: PathLike | Iterable[PathLike], *,
 
 
 def sha256_stream(paths: PathLike | Iterable[PathLike], order: Sequence[str]) -> str:
-    """SPEC 4 ``sha256_stream``: per parameter in ``order`` (module registration order),
+    """docs/format.md §4 ``sha256_stream``: per parameter in ``order`` (module registration order),
     name UTF-8, NUL, ``str(tuple(shape))``, NUL, raw bytes.
 
     A tied weight appears once in the file and must appear once in ``order``; tensors in the

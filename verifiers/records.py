@@ -1,4 +1,4 @@
-"""Strict reading of records (SPEC 2): canonical form, kind, schema and links.
+"""Strict reading of records (docs/format.md §2): canonical form, kind, schema and links.
 
 A record's bytes must be exactly ``rfc8785.dumps(value)`` of a JSON object whose ``nscas``
 member names a known kind. ``parse_record`` raises on bytes it cannot use; ``check_record``

@@ -23,7 +23,7 @@ Status = Literal["passed", "failed", "skipped"]
 STATUSES: tuple[Status, ...] = ("passed", "failed", "skipped")
 Needs = Literal["weights", "model"]
 """Why a check may be skipped, and nothing else may: it needs weights the bundle omitted, or a
-model run (a replay) that plain verification does not do (SPEC 7)."""
+model run (a replay) that plain verification does not do (docs/format.md §7)."""
 NEEDS: tuple[Needs, ...] = ("weights", "model")
 SELF_REPORTED: tuple[str, ...] = (
     "journal entries: seconds",

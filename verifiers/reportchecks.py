@@ -1,4 +1,4 @@
-"""``report`` receipts rechecked (EXPERIMENT 6): every headline claim, every member of
+"""``report`` receipts rechecked (docs/experiment.md §6): every headline claim, every member of
 report.json, every number and verdict of the answer page and the data of every figure file,
 recomputed from the retained objects by ``reportcompute``, ``reportpage`` and
 ``reportfigures``.
@@ -26,7 +26,7 @@ Checks, each named ``report.<8 hex>.<what>``:
   checkpoints' weight files; skipped (``needs="weights"``), never passed, when the bundle
   omitted the weights, failed when they cannot be rebuilt for any other reason.
 
-Comparison rules (SPEC 7): booleans, strings and null are equal only when identical;
+Comparison rules (docs/format.md §7): booleans, strings and null are equal only when identical;
 integers only to integers, exactly (a count ``0.000000000001`` is not ``0``); a value the
 verifiers hold as an exact rational (accuracy, gain, p, bytes per update) only as that
 rational's correctly rounded float (or the integer it equals); values copied from the

@@ -1,4 +1,4 @@
-"""report.json's numbers recomputed by the verifiers from retained objects (EXPERIMENT 6).
+"""report.json's numbers recomputed by the verifiers from retained objects (docs/experiment.md §6).
 
 Each function returns one section shaped as the ``report`` recipe writes it, built only from
 the verifiers' own parts: answers re-scored by ``checker`` against targets derived from each

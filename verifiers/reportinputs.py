@@ -1,4 +1,4 @@
-"""The input receipts of a ``report`` run (EXPERIMENT 6), by role, and the rules that link them.
+"""The input receipts of a ``report`` run (docs/experiment.md §6), by role, and the rules that link them.
 
 Input names say what each receipt is: ``prepare``, ``commit``, ``serve``, ``train.<arm>`` and
 ``evaluate.<arm>``; ``evaluate.seed`` is the baseline. A report describes one experiment, so:

@@ -1,4 +1,4 @@
-"""The training document schedule (EXPERIMENT 3) and checks of hash-chained journals.
+"""The training document schedule (docs/experiment.md §3) and checks of hash-chained journals.
 
 Journal chain, version 1 (the training code writes journals this way):
 

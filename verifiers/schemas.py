@@ -1,7 +1,7 @@
-"""Schemas of the nine v1 record kinds (SPEC 3), checked independently of the store.
+"""Schemas of the nine v1 record kinds (docs/format.md §3), checked independently of the store.
 
 Members a kind requires are checked with their types; members beyond them are allowed
-(receipts carry ``status``, ``error``, ``sha256_stream``, ...) except where SPEC says
+(receipts carry ``status``, ``error``, ``sha256_stream``, ...) except where docs/format.md says
 "exactly": ``params/1`` and its tensor entries, and claims (``value`` and ``verifier``).
 Problems are reported as ``/json/pointer: why``, all of them.
 """
@@ -186,7 +186,7 @@ def _action(s: _Schema, r: dict[str, Any]) -> None:
 
 
 def _environment(s: _Schema, r: dict[str, Any]) -> None:
-    # SPEC 3 names only `python` and `platform` literally; the other facts it lists (package
+    # docs/format.md §3 names only `python` and `platform` literally; the other facts it lists (package
     # versions, torch build, devices, determinism flags) have no fixed member names in v1.
     s.member(r, "", "python", s.string)
     s.member(r, "", "platform", s.string)

@@ -1,6 +1,6 @@
 """Read-only access to objects, from a store directory or from an export bundle.
 
-Two readers, one interface (``Source``), written from SPEC 1, SPEC 5 and docs/bundle.md and
+Two readers, one interface (``Source``), written from docs/format.md §1, docs/format.md §5 and docs/bundle.md and
 sharing no code with the store:
 
 - ``StoreSource`` opens ``<store>/nscas.db`` with stdlib ``sqlite3`` in ``mode=ro`` and reads

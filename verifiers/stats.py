@@ -1,4 +1,4 @@
-"""The statistics of EXPERIMENT 4, recomputed exactly where they can be.
+"""The statistics of docs/experiment.md §4, recomputed exactly where they can be.
 
 McNemar's one-sided exact (sign) test is computed with integers and returns a ``Fraction``:
 ``p = sum_{k=wins..n} C(n, k) / 2^n`` with ``n = wins + losses`` and ``p = 1`` when ``n = 0``.

@@ -1,4 +1,4 @@
-"""Recompute the serving claims of EXPERIMENT 5 from the client's request log.
+"""Recompute the serving claims of docs/experiment.md §5 from the client's request log.
 
 The log is JSONL, one line per attempt, with members ``request_id``, ``task_id``, ``phase``
 (``single``, ``pair`` or ``failure``), ``attempt`` (integer), ``endpoint``, ``start`` and
@@ -239,7 +239,7 @@ def recompute(attempts: list[Attempt]) -> Serving:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeRun:
-    """What the serve action fixes about its log (EXPERIMENT 5): the run id that prefixes
+    """What the serve action fixes about its log (docs/experiment.md §5): the run id that prefixes
     every request id, the tasks it names, the committed dev task ids, and its params."""
 
     run_id: str
@@ -254,7 +254,7 @@ class ServeRun:
 
 
 MAX_ATTEMPTS = 2
-"""EXPERIMENT 5: at most two attempts per request."""
+"""docs/experiment.md §5: at most two attempts per request."""
 
 
 def _by_phase_request(attempts: list[Attempt]) -> dict[str, dict[str, list[Attempt]]]:
@@ -272,7 +272,7 @@ def _problems(name: str, problems: list[str], **values: Any) -> Check:
 
 
 def serving_rules(attempts: list[Attempt], run: ServeRun, prefix: str) -> list[Check]:
-    """The log against the serve action and EXPERIMENT 5: request ids, requested tasks,
+    """The log against the serve action and docs/experiment.md §5: request ids, requested tasks,
     routing per phase, retries, response shape."""
     phases = _by_phase_request(attempts)
     checks = []

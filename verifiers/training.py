@@ -1,4 +1,4 @@
-"""Checkpoints, parameter digests and training journals (SPEC 4, EXPERIMENT 3).
+"""Checkpoints, parameter digests and training journals (docs/format.md §4, docs/experiment.md §3).
 
 - A checkpoint's ``params/1`` is rebuilt from the ``*.safetensors`` files of its ``files``
   tree; its ID is the parameter digest.
@@ -348,7 +348,7 @@ LR_TOLERANCE = Tolerance(None, rel=1e-12, abs=0.0,
                          why="math.cos may differ by an ulp between C libraries")
 SUM_TOLERANCE = "floating sums of per-step seconds taken in another order"
 FP32_BYTES = 4
-"""Bytes of one FP32 parameter's gradient (EXPERIMENT 3: FP32 parameters)."""
+"""Bytes of one FP32 parameter's gradient (docs/experiment.md §3: FP32 parameters)."""
 
 
 def _is_int(value: Any) -> bool:
@@ -390,7 +390,7 @@ def run_values(steps: list[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str
 
 
 def learning_rate(step: int, *, lr: float, warmup: int, steps: int) -> float:
-    """EXPERIMENT 3's learning rate of update ``step`` (0-based): ``lr·(s+1)/warmup`` while
+    """docs/experiment.md §3's learning rate of update ``step`` (0-based): ``lr·(s+1)/warmup`` while
     ``s < warmup``, then cosine from ``lr`` (first decay update) to ``0.1·lr`` (last one)."""
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -432,7 +432,7 @@ def _with_rule(check: Check, rule: str) -> Check:
 
 def weighted_targets_check(steps: list[Mapping[str, Any]], params: Mapping[str, Any],
                            replay_ids: set[str], grounded_ids: set[str], name: str) -> Check:
-    """``weighted_targets = Σ targets_i · w_i`` (EXPERIMENT 3) with grounded weight and replay
+    """``weighted_targets = Σ targets_i · w_i`` (docs/experiment.md §3) with grounded weight and replay
     weight from the params: exactly ``w · targets`` when a batch holds documents of one
     weight, and between ``min(w) · targets`` and ``max(w) · targets`` otherwise (the
     per-document target counts need the chat template)."""

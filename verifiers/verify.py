@@ -1,4 +1,4 @@
-"""``verify``: the whole independent verification of one target (SPEC 7).
+"""``verify``: the whole independent verification of one target (docs/format.md §7).
 
 TARGET is a receipt ID (or unique prefix of at least 8 hex digits), a ref name of the store,
 or a bundle directory (its ``manifest.json`` names the target). What is verified is always a
@@ -200,7 +200,7 @@ def _guarded(checker: Checker, objects: Objects, oid: str) -> list[Check]:
 
 
 def exit_code(report: Report) -> int:
-    """SPEC 7 exit code of a finished report: 3 when objects are missing; but a bundle whose
+    """docs/format.md §7 exit code of a finished report: 3 when objects are missing; but a bundle whose
     manifest is malformed (an entry of the wrong type hides its object) has failed a check,
     which is 1, not a reason to say it cannot be verified."""
     if report.ok:

@@ -1,4 +1,4 @@
-"""The strict answer checker of EXPERIMENT 1, shared by prepare, train and evaluate.
+"""The strict answer checker of docs/experiment.md §1, shared by prepare, train and evaluate.
 
 An answer is correct iff it is one JSON object (surrounding JSON whitespace allowed, nothing
 else), at most 32,768 UTF-8 bytes, free of duplicate keys and NaN/Infinity, with exactly the

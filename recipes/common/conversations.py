@@ -1,4 +1,4 @@
-"""Replay and retention conversations (EXPERIMENT 2): validation and an offline stand-in set.
+"""Replay and retention conversations (docs/experiment.md §2): validation and an offline stand-in set.
 
 A conversation set is JSONL, one ``{"id": str, "messages": [...]}`` per line; messages are
 ``{"role", "content"}`` objects, an optional leading ``system`` one, then strictly alternating

@@ -1,4 +1,4 @@
-"""``sha256_stream``: the SHA-256 parameter digest of SPEC 4, for comparison with published ones.
+"""``sha256_stream``: the SHA-256 parameter digest of docs/format.md §4, for comparison with published ones.
 
 The content-addressed parameter digest (``params/1``) is the store's business; this one is a
 streaming hash over a live model, cheap enough to exchange between ranks at every checkpoint.

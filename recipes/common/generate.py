@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Generation:
-    """One prompt's greedy continuation, retained whole by ``evaluate`` (EXPERIMENT 4)."""
+    """One prompt's greedy continuation, retained whole by ``evaluate`` (docs/experiment.md §4)."""
 
     prompt_ids: tuple[int, ...]
     """The prompt's token ids, exactly as given."""

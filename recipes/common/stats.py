@@ -1,4 +1,4 @@
-"""Paired statistics of EXPERIMENT 4: exact McNemar (sign) test, accuracy gain, retention.
+"""Paired statistics of docs/experiment.md §4: exact McNemar (sign) test, accuracy gain, retention.
 
 P-values and gains are exact ``Fraction``s, computed with integer arithmetic, so a contract
 decision at a boundary (a gain of exactly 0.05) never depends on floating-point rounding.

@@ -1,4 +1,4 @@
-"""Grounded tasks of EXPERIMENT 1: cases, wordings, prompts, identities, targets, damage.
+"""Grounded tasks of docs/experiment.md §1: cases, wordings, prompts, identities, targets, damage.
 
 Everything here is a pure function of (seed, role, index, wordings). The draw order follows
 the published experiment exactly, so with the same wordings the same task identities come out.
@@ -274,7 +274,7 @@ def generate_all(counts: Mapping[str, int], seed: int, wordings: Wordings) -> di
 
 
 def is_damaged(task_id: str) -> bool:
-    """Whether a train task belongs to the damaged control (EXPERIMENT 1)."""
+    """Whether a train task belongs to the damaged control (docs/experiment.md §1)."""
     return int(task_id, 16) % 4 == 0
 
 

@@ -1,4 +1,4 @@
-"""Documents to token ids and labels (EXPERIMENT 3), and the per-token loss used everywhere.
+"""Documents to token ids and labels (docs/experiment.md §3), and the per-token loss used everywhere.
 
 A document renders with the tokenizer's chat template. Labels are -100 except the tokens of
 each assistant answer through its first end-of-turn token. Where an answer starts is found by
@@ -80,7 +80,7 @@ def document_messages(record: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def encode_document(tokenizer: Any, record: Mapping[str, Any], *, max_length: int) -> Encoded:
-    """Token ids and labels of a grounded task line or a conversation record (EXPERIMENT 3)."""
+    """Token ids and labels of a grounded task line or a conversation record (docs/experiment.md §3)."""
     doc_id = str(record.get("id", "<no id>"))
     messages = document_messages(record)
     input_ids = _encode_text(tokenizer, _render(tokenizer, messages, generation_prompt=False))

@@ -176,5 +176,5 @@ RECIPE = Recipe(
     },
     outputs=("test", "dev", "train", "damaged", "replay", "retention", "prepared"),
     run=run,
-    doc="Grounded tasks (EXPERIMENT 1), the damaged control, replay and retention sets.",
+    doc="Grounded tasks (docs/experiment.md §1), the damaged control, replay and retention sets.",
 )

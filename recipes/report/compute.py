@@ -1,4 +1,4 @@
-"""The report JSON, computed only from retained objects (EXPERIMENT 6).
+"""The report JSON, computed only from retained objects (docs/experiment.md §6).
 
 ``compute`` reads the input receipts and the objects they link (task records, generations,
 checks, retention losses, journals, the request log, environments, receipt times) and

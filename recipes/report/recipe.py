@@ -1,4 +1,4 @@
-"""Recipe ``report``: the experiment's report recomputed from retained objects (EXPERIMENT 6).
+"""Recipe ``report``: the experiment's report recomputed from retained objects (docs/experiment.md §6).
 
 Inputs are receipts named by role: ``prepare``, ``commit``, ``train.<arm>``,
 ``evaluate.<arm>`` (``evaluate.seed`` is the baseline) and ``serve``. Output ``report`` is a

@@ -1,4 +1,4 @@
-"""Serving: the three phases recomputed from the retained request log (EXPERIMENT 5).
+"""Serving: the three phases recomputed from the retained request log (docs/experiment.md §5).
 
 The numbers come from the serve recipe's own log reader and metric definitions
 (``nscas.recipes.serve.metrics``), applied here to the retained log rather than taken from

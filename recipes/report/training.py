@@ -1,4 +1,4 @@
-"""Training: per-arm numbers recomputed from the per-rank journals (EXPERIMENT 3).
+"""Training: per-arm numbers recomputed from the per-rank journals (docs/experiment.md §3).
 
 Each ``journal/1`` record links a hash-chained JSONL blob; the chain is checked by the train
 recipe's own reader, the record's ``head`` must be the chain's last hash, and the steps that

@@ -1,4 +1,4 @@
-"""The serving claims, computed from the retained request log alone (EXPERIMENT 5).
+"""The serving claims, computed from the retained request log alone (docs/experiment.md §5).
 
 The log is JSONL, one line per attempt (see ``client.Attempt``). Per phase:
 - a request is the set of attempts sharing a request id; it succeeded if one attempt did;

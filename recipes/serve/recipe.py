@@ -1,4 +1,4 @@
-"""Recipe ``serve``: replicas of one checkpoint under load, in three phases (EXPERIMENT 5).
+"""Recipe ``serve``: replicas of one checkpoint under load, in three phases (docs/experiment.md §5).
 
 The recipe starts ``replicas`` replica processes of the checkpoint (port 0, the store the run
 uses), waits until each answers ready with the checkpoint's parameter digest, warms each up

@@ -1,6 +1,6 @@
 """The typed parameters of recipe ``train`` and the spec file the wrapper hands to the workers.
 
-Defaults are the published values of EXPERIMENT 3. Every check that can be made without a
+Defaults are the published values of docs/experiment.md §3. Every check that can be made without a
 process group happens here, so bad params fail before any rank starts.
 """
 
@@ -24,7 +24,7 @@ SPEC_FORMAT = "train-spec/1"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainParams:
-    """Parameters of one training run (EXPERIMENT 3); the defaults are the published run."""
+    """Parameters of one training run (docs/experiment.md §3); the defaults are the published run."""
 
     steps: int = 128
     """Optimizer updates to make."""
@@ -65,7 +65,7 @@ class TrainParams:
     bucket at a time while the backward pass goes on. Two ranks sum the same two values
     whatever the size; more ranks may round differently, so it is part of the run's identity."""
     micro_batch: int = 1
-    """Documents per forward/backward pass on each rank. 1 is EXPERIMENT 3's method (one
+    """Documents per forward/backward pass on each rank. 1 is docs/experiment.md §3's method (one
     backward per document). More stacks up to that many of a rank's documents into one
     right-padded forward: the same objective, several times faster on a GPU, other rounding,
     and activation memory for that many documents at once."""

@@ -1,4 +1,4 @@
-"""The training loop of EXPERIMENT 3: one AdamW update per global batch of documents.
+"""The training loop of docs/experiment.md §3: one AdamW update per global batch of documents.
 
 The objective of an update is ``Σ w_i·loss_i / S`` over the global batch, with ``loss_i`` the
 summed token cross-entropy of document i and ``S = Σ w_i·targets_i``. Rank r of W takes
@@ -101,7 +101,7 @@ CheckpointCallback = Callable[[int, Path, Path], None]
 
 
 def configure_determinism(*, deterministic: bool) -> None:
-    """Deterministic kernels and no TF32 (EXPERIMENT 3); CUDA also needs
+    """Deterministic kernels and no TF32 (docs/experiment.md §3); CUDA also needs
     ``CUBLAS_WORKSPACE_CONFIG`` set before it starts, which the launcher does."""
     if not deterministic:
         return
@@ -291,7 +291,7 @@ def _update(
         last = position == len(passes) - 1
         sync = contextlib.nullcontext() if last or net is model else net.no_sync()
         with sync:
-            if len(group) == 1:  # EXPERIMENT 3's one backward per document, bit for bit
+            if len(group) == 1:  # docs/experiment.md §3's one backward per document, bit for bit
                 doc = docs[group[0]]
                 sums = document_loss_sum(net, doc, device=device).reshape(1)
                 (sums[0] * (world * doc.weight / weighted_targets)).backward()

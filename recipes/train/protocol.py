@@ -78,7 +78,7 @@ class RankResult:
     parameter_blake3: str
     """BLAKE3 hex of the final raw parameter bytes, agreed by every rank."""
     sha256_stream: str | None
-    """SPEC 4's SHA-256 parameter digest of the final model (rank 0 only)."""
+    """docs/format.md §4's SHA-256 parameter digest of the final model (rank 0 only)."""
     journal: str
     """Path of this rank's journal."""
     journal_head: str

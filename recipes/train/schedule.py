@@ -1,4 +1,4 @@
-"""The document schedule and the learning-rate schedule of EXPERIMENT 3: pure functions."""
+"""The document schedule and the learning-rate schedule of docs/experiment.md §3: pure functions."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from .conftest import Nscas, run_process
 
 
 def _expected_tree(ckpt: Path) -> dict:
-    """The tree/1 record SPEC 3 prescribes for a directory, computed without nscas."""
+    """The tree/1 record docs/format.md §3 prescribes for a directory, computed without nscas."""
     entries = {}
     for f in sorted(ckpt.iterdir()):
         data = f.read_bytes()

@@ -1,4 +1,4 @@
-"""The strict checker of EXPERIMENT 1: a truth table of answers against targets."""
+"""The strict checker of docs/experiment.md §1: a truth table of answers against targets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""sha256_stream (SPEC 4) against a hashlib computation written out by hand."""
+"""sha256_stream (docs/format.md §4) against a hashlib computation written out by hand."""
 
 from __future__ import annotations
 

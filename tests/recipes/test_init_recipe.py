@@ -46,7 +46,7 @@ def materialised(home: tuple[Store, dict[str, StepResult]],
 
 
 def params_digest(path: Path) -> str:
-    """The params/1 ID of a safetensors file, rebuilt from SPEC 4 without nscas."""
+    """The params/1 ID of a safetensors file, rebuilt from docs/format.md §4 without nscas."""
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])

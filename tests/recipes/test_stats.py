@@ -1,4 +1,4 @@
-"""Paired statistics of EXPERIMENT 4, against hand computations and the published figures."""
+"""Paired statistics of docs/experiment.md §4, against hand computations and the published figures."""
 
 from __future__ import annotations
 

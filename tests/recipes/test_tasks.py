@@ -1,4 +1,4 @@
-"""Grounded tasks of EXPERIMENT 1: draw order, balance, identities, targets and damage."""
+"""Grounded tasks of docs/experiment.md §1: draw order, balance, identities, targets and damage."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def default_all() -> dict[str, list[T.Task]]:
 
 
 def test_one_case_derived_step_by_step() -> None:
-    """Re-derive train case 6 with the bare algorithm of EXPERIMENT 1, draw by draw."""
+    """Re-derive train case 6 with the bare algorithm of docs/experiment.md §1, draw by draw."""
     rng = random.Random(int(hashlib.sha256(b"2026091301:train:6").hexdigest(), 16))
     numbers = rng.sample(range(100, 1000), 5)
     rows = []

@@ -1,4 +1,4 @@
-"""Document tokenisation (EXPERIMENT 3): labels, targets, no truncation, prompt consistency."""
+"""Document tokenisation (docs/experiment.md §3): labels, targets, no truncation, prompt consistency."""
 
 from __future__ import annotations
 

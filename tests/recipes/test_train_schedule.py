@@ -1,4 +1,4 @@
-"""The document and learning-rate schedules and the params of EXPERIMENT 3 (pure, no processes)."""
+"""The document and learning-rate schedules and the params of docs/experiment.md §3 (pure, no processes)."""
 
 from __future__ import annotations
 

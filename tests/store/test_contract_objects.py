@@ -1,4 +1,4 @@
-"""Contract: objects (SPEC 1, 5). Blobs in, the same bytes and IDs out, stored once, never wrong."""
+"""Contract: objects (docs/format.md §1, 5). Blobs in, the same bytes and IDs out, stored once, never wrong."""
 
 from __future__ import annotations
 
@@ -261,7 +261,7 @@ class TestMaterialiseContract:
 
 
 class TestCheckpointsContract:
-    """put_checkpoint: an HF directory becomes checkpoint/1 + params/1 (SPEC 3, 4)."""
+    """put_checkpoint: an HF directory becomes checkpoint/1 + params/1 (docs/format.md §3, 4)."""
 
     def _model_dir(self, path: Path, tensors: dict[str, np.ndarray]) -> Path:
         path.mkdir()

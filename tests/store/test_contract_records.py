@@ -1,4 +1,4 @@
-"""Contract: records and links (SPEC 2, 3). Canonical bytes in, refusals named, closure kept."""
+"""Contract: records and links (docs/format.md §2, 3). Canonical bytes in, refusals named, closure kept."""
 
 from __future__ import annotations
 

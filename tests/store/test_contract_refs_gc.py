@@ -1,4 +1,4 @@
-"""Contract: refs (compare-and-swap, immutable tags, append-only log), gc and fsck (SPEC 5)."""
+"""Contract: refs (compare-and-swap, immutable tags, append-only log), gc and fsck (docs/format.md §5)."""
 
 from __future__ import annotations
 

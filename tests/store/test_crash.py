@@ -1,4 +1,4 @@
-"""Crash safety (SPEC 5): a put killed with SIGKILL at any moment leaves a consistent store."""
+"""Crash safety (docs/format.md §5): a put killed with SIGKILL at any moment leaves a consistent store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Large files stream in bounded memory (SPEC 5): peak RSS of a put stays far below the file."""
+"""Large files stream in bounded memory (docs/format.md §5): peak RSS of a put stays far below the file."""
 
 from __future__ import annotations
 

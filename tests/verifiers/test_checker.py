@@ -1,4 +1,4 @@
-"""The strict answer checker's truth table and the task rules of EXPERIMENT 1."""
+"""The strict answer checker's truth table and the task rules of docs/experiment.md §1."""
 
 from __future__ import annotations
 

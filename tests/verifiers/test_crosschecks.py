@@ -1,7 +1,7 @@
 """Unit tests of the cross-checks of issue 14 (classes 3, 4, 6, 7 and the journal rules):
 typed comparison, the environment record against params, the learning-rate schedule,
 weighted targets, bytes communicated and serving routing. Expectations are written out by
-hand from EXPERIMENT.md, never computed with the verifier's code."""
+hand from docs/experiment.md, never computed with the verifier's code."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def line(phase: str, i: int, a: int, endpoint: str, start: float, ok: bool = Tru
 
 
 def served() -> list[dict[str, Any]]:
-    """By hand, EXPERIMENT 5's routing: attempt a (from 1) of request i goes to
+    """By hand, docs/experiment.md §5's routing: attempt a (from 1) of request i goes to
     endpoints[(i + a - 1) % 2]; in the failure phase E1 is stopped."""
     lines = [line("single", i, 1, E0, i) for i in range(4)]
     lines += [line("pair", i, 1, (E0, E1)[i % 2], 10 + i) for i in range(4)]

@@ -1,4 +1,4 @@
-"""Exact statistics of EXPERIMENT 4, checked against hand-derived values."""
+"""Exact statistics of docs/experiment.md §4, checked against hand-derived values."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def raw_replace(r: Rewrite, path: str, pattern: str, replacement: str, *,
 
 @pytest.mark.parametrize("step", ["serve", "train-single", "evaluate-seed", "evaluate-single"])
 def test_an_honest_export_of_any_receipt_verifies(demo: Demo, step: str) -> None:
-    """SPEC 8.2: every export verifies offline, not only the report's."""
+    """docs/format.md §8.2: every export verifies offline, not only the report's."""
     v = verify_here(demo.parts[step])
     assert v.code == 0, sorted(v.failed())
 

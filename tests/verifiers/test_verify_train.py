@@ -55,7 +55,7 @@ def documents(p: Pipeline) -> list[str]:
 
 
 LR, WARMUP, GROUNDED, REPLAY = 3e-5, 8, 8, 1
-"""STEPS < WARMUP: every update is a warmup step, lr·(s+1)/warmup (EXPERIMENT 3)."""
+"""STEPS < WARMUP: every update is a warmup step, lr·(s+1)/warmup (docs/experiment.md §3)."""
 TARGETS_PER_DOCUMENT = 10
 LOOP_SECONDS = [4.5, 4.75]
 PEAK = [123456789, 123456000]
