@@ -30,69 +30,8 @@ from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import run_pipeline
 
-EVALUATE = 'recipe = "evaluate"\nparams = { max_new_tokens = 8, threads = 1 }\n'
-TRAIN = ('recipe = "train"\ninputs = { base = "step.init.checkpoint", documents = '
-         '"step.prepare.train", replay = "step.prepare.replay" }\n')
-TESTS = 'tasks = "step.prepare.test", commitment = "step.commit.commitment", retention = ' \
-        '"step.prepare.retention"'
-PIPELINE = f"""
-[[step]]
-name = "prepare"
-recipe = "prepare"
-[step.params]
-counts = {{ test = 16, dev = 8, train = 32 }}
-replay_count = 8
-retention_count = 4
-[[step]]
-name = "tokenizer"
-recipe = "tokenizer"
-inputs = {{ prepared = "step.prepare.prepared" }}
-params = {{ vocab_size = 512 }}
-[[step]]
-name = "init"
-recipe = "init"
-inputs = {{ tokenizer = "step.tokenizer.tokenizer" }}
-[[step]]
-name = "train-single"
-{TRAIN}params = {{ steps = 4, checkpoint_steps = [2, 4], lr = 1e-3 }}
-[[step]]
-name = "train-pair"
-{TRAIN}params = {{ steps = 4, checkpoint_steps = [2, 4], lr = 1e-3, world = 2 }}
-[[step]]
-name = "commit"
-recipe = "commit"
-[step.inputs]
-prepared = "step.prepare.prepared"
-seed = "step.init.checkpoint"
-clean-single = "step.train-single.checkpoint"
-clean-pair = "step.train-pair.checkpoint"
-[[step]]
-name = "evaluate-seed"
-{EVALUATE}inputs = {{ model = "step.init.checkpoint", {TESTS} }}
-[[step]]
-name = "evaluate-single"
-{EVALUATE}inputs = {{ model = "step.train-single.checkpoint", {TESTS}, baseline = "step.evaluate-seed.receipt" }}
-[[step]]
-name = "evaluate-pair"
-{EVALUATE}inputs = {{ model = "step.train-pair.checkpoint", {TESTS}, baseline = "step.evaluate-seed.receipt" }}
-[[step]]
-name = "serve"
-recipe = "serve"
-inputs = {{ model = "step.train-pair.checkpoint", tasks = "step.prepare.dev", commitment = "step.commit.commitment" }}
-params = {{ replicas = 2, requests = 4, concurrency = 2, warmup = 1, max_new_tokens = 8 }}
-[[step]]
-name = "report"
-recipe = "report"
-[step.inputs]
-prepare = "step.prepare.receipt"
-commit = "step.commit.receipt"
-"train.clean-single" = "step.train-single.receipt"
-"train.clean-pair" = "step.train-pair.receipt"
-"evaluate.seed" = "step.evaluate-seed.receipt"
-"evaluate.clean-single" = "step.evaluate-single.receipt"
-"evaluate.clean-pair" = "step.evaluate-pair.receipt"
-serve = "step.serve.receipt"
-"""
+from .conftest import EXPERIMENT
+
 ARMS = ("seed", "clean-single", "clean-pair")
 CLAIMS = {
     "documents", "throughput_ratio", "failure_retries", "identical_outputs", "cache_hits",
@@ -132,11 +71,13 @@ class Experiment:
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]:
+    """A store of its own (the forgeries here add receipts that would compete, as producers
+    of the same outputs, with the session experiment's)."""
     import torch
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("report-experiment")
-    store, steps = run_pipeline(root, PIPELINE, name="experiment.toml")
+    store, steps = run_pipeline(root, EXPERIMENT, name="experiment.toml")
     yield Experiment(root=root, store=store, steps=steps)
     store.close()
 
