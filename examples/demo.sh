@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 work=${NSCAS_DEMO_DIR:-demo-out}
 rm -rf "$work"
 mkdir -p "$work"
-export NSCAS_STORE="$PWD/$work/.nscas"
+work=$(cd "$work" && pwd)  # absolute, whether NSCAS_DEMO_DIR was given relative or not
+export NSCAS_STORE="$work/.nscas"
 start=$(date +%s)
 
 nscas init "$work"
@@ -32,7 +33,10 @@ verified=$(( $(date +%s) - vstart ))
 echo "== publication bundle, checked offline"
 nscas export "$report" "$work/bundle"
 (cd "$work/bundle" && sha256sum -c --quiet SHA256SUMS && echo "sha256sum -c SHA256SUMS: OK")
-NSCAS_STORE= nscas verify "$work/bundle" > /dev/null && echo "nscas verify $work/bundle: OK (no store)"
+# What a publisher prints beside the bundle: the SHA-256 of its SHA256SUMS, which pins it.
+sums=$(sha256sum "$work/bundle/SHA256SUMS" | cut -d' ' -f1)
+NSCAS_STORE= nscas verify "$work/bundle" --strict --expect "$sums" > /dev/null \
+  && echo "nscas verify $work/bundle --strict --expect $sums: OK (no store)"
 
 nscas lineage "$report" --depth 1
 echo "== done: experiment ${produced}s, verification ${verified}s; report files: nscas get experiments/coop/report $work/report"
