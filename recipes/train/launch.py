@@ -268,7 +268,9 @@ def _failure(output_dir: Path, world: int, returncode: int, stderr_tail: str) ->
     died = [(int(r), int(code)) for r, code in _FAILED_RANK.findall(stderr_tail)]
     silent = [(r, code) for r, code in died if r not in reported]
     if silent:
-        rank, code = silent[0]
+        # The launcher stops the survivors with SIGTERM, and which exit it lists first is a
+        # race: a rank that died of anything else is the one that failed.
+        rank, code = min(silent, key=lambda rc: rc[1] == -signal.SIGTERM)
         how = _describe_exit(code)
         return RecipeError(
             f"training rank {rank} died ({how}) without reporting an error; the other ranks "

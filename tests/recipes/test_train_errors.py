@@ -124,3 +124,14 @@ def test_a_worker_restricts_the_cublas_workspace_only_for_deterministic_runs(
     with pytest.raises(InvalidInput, match="no CUDA device is available here"):
         select_device("cuda", 0, deterministic=deterministic)
     assert ("CUBLAS_WORKSPACE_CONFIG" in os.environ) is deterministic
+
+
+def test_the_rank_the_launcher_did_not_stop_is_named(tmp_path: Path) -> None:
+    """The launcher lists its exits in no fixed order: the rank it stopped with SIGTERM is
+    not the one that failed, whichever comes first."""
+    from nscas.recipes.train.launch import _failure
+
+    tail = ("[0]:\n  time : x\n  host : h\n  rank : 0 (local_rank: 0)\n  exitcode : -15\n"
+            "[1]:\n  time : x\n  host : h\n  rank : 1 (local_rank: 1)\n  exitcode : -9\n")
+    error = _failure(tmp_path, 2, 1, tail)
+    assert "training rank 1 died (signal SIGKILL)" in str(error)
