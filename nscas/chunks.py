@@ -159,7 +159,7 @@ class ChunkFiles:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         return sha.hexdigest()
 
     def _rehash_file(self, path: Path, codec: str, hex_id: str, also: Any) -> str:
@@ -304,7 +304,7 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

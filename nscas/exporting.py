@@ -2,8 +2,9 @@
 
 A bundle is a directory in which every object file is exactly an object's bytes, so
 ``sha256sum -c`` and ``b3sum`` check it with no store. Export is deterministic: paths are a
-function of the closure's own records, never of the rest of the store, so one target always
-gives byte-identical files. Import trusts nothing: it checks every path, byte and record
+function of the closure's own records (and of the bundle roles that the recipes they name, by
+name and version, declare), never of the rest of the store, so one target always gives
+byte-identical files. Import trusts nothing: it checks every path, byte and record
 before it writes the first object.
 """
 
@@ -30,6 +31,8 @@ from nscas import canonical
 from nscas.checkpoints import read_header
 from nscas.digests import Digest, DualHasher, is_digest_text
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput
+from nscas.recipe import BundleRole, Recipe
+from nscas.registry import registered_recipe
 
 if TYPE_CHECKING:
     from nscas.reading import ObjectInfo, StoreReader
@@ -45,8 +48,13 @@ _SNIFF_MAX = 16 << 20  # output blobs up to this size are read to give their fil
 _SEGMENT = re.compile(r"[A-Za-z0-9._@+=,-]+")
 _SUMS_LINE = re.compile(r"([0-9a-f]{64})  (.+)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# When several roles name one object, it takes the path of the first role in this order.
-_MODELS, _TRAINING, _EVALUATIONS, _SERVING, _REPORT, _OUTPUTS, _TASKS, _CODE = range(8)
+# When several roles name one object, it takes the path of the first role in this order
+# (runs' folders among themselves by folder name).
+_MODELS, _RUNS, _OUTPUTS, _TASKS, _CODE = range(5)
+_JOURNALS = "training"  # the folder of journals of runs whose recipe declares no bundle role
+
+RecipeLookup = Callable[[str], Recipe | None]
+"""The recipe registered under a name, or None (``registered_recipe``; tests pass their own)."""
 
 
 class InvalidBundle(InvalidInput):
@@ -156,14 +164,27 @@ class _Layout:
         return _Plan(files=files, derived=derived, omitted=omitted)
 
 
-def _layout(store: StoreReader, target: Digest) -> _Layout:
+def _layout(store: StoreReader, target: Digest, recipes: RecipeLookup) -> _Layout:
     ids = sorted(store.closure([target]))
     infos = {d: store.info(d) for d in ids}
     records = {d: store.get_record(d) for d in ids if infos[d].kind is not None}
     c = _Closure(target=target, infos=infos, records=records)
     weight_only, tensors = _weight_only(c)
-    return _Layout(closure=c, paths=_paths(store, c), weight_only=weight_only, tensors=tensors,
-                   ranges=_tensor_ranges(store, c))
+    return _Layout(closure=c, paths=_paths(store, c, _roles(c, recipes)),
+                   weight_only=weight_only, tensors=tensors, ranges=_tensor_ranges(store, c))
+
+
+def _roles(c: _Closure, recipes: RecipeLookup) -> dict[Digest, BundleRole | None]:
+    """The bundle role of each receipt's run: the one its recipe declares, if the recipe the
+    action names (``name@version``) is registered here with that very version."""
+    declared: dict[str, BundleRole | None] = {}
+    for r in c.of_kind("receipt/1"):
+        name, _, version = (ref := c.action(r)["recipe"]).partition("@")
+        if ref not in declared:
+            recipe = recipes(name)
+            declared[ref] = recipe.bundle if recipe is not None and recipe.version == version \
+                else None
+    return {r: declared[c.action(r)["recipe"]] for r in c.of_kind("receipt/1")}
 
 
 def _clean(name: str) -> str | None:
@@ -208,7 +229,8 @@ def _suffix(store: StoreReader, oid: Digest, size: int, name: str) -> str:
     return ".txt"
 
 
-def _paths(store: StoreReader, c: _Closure) -> dict[Digest, str]:
+def _paths(store: StoreReader, c: _Closure,
+           roles: Mapping[Digest, BundleRole | None]) -> dict[Digest, str]:
     """The path of every object of the closure (docs/bundle.md, "Paths")."""
     recs = c.records
     named: dict[Digest, list[str]] = defaultdict(list)  # what commitments call their subjects
@@ -225,19 +247,19 @@ def _paths(store: StoreReader, c: _Closure) -> dict[Digest, str]:
     plain = {r: f"{recipe[r]}-{r.short}" for r in recipe}
     label = _unique({r: min(cited[r], default=plain[r]) for r in recipe}, plain.__getitem__)
     models = _model_dirs(c, named)
-    proposals: dict[Digest, list[tuple[int, str]]] = defaultdict(list)
+    proposals: dict[Digest, list[tuple[tuple[int, str], str]]] = defaultdict(list)
 
-    def propose(oid: Digest | None, priority: int, path: str) -> None:
+    def propose(oid: Digest | None, priority: tuple[int, str], path: str) -> None:
         if oid is not None and c.infos[oid].kind is None:  # records keep records/, receipts/
             proposals[oid].append((priority, path))
 
-    def propose_tree(tree: Digest | None, priority: int, prefix: str) -> None:
+    def propose_tree(tree: Digest | None, priority: tuple[int, str], prefix: str) -> None:
         if tree is not None and c.infos[tree].kind == "tree/1":
             for name, entry in recs[tree]["entries"].items():
                 if _safe_tree_path(name):
                     propose(c.link(entry["id"]), priority, f"{prefix}/{name}")
 
-    def propose_outputs(r: Digest, priority: int, prefix: str) -> None:
+    def propose_outputs(r: Digest, priority: tuple[int, str], prefix: str) -> None:
         for name, value in recs[r]["outputs"].items():
             if (oid := c.link(value)) is None or (clean := _clean(name)) is None:
                 continue
@@ -247,37 +269,28 @@ def _paths(store: StoreReader, c: _Closure) -> dict[Digest, str]:
             propose_tree(oid, priority, f"{prefix}/{clean}")
 
     for ck, directory in models.items():
-        propose_tree(c.link(recs[ck]["files"], "tree/1"), _MODELS, f"models/{directory}")
-    evaluations = {r: _evaluation_dir(c, r, models, label) for r in recipe
-                   if recipe[r] == "evaluate"}
-    for r, d in _unique(evaluations, lambda r: f"{evaluations[r]}-{r.short}").items():
-        propose_outputs(r, _EVALUATIONS, f"evaluations/{d}")
-    trainings = {r: _training_dir(c, r, models, label) for r in recipe
-                 if recipe[r] == "train" or recs[r]["journals"]}
-    for r, d in _unique(trainings, lambda r: f"{trainings[r]}-{r.short}").items():
+        propose_tree(c.link(recs[ck]["files"], "tree/1"), (_MODELS, ""), f"models/{directory}")
+    for r, directory in _run_dirs(c, roles, models, label).items():
+        priority = (_RUNS, directory.partition("/")[0])
         for j in recs[r]["journals"]:
             if (journal := c.link(j, "journal/1")) is not None:
-                propose(c.link(recs[journal]["entries"]), _TRAINING,
-                        f"training/{d}/rank-{recs[journal]['rank']}.journal.jsonl")
-        if recipe[r] == "train":
-            propose_outputs(r, _TRAINING, f"training/{d}")
-    for name, priority, top in (("serve", _SERVING, "serving"), ("report", _REPORT, "report")):
-        mine = [r for r in recipe if recipe[r] == name]
-        for r in mine:
-            propose_outputs(r, priority, top if len(mine) == 1 else f"{top}/{label[r]}")
+                propose(c.link(recs[journal]["entries"]), priority,
+                        f"{directory}/rank-{recs[journal]['rank']}.journal.jsonl")
+        if roles[r] is not None:
+            propose_outputs(r, priority, directory)
     for r in recipe:
-        if recipe[r] not in ("evaluate", "train", "serve", "report"):
-            propose_outputs(r, _OUTPUTS, f"outputs/{label[r]}")
+        if roles[r] is None:
+            propose_outputs(r, (_OUTPUTS, ""), f"outputs/{label[r]}")
     tasks = {t: min(named[t], default=_clean(recs[t]["role"]) or "tasks")
              for t in c.of_kind("tasks/1")}
     for t, name in _unique(tasks, lambda t: f"{tasks[t]}-{t.short}").items():
-        propose(c.link(recs[t]["records"]), _TASKS, f"tasks/{name}.jsonl")
+        propose(c.link(recs[t]["records"]), (_TASKS, ""), f"tasks/{name}.jsonl")
     code: dict[Digest, str] = {}
     for a in c.of_kind("action/1"):
         if (tree := c.link(recs[a]["code"], "tree/1")) is not None:
             code[tree] = min(code.get(tree, "~"), _clean(recs[a]["recipe"]) or "recipe")
     for tree, name in _unique(code, lambda t: f"{code[t]}-{t.short}").items():
-        propose_tree(tree, _CODE, f"code/{name}")
+        propose_tree(tree, (_CODE, ""), f"code/{name}")
     return _settle(c, proposals, label)
 
 
@@ -297,28 +310,56 @@ def _model_dirs(c: _Closure, named: Mapping[Digest, list[str]]) -> dict[Digest, 
     return _unique(wanted, lambda d: d.short)
 
 
-def _evaluation_dir(c: _Closure, r: Digest, models: Mapping[Digest, str],
-                    label: Mapping[Digest, str]) -> str:
-    """The evaluated model's directory name, with the task role unless it is ``test``."""
+def _run_dirs(c: _Closure, roles: Mapping[Digest, BundleRole | None],
+              models: Mapping[Digest, str], label: Mapping[Digest, str]) -> dict[Digest, str]:
+    """The directory of each run with a bundle role (its outputs and journals), and of each
+    run without one that has journals (``training/``, for those only)."""
+    folders: dict[str, dict[Digest, str | None]] = defaultdict(dict)
+    for r, role in roles.items():
+        if role is not None:
+            folders[role.folder][r] = _run_name(c, r, role, models, label)
+        elif c.records[r]["journals"]:
+            folders[_JOURNALS][r] = _output_arm(c, r, None, models) or label[r]
+    dirs: dict[Digest, str] = {}
+    for folder, runs in folders.items():
+        if len(runs) == 1 and None in runs.values():  # the only run of its folder, and no arm
+            dirs[next(iter(runs))] = folder
+            continue
+        names = {r: name or label[r] for r, name in runs.items()}
+        for r, name in _unique(names, lambda r, n=names: f"{n[r]}-{r.short}").items():
+            dirs[r] = f"{folder}/{name}"
+    return dirs
+
+
+def _run_name(c: _Closure, r: Digest, role: BundleRole, models: Mapping[Digest, str],
+              label: Mapping[Digest, str]) -> str | None:
+    """A run's directory name in its folder (``BundleRole``), None if it names no arm."""
     inputs = c.action(r)["inputs"]
-    model = c.link(inputs.get("model"), "checkpoint/1")
-    tasks = c.link(inputs.get("tasks"), "tasks/1")
-    base = models[model] if model is not None else label[r]
-    role = _clean(c.records[tasks]["role"]) if tasks is not None else None
-    return base if role in (None, "test") else f"{base}-{role}"
+    base: str | None = None
+    if role.arm_input is not None:
+        model = c.link(inputs.get(role.arm_input), "checkpoint/1")
+        base = models[model] if model is not None else label[r]
+    elif role.arm_output is not None:
+        base = _output_arm(c, r, role.arm_output, models) or label[r]
+    if role.role_input is not None:
+        tasks = c.link(inputs.get(role.role_input), "tasks/1")
+        name = _clean(c.records[tasks]["role"]) if tasks is not None else None
+        if name is not None and name != role.plain_role:
+            return f"{base or label[r]}-{name}"
+    return base
 
 
-def _training_dir(c: _Closure, r: Digest, models: Mapping[Digest, str],
-                  label: Mapping[Digest, str]) -> str:
-    """The directory of the checkpoint a run produced (``checkpoint`` first), else its label."""
+def _output_arm(c: _Closure, r: Digest, first: str | None,
+                models: Mapping[Digest, str]) -> str | None:
+    """The directory of the checkpoint a run produced (output ``first`` first, then by name)."""
     outputs = c.records[r]["outputs"]
-    for name in sorted(outputs, key=lambda n: (n != "checkpoint", n)):
+    for name in sorted(outputs, key=lambda n: (n != first, n)):
         if (ck := c.link(outputs[name], "checkpoint/1")) is not None:
             return models[ck]
-    return label[r]
+    return None
 
 
-def _settle(c: _Closure, proposals: Mapping[Digest, list[tuple[int, str]]],
+def _settle(c: _Closure, proposals: Mapping[Digest, list[tuple[tuple[int, str], str]]],
             label: Mapping[Digest, str]) -> dict[Digest, str]:
     """One path per object: its best proposal, unless another object wants that path (or a
     directory of that name, or the same path in another case); receipts by label; the rest,
@@ -398,16 +439,17 @@ def _span(info: Any) -> tuple[int, int] | None:
 
 # --------------------------------------------------------------------------------- export
 
-def export_bundle(store: StoreReader, target: Digest, dest: Path, *,
-                  weights: bool = True) -> ExportReport:
+def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bool = True,
+                  recipes: RecipeLookup = registered_recipe) -> ExportReport:
     """Write the closure of ``target`` as a bundle at ``dest`` (absent or an empty directory).
 
     Everything is written into a temporary sibling and renamed into place, so a failed
     export leaves nothing behind. Without ``weights``, checkpoint weight files and their
-    tensors are listed as omitted.
+    tensors are listed as omitted. ``recipes`` finds the recipes whose bundle roles lay out
+    their runs' outputs.
     """
     _check_dest(dest)
-    lay = _layout(store, target)
+    lay = _layout(store, target, recipes)
     plan, bare = lay.plan(weights=weights), lay.plan(weights=False)
     infos = lay.closure.infos
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.nscas-export-", dir=dest.parent))

@@ -37,6 +37,7 @@ from nscas.errors import IntegrityError, InvalidInput, NscasError
 if TYPE_CHECKING:
     from nscas.reading import ObjectInfo, StoreReader
     from nscas.store import Store
+    from nscas.workarea import AreaVerdict
 
 Severity = Literal["error", "note"]
 Mode = Literal["rows", "deep", "full"]
@@ -83,6 +84,7 @@ class GcReport:
     orphan_chunks: tuple[str, ...] = field(default=())
     young_objects: int = 0  # unreachable, but kept (with all they reach): younger than min_age
     young_files: int = 0  # temporary and orphan chunk files kept: younger than min_age
+    work_areas: tuple[AreaVerdict, ...] = ()  # every work area seen, removed or kept, and why
 
 
 def fsck(store: StoreReader, *, deep: bool = False, full: bool = False, sample: float = 1.0,
@@ -283,9 +285,27 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE)
     storing it: an object created since the cutoff (with all it reaches), a temporary file or a
     chunk file written since then may belong to such a put. ``min_age`` must therefore exceed the
     longest put; 0 is safe only while no other process writes to the store.
+
+    Work areas go regardless of age once their action has succeeded or their process is gone
+    (see ``WorkAreas.collect``).
     """
+    from nscas.workarea import WorkAreas
+
     if min_age < 0:
         raise InvalidInput(f"gc minimum age must be at least 0 seconds, not {min_age:g}")
+
+    def succeeded_since(action: Digest, since: str) -> bool:
+        # Through the reader's own API: a dry run stays a read that never loads SQLAlchemy.
+        for link in store.links_to(action):
+            if link.path != "$.action":
+                continue
+            receipt = store.get_record(link.parent)
+            if (receipt.get("nscas") == "receipt/1" and receipt.get("status") == "succeeded"
+                    and receipt.get("finished", "") >= since):
+                return True
+        return False
+
+    areas = WorkAreas(store.root).collect(succeeded_since, dry_run=dry_run)
     cutoff = time.time() - min_age
     infos = list(store.iter_objects())
     roots = [target for _, target in store.ref_list()]
@@ -311,4 +331,5 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE)
     return GcReport(dry_run=dry_run, min_age=min_age, objects=tuple(removed),
                     bytes=sum(doomed[d.hex].stored_size for d in removed), temporary_files=temps,
                     orphan_chunks=orphans, young_objects=len(spared),
-                    young_files=len(unused) - len(orphans) + len(every_temp) - len(temps))
+                    young_files=len(unused) - len(orphans) + len(every_temp) - len(temps),
+                    work_areas=tuple(areas))

@@ -49,7 +49,8 @@ _INFO = "id, size, sha256, kind, storage, codec, stored_size, created"  # Object
 BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
-                     "put_checkpoint", "ref_set", "delete_objects", "execute_raw"})
+                     "put_checkpoint", "ref_set", "delete_objects", "execute_raw", "work_area",
+                     "release_work_area"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,12 +7,17 @@ Recipes are found through the ``nscas.recipes`` entry-point group and imported l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from nscas.digests import Digest
+
+BUNDLE_RESERVED = frozenset({"blobs", "code", "models", "outputs", "receipts", "records", "tasks"})
+"""Top-level folders of an export bundle that the exporter lays out itself (docs/bundle.md)."""
+_FOLDER = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,7 +84,10 @@ class ObjectWriter(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunContext:
-    """Everything a recipe is handed. ``workdir`` is a private scratch directory."""
+    """Everything a recipe is handed. ``workdir`` is a private scratch directory, emptied
+    before and removed after the run; ``work_area`` is the action's own directory, kept across
+    a crash or failure (so a run of the same action can resume) and removed once it succeeds.
+    Both live under the store (docs/format.md §5.8)."""
 
     store: Any  # ObjectReader & ObjectWriter: the nscas Store
     inputs: Mapping[str, Digest]
@@ -89,13 +97,49 @@ class RunContext:
     store_path: Path  # for recipes that start subprocesses which open the store themselves
     rerun: bool = False
     action: Digest | None = None
+    work_area: Path | None = None  # None only where a caller runs a recipe outside the runner
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BundleRole:
+    """Where an export bundle puts the outputs (and journals) of this recipe's runs
+    (docs/bundle.md, "Paths"): under ``<folder>/<run>/``, where ``<run>`` is
+
+    - with ``arm_input``: the arm of the checkpoint/1 that input names;
+    - with ``arm_output``: the arm of the checkpoint/1 output of that name, else of the other
+      checkpoint outputs (the first by name);
+    - otherwise, or when there is no such checkpoint: the run's receipt name;
+
+    followed by ``-<role>`` of the tasks/1 that ``role_input`` names, unless that role is
+    ``plain_role``. A run that names no arm and is the only run of its folder in the bundle
+    has its outputs directly in ``<folder>/``.
+
+    The exporter reads this from the registered recipe whose name and version the action
+    records, so it is part of the recipe's version: changing it means a new version.
+    """
+
+    folder: str
+    arm_input: str | None = None
+    arm_output: str | None = None
+    role_input: str | None = None
+    plain_role: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _FOLDER.fullmatch(self.folder) or self.folder in BUNDLE_RESERVED:
+            raise ValueError(f"bundle folder {self.folder!r}: want [a-z0-9][a-z0-9_-]* and none "
+                             f"of {', '.join(sorted(BUNDLE_RESERVED))}")
+        if self.arm_input is not None and self.arm_output is not None:
+            raise ValueError("a bundle role takes its arm from an input or an output, not both")
+        if self.plain_role is not None and self.role_input is None:
+            raise ValueError("plain_role needs role_input")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recipe:
     """A registered recipe. ``params`` is a frozen dataclass whose fields have defaults and
     whose docstring documents each field; ``extra_inputs`` lets any other input name through
-    (e.g. ``commit``'s arm names) with ``extra_kind`` as their kind."""
+    (e.g. ``commit``'s arm names) with ``extra_kind`` as their kind; ``bundle`` says where an
+    export bundle puts its runs' outputs (None: ``outputs/<receipt name>/``)."""
 
     name: str
     version: str
@@ -105,4 +149,5 @@ class Recipe:
     outputs: tuple[str, ...]
     extra_inputs: bool = False
     extra_kind: str | None = None
+    bundle: BundleRole | None = None
     doc: str = ""

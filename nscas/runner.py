@@ -5,9 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -22,9 +20,9 @@ from nscas.config import StepConfig, load_run_file, params_to_json, parse_params
 from nscas.digests import Digest
 from nscas.errors import ConfigError, NotFound, NscasError, RecipeError, RefConflict
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
+from nscas.registry import available_recipes, registered_recipe
 from nscas.store import Store, check_ref_name
 
-ENTRY_POINT_GROUP = "nscas.recipes"
 _ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy",
                  "blake3", "rfc8785", "zstandard", "SQLAlchemy", "alembic", "aiohttp", "httpx")
 
@@ -114,18 +112,11 @@ class _Planned:
     label: str
 
 
-def available_recipes() -> list[str]:
-    return sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-
-
 def load_recipe(name: str) -> Recipe:
     """Import one registered recipe (lazily: only the one that runs)."""
-    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)
-    if not eps:
+    recipe = registered_recipe(name)
+    if recipe is None:
         raise ConfigError("recipe", f"unknown recipe {name!r} (known: {', '.join(available_recipes())})")
-    recipe = next(iter(eps)).load()
-    if not isinstance(recipe, Recipe):
-        raise RecipeError(f"entry point {name!r} does not name a Recipe")
     return recipe
 
 
@@ -306,31 +297,39 @@ def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mappi
              action: Digest, progress: Progress,
              rerun: bool) -> tuple[Digest, RecipeResult | None, str | None]:
     started = _now()
-    workdir = Path(tempfile.mkdtemp(prefix=f"nscas-{recipe.name}-"))
-    ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=workdir, progress=progress,
-                     store_path=store.root, rerun=rerun, action=action)
+    area = store.work_area(action)
+    ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=area.scratch,
+                     progress=progress, store_path=store.root, rerun=rerun, action=action,
+                     work_area=area.persistent)
     result: RecipeResult | None = None
     error: str | None = None
+    succeeded = False
     try:
-        result = recipe.run(ctx)
-        unknown = sorted(set(result.outputs) - set(recipe.outputs))
-        if unknown:
-            raise RecipeError(f"recipe {recipe.name!r} produced undeclared output(s): {', '.join(unknown)}")
-    except NscasError as exc:
-        error = exc.message
-    except BaseException as exc:  # recorded as a failed receipt, then raised
-        message = _crash_message(exc)
-        receipt = _receipt(store, action, started, None, message)
-        shutil.rmtree(workdir, ignore_errors=True)
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        raise StepFailed(step=step, recipe=recipe.name, receipt=receipt, error=message) from exc
+        try:
+            result = recipe.run(ctx)
+            unknown = sorted(set(result.outputs) - set(recipe.outputs))
+            if unknown:
+                raise RecipeError(f"recipe {recipe.name!r} produced undeclared output(s): "
+                                  f"{', '.join(unknown)}")
+        except NscasError as exc:
+            error = exc.message
+        except BaseException as exc:  # recorded as a failed receipt, then raised
+            message = _crash_message(exc)
+            receipt = _receipt(store, action, started, None, message)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            raise StepFailed(step=step, recipe=recipe.name, receipt=receipt, error=message) from exc
+        finally:
+            progress.finish()
+        if error is not None:
+            return _receipt(store, action, started, None, error), None, error
+        receipt = _receipt(store, action, started, result, None)
+        succeeded = True
+        return receipt, result, None
     finally:
-        progress.finish()
-    shutil.rmtree(workdir, ignore_errors=True)
-    if error is not None:
-        return _receipt(store, action, started, None, error), None, error
-    return _receipt(store, action, started, result, None), result, None
+        # A failed or interrupted run keeps its work area for the next run of the action to
+        # resume from; a process killed before this line leaves it to gc (docs/format.md §5.8).
+        store.release_work_area(area, keep=not succeeded)
 
 
 def _receipt(store: Store, action: Digest, started: str, result: RecipeResult | None, error: str | None) -> Digest:

@@ -31,6 +31,7 @@ from nscas.locating import DB_NAME, ENV_VAR, STORE_DIR, check_ref_name, find_sto
 from nscas.putting import Leaf, Putter
 from nscas.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches, open_store
 from nscas.schema import gc_session, links, objects, parts, ref_log, refs
+from nscas.workarea import WorkArea, WorkAreas
 
 # The reads live in nscas.reading, which imports no SQLAlchemy; their names stay importable here.
 __all__ = ["DB_NAME", "ENV_VAR", "STORE_DIR", "Link", "ObjectInfo", "RefEntry", "Store",
@@ -264,6 +265,20 @@ class Store(StoreReader):
             else:
                 c.execute(refs.update().where(refs.c.name == name).values(target=target.hex, updated=now))
             c.execute(insert(ref_log).values(name=name, old=old_hex, new=target.hex, at=now, message=message))
+
+    # -------------------------------------------------------------- work areas
+
+    def work_area(self, action: Digest) -> WorkArea:
+        """Hold the work area of ``action`` (``work/<hex>/``) for this process: its persistent
+        directory survives a crash, for a later run of the action to resume from; its scratch
+        directory starts empty. Raises ``WorkAreaBusy`` while a live process holds it."""
+        if self.readonly:
+            raise StoreError("store opened read-only")
+        return WorkAreas(self.root).claim(action)
+
+    def release_work_area(self, area: WorkArea, *, keep: bool) -> None:
+        """End the hold: scratch goes; the persistent directory stays only with ``keep``."""
+        WorkAreas(self.root).release(area, keep=keep)
 
     # ------------------------------------------------------------ maintenance
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,5 +210,7 @@ RECIPE = Recipe(
     },
     outputs=("generations", "checks", "retention"),
     run=run,
+    bundle=BundleRole(folder="evaluations", arm_input="model", role_input="tasks",
+                      plain_role="test"),
     doc="Greedy answers to every task, retained and scored; paired statistics against a baseline.",
 )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 VERSION = "1"
 
@@ -106,6 +106,7 @@ RECIPE = Recipe(
     },
     outputs=("report",),
     run=run,
+    bundle=BundleRole(folder="report"),
     extra_inputs=True,
     extra_kind="receipt/1",
     doc="Recompute the experiment's report (learning, training, serving, resources), its "

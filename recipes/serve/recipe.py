@@ -23,7 +23,7 @@ from typing import Any
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 from .client import Attempt, LoadPlan, first_failure, run_phase
 from .metrics import log_jsonl, serving_claims
@@ -170,6 +170,7 @@ RECIPE = Recipe(
     },
     outputs=("requests",),
     run=run,
+    bundle=BundleRole(folder="serving"),
     doc="Serve a checkpoint from replicas in three phases (single, pair, failure) and "
         "measure throughput, latency, retries and output identity from the request log.",
 )

@@ -2,8 +2,8 @@
 
 The wrapper tokenises once, hands the ranks a spec through PyTorch's launcher, and turns what
 they leave (checkpoints, per-rank journals, results) into store objects. Its run directory is
-kept under the store (``runs/train-<action>``) until the run succeeds, so running the same
-recipe again after a crash resumes from the last checkpoint.
+the action's work area (``RunContext.work_area``), which the store keeps until the run succeeds,
+so running the same action again after a crash resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 from nscas.recipes.train.config import TrainParams
 
 _MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json"})
@@ -80,8 +80,9 @@ def run(ctx: RunContext) -> RecipeResult:
         docs.append(TrainDocument.from_encoded(rec["id"], enc, weight=p.replay_weight))
     docs_file = ctx.workdir / "documents.jsonl"
     write_documents(docs_file, docs)
-    assert ctx.action is not None
-    run_dir = Path(ctx.store_path) / "runs" / f"train-{ctx.action.hex[:32]}"
+    if ctx.action is None or ctx.work_area is None:
+        raise RecipeError("train runs through the runner, which gives it an action and a work area")
+    run_dir = ctx.work_area / "run"
     spec = WorkerSpec(base_dir=str(base_dir), documents=(str(docs_file),), output_dir=str(run_dir),
                       tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action))
     checkpoints: dict[int, Digest] = {}
@@ -95,8 +96,12 @@ def run(ctx: RunContext) -> RecipeResult:
         store.ref_set(STATE_REF.format(action=ctx.action.hex[:16], step=step), state)
 
     ctx.progress.start(p.steps, f"training ({p.world} rank{'s' if p.world > 1 else ''}, {p.device})")
+    # The ranks' and torch's launcher's temporary files go to the scratch directory too, so a
+    # killed run leaves nothing outside the store's work areas.
+    rank_tmp = ctx.workdir / "tmp"
+    rank_tmp.mkdir()
     outcome = run_training(
-        spec, on_checkpoint=on_checkpoint,
+        spec, on_checkpoint=on_checkpoint, env={"TMPDIR": str(rank_tmp)},
         on_progress=lambda s: ctx.progress.advance(1, loss=round(s.loss, 4),
                                                    tokens_per_s=round(s.tokens_per_second)),
     )
@@ -133,7 +138,6 @@ def run(ctx: RunContext) -> RecipeResult:
         "weighted_targets": Claim(value=lead.weighted_targets, verifier="journals"),
         "tokens_per_second": Claim(value=lead.tokens_per_second, verifier="journals"),
     }
-    shutil.rmtree(run_dir, ignore_errors=True)  # everything it held is in the store now
     return RecipeResult(outputs={"checkpoint": final, "checkpoints": all_ckpts}, claims=claims,
                         journals=tuple(journals))
 
@@ -153,6 +157,7 @@ RECIPE = Recipe(
         "replay": InputSpec(kind="tasks/1", doc="replay conversations"),
     },
     outputs=("checkpoint", "checkpoints"),
+    bundle=BundleRole(folder="training", arm_output="checkpoint"),
     run=run,
     doc="Weighted DDP training with per-rank journals, checkpoints and digest agreement.",
 )

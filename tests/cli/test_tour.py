@@ -98,7 +98,7 @@ def test_tour(nscas: Nscas, store: Path, checkpoint: Path, tmp_path: Path) -> No
     r = nscas("gc", "--dry-run", "--min-age", "0", "--json")
     assert r.json() == {"dry_run": True, "min_age": 0, "objects": 1, "bytes": 20,
                         "temporary_files": 0, "orphan_chunks": 0, "young_objects": 0,
-                        "young_files": 0, "removed": [stray_id]}
+                        "young_files": 0, "removed": [stray_id], "work_areas": []}
     assert nscas("cat", stray_id).exit_code == 0
     r = nscas("gc", "--min-age", "0")
     assert r.stdout.splitlines() == [

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from nscas.digests import Digest
 from nscas.errors import RefConflict
 from nscas.store import Store, open_store
 
@@ -80,12 +81,24 @@ def counter(store: Path, name: str, times: int, tag: str, shared: Path, go: Path
     print(json.dumps({"retries": retries, "own": own}), flush=True)
 
 
-COMMANDS = {"add": add, "peak-rss": peak_rss, "counter": counter}
+def hold_area(store: Path, action: str) -> None:
+    """Claim the work area of ``action``, say where it is, and hold it until killed."""
+    s = open_store(store)
+    area = s.work_area(Digest.parse(action))
+    (area.persistent / "progress").write_text("half done\n")
+    print(json.dumps({"root": str(area.root)}), flush=True)
+    while True:
+        time.sleep(60)
+
+
+COMMANDS = {"add": add, "peak-rss": peak_rss, "counter": counter, "hold-area": hold_area}
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     fn = COMMANDS[command]
-    if fn is counter:
+    if fn is hold_area:
+        hold_area(Path(args[0]), args[1])
+    elif fn is counter:
         counter(Path(args[0]), args[1], int(args[2]), args[3], Path(args[4]), Path(args[5]))
     else:
         fn(*(Path(a) for a in args))

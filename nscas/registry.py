@@ -1,0 +1,31 @@
+"""The recipes installed for this nscas: the ``nscas.recipes`` entry-point group.
+
+Its own module, imported by the runner and the exporter only, so that the group's name (a
+string that names a package) is not part of every recipe's code identity (nscas.codetree
+follows module names written as strings).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from nscas.errors import RecipeError
+from nscas.recipe import Recipe
+
+ENTRY_POINT_GROUP = "nscas.recipes"
+
+
+def available_recipes() -> list[str]:
+    """Names of every installed recipe, sorted."""
+    return sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def registered_recipe(name: str) -> Recipe | None:
+    """The recipe registered under ``name``, imported (only that one), or None if none is."""
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)
+    if not eps:
+        return None
+    recipe = next(iter(eps)).load()
+    if not isinstance(recipe, Recipe):
+        raise RecipeError(f"entry point {name!r} does not name a Recipe")
+    return recipe

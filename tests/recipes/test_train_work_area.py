@@ -1,0 +1,84 @@
+"""A train run killed with SIGKILL leaves only its work area, which gc removes, and a second run
+of the same action resumes from it (docs/format.md §5.8)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nscas.fsck import gc
+from nscas.runner import run_file
+from nscas.store import open_store
+from nscas.workarea import read_owner
+from tests.pipelines import init_step, prepare_step, run_pipeline, tokenizer_step
+
+PARAMS = "steps = 24\ncheckpoint_steps = [2]\nlr = 1e-3\n"
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def _wait(condition, limit: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_killed_train_run_is_collected_or_resumed(tmp_path: Path) -> None:
+    store, steps = run_pipeline(tmp_path, prepare_step(train=32, replay=8)
+                                + tokenizer_step() + init_step())
+    root = store.root
+    prepared = steps["prepare"].outputs
+    inputs = (f'base = "{steps["init"].outputs["checkpoint"]}"\n'
+              f'documents = "{prepared["train"]}"\nreplay = "{prepared["replay"]}"\n')
+    recipe = tmp_path / "train.toml"
+    recipe.write_text(f'recipe = "train"\n[inputs]\n{inputs}[params]\n{PARAMS}')
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    nscas = Path(sys.executable).parent / "nscas"
+    proc = subprocess.Popen([str(nscas), "--store", str(root), "run", str(recipe)],
+                            env={**os.environ, "TMPDIR": str(tmpdir)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: bool(store.ref_list("states/")) or proc.poll() is not None, 300,
+              "the first checkpoint")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    work = root / "work"
+    (area,) = [p for p in work.iterdir() if p.name != ".lock"]
+    owner = read_owner(area)
+    assert owner is not None and owner.pid == proc.pid
+    # The ranks notice their runner is gone (their output pipe breaks) and exit.
+    _wait(lambda: not _processes_naming(str(area)), 120, "the orphaned ranks to exit")
+    assert list(tmpdir.iterdir()) == []  # nothing outside the store
+
+    shutil.copytree(root, tmp_path / "copy" / ".nscas")
+    with open_store(tmp_path / "copy") as copy:
+        report = gc(copy, min_age=0)
+        assert [(a.reason, a.removed) for a in report.work_areas] == [("process-gone", True)]
+        assert [p.name for p in (copy.root / "work").iterdir()] == [".lock"]
+
+    (result,) = run_file(store, recipe)
+    assert result.status == "succeeded" and not result.cached
+    journals = store.get_record(result.receipt)["journals"]
+    assert [store.get_record(store.resolve(j))["resumed_from"] for j in journals] == [2]
+    assert [p.name for p in work.iterdir()] == [".lock"]
+    store.close()
