@@ -55,7 +55,8 @@ def verify_(
     self-reported. Exits 0 if all hold, 1 if a check failed, 2 on bad input, 3 if objects
     are missing or TARGET has no receipt.
 
-    Example: nscas verify experiments/coop/report --expect blake3:2690a45e...
+    Example: nscas verify experiments/coop/report; offline: nscas verify bundle/ --strict
+    --expect <the published SHA-256 of bundle/SHA256SUMS>
     """
     from nscas.verifiers.errors import VerifierError
     from nscas.verifiers.verify import error_exit_code, exit_code, verify
