@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nscas.checkpoints import put_checkpoint
 from nscas.recipes.common import tasks as T
 from nscas.recipes.serve.client import Attempt, LoadPlan, first_failure, run_phase
 from nscas.recipes.serve.metrics import phase_numbers
@@ -223,7 +224,7 @@ def prepare(tmp: Path, args: argparse.Namespace) -> Served:
         scalars = sum(p.numel() for p in model.parameters())
         described = f"{args.preset} (seeded, x{args.sharpen:g}), {scalars:,} parameters"
     with init_store(tmp) as store:
-        checkpoint = store.put_checkpoint(model_dir, step=0, parent=None)
+        checkpoint = put_checkpoint(store, model_dir, step=0, parent=None)
         records = store.put_bytes(T.records_jsonl(dev, 1))
         tasks = store.put_record({"nscas": "tasks/1", "role": "dev", "records": str(records),
                                   "count": len(dev), "ids": [t.id for t in dev]})

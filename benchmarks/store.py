@@ -414,7 +414,7 @@ def bench_memory(b: Bench) -> None:
     sparse_safetensors(path, tensors=64, tensor_bytes=64 * MiB)
     s = b.fresh("memory-store")
     init_store(s).close()
-    code = ("import json, resource, sys; from pathlib import Path; from nscas.store import open_store\n"
+    code = ("import json, resource, sys; from pathlib import Path; from nscas.opening import open_store\n"
             "s = open_store(Path(sys.argv[1])); oid = s.put_file(Path(sys.argv[2]))\n"
             "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
             "print(json.dumps({'id': str(oid), 'vmhwm': int(hwm) * 1024,"

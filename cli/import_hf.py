@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from nscas.checkpoints import put_checkpoint
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import InvalidInput
@@ -81,7 +82,7 @@ def import_hf(store: Store, directory: Path) -> Imported:
 
     model_type = check_hf_dir(directory)
     with _regular_files(directory) as plain:
-        checkpoint = store.put_checkpoint(plain, step=0, parent=None, extra={"source": SOURCE})
+        checkpoint = put_checkpoint(store, plain, step=0, parent=None, extra={"source": SOURCE})
     record = store.get_record(checkpoint)
     return Imported(checkpoint=checkpoint, params=Digest.parse(record["params"]),
                     files=Digest.parse(record["files"]), model_type=model_type)

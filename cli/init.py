@@ -9,7 +9,8 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, state
-from nscas.store import DB_NAME, STORE_DIR, init_store, open_store
+from nscas.opening import open_store
+from nscas.store import DB_NAME, STORE_DIR, init_store
 
 app = command_app()
 

@@ -38,7 +38,7 @@ def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None
         ("id", str(oid)),
         ("kind", info.kind or "blob"),
         ("size", f"{info.size} bytes"),
-        ("sha256", info.sha256),
+        ("sha256", info.sha256 or "not known yet: computed on first use (docs/format.md §1.2)"),
         ("stored", f"{info.storage}, {info.codec}, {info.stored_size} bytes"),
         ("created", iso_time(info.created)),
     ])

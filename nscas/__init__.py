@@ -16,7 +16,7 @@ _LAZY = {
     "NscasError": "nscas.errors",
     "Store": "nscas.store",
     "StoreReader": "nscas.reading",
-    "open_store": "nscas.reading",
+    "open_store": "nscas.opening",
     "init_store": "nscas.store",
 }
 

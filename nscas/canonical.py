@@ -10,7 +10,7 @@ from typing import Any
 import rfc8785
 
 from nscas.digests import Digest, is_digest_text
-from nscas.errors import RecordError
+from nscas.errors import RecordError, StrictJSONError
 
 MAX_RECORD_BYTES = 16 << 20
 _SAFE_INT = 2**53 - 1  # the integers rfc8785 accepts as Python ints
@@ -20,9 +20,21 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise RecordError(f"duplicate key {key!r}")
+            raise StrictJSONError(f"duplicate key {key!r} (a key repeats within an object)")
         out[key] = value
     return out
+
+
+def _no_constant(name: str) -> Any:
+    raise StrictJSONError(f"{name} is not allowed: not a JSON number (strict JSON has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 is not a constant to the decoder, but it reads as Infinity all the same.
+    value = float(text)
+    if not math.isfinite(value):
+        raise StrictJSONError(f"number {text} overflows to infinity")
+    return value
 
 
 def _json_int(text: str) -> int | float:
@@ -33,8 +45,67 @@ def _json_int(text: str) -> int | float:
     return value if -_SAFE_INT <= value <= _SAFE_INT else float(text)
 
 
-def _no_constant(name: str) -> Any:
-    raise RecordError(f"{name} is not allowed in records")
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                            parse_float=_finite_float)
+_JCS_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                                parse_float=_finite_float, parse_int=_json_int)
+
+
+def nesting_depth(text: str) -> int:
+    """Maximum bracket depth outside strings (exact for valid JSON, a bound otherwise)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads_strict(data: str | bytes, *, max_bytes: int | None = None, max_depth: int | None = None,
+                 jcs_numbers: bool = False) -> Any:
+    """Parse strict JSON: UTF-8, one value with only JSON whitespace around it, no repeated key
+    in an object, no NaN/Infinity (nor a number that overflows to it). ``max_bytes`` caps the
+    UTF-8 size and ``max_depth`` the bracket nesting, both checked before parsing;
+    ``jcs_numbers`` reads integers beyond 2**53 as the doubles RFC 8785 means by them.
+    Raises :class:`StrictJSONError` (a ValueError) with the reason."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        raw = bytes(data)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StrictJSONError("not valid UTF-8") from None
+        size = len(raw)
+    else:
+        text = data
+        try:
+            size = len(text.encode("utf-8")) if max_bytes is not None else 0
+        except UnicodeEncodeError:  # lone surrogates cannot be UTF-8 text at all
+            raise StrictJSONError("not valid UTF-8 text") from None
+    if max_bytes is not None and size > max_bytes:
+        raise StrictJSONError(f"{size} bytes; at most {max_bytes} allowed")
+    # Counting brackets is cheap; the character scan runs only when the count could matter.
+    if (max_depth is not None and text.count("[") + text.count("{") > max_depth
+            and nesting_depth(text) > max_depth):
+        raise StrictJSONError(f"nests deeper than {max_depth} levels")
+    try:
+        # decode() skips JSON whitespace (space, tab, CR, LF) on both sides and nothing else.
+        return (_JCS_DECODER if jcs_numbers else _DECODER).decode(text)
+    except json.JSONDecodeError as exc:
+        raise StrictJSONError(f"not valid JSON ({exc.msg} at offset {exc.pos})") from None
+    except RecursionError:
+        raise StrictJSONError("nests too deeply to parse") from None
 
 
 def _check_finite(value: Any, path: str = "$") -> None:
@@ -69,13 +140,9 @@ def decode(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_RECORD_BYTES:
         raise RecordError(f"record is {len(data)} bytes; records stay under {MAX_RECORD_BYTES} bytes")
     try:
-        text = bytes(data).decode("utf-8")
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                           parse_int=_json_int)
-    except UnicodeDecodeError:
-        raise RecordError("not valid UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"not valid JSON ({exc.msg} at offset {exc.pos})") from None
+        value = loads_strict(bytes(data), jcs_numbers=True)
+    except StrictJSONError as exc:
+        raise RecordError(exc.reason) from None
     if not isinstance(value, dict):
         raise RecordError("a record must be a JSON object")
     if encode(value) != bytes(data):

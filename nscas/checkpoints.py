@@ -1,4 +1,9 @@
-"""params/1 records of safetensors files (docs/format.md §4), stored or on disk, without any framework."""
+"""The model-checkpoint layer: checkpoint/1 and params/1 records of Hugging Face model
+directories and safetensors files (docs/format.md §4), stored or on disk, without any framework.
+
+It sits above the generic store and talks to it only through the seams of nscas.objectstore;
+the store knows nothing of models.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +16,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from nscas import canonical
 from nscas.digests import Digest, hash_slice
+from nscas.dtypes import DTYPES
 from nscas.errors import InvalidInput
-from nscas.kinds import SAFETENSORS_DTYPES
 
 if TYPE_CHECKING:
-    from nscas.reading import StoreReader
-
-DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32,
-              "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F8_E4M3": 8, "F8_E5M2": 8,
-              "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "C64": 64}
+    from nscas.objectstore import ObjectReader, ObjectStore
 
 
-def read_header(store: StoreReader, file_id: Digest) -> tuple[int, dict[str, Any]]:
+def read_header(store: ObjectReader, file_id: Digest) -> tuple[int, dict[str, Any]]:
     """(data section offset, header) of a stored safetensors file."""
     with store.open(file_id) as f:
         return _read_header(f, store.info(file_id).size, str(file_id))
@@ -53,16 +54,37 @@ def _tensors(header: dict[str, Any],
         if name in seen:
             raise InvalidInput(f"tensor {name!r} appears in more than one weights file")
         dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in SAFETENSORS_DTYPES:
+        if dtype not in DTYPES:
             raise InvalidInput(f"tensor {name!r} has unknown dtype {dtype!r}")
-        expected = prod(shape) * DTYPE_BITS[dtype]
+        expected = prod(shape) * DTYPES[dtype].bits
         if expected != (end - start) * 8:
             raise InvalidInput(f"tensor {name!r}: shape {shape} of {dtype} does not fill {end - start} bytes")
         yield name, dtype, list(shape), start, end
 
 
-def params_record(store: StoreReader, files: list[Digest]) -> dict[str, Any]:
-    """The params/1 record of the tensors in ``files`` (shards of one model)."""
+def put_checkpoint(store: ObjectStore, hf_dir: Path, *, step: int, parent: Digest | None,
+                   extra: dict[str, Any] | None = None) -> Digest:
+    """Store an HF model directory as checkpoint/1 with its params/1 digest (docs/format.md §4):
+    the directory as a tree/1, the tensors of its ``*.safetensors`` files as a params/1."""
+    weights = sorted(hf_dir.glob("*.safetensors"))
+    if not weights:
+        raise InvalidInput(f"{hf_dir} holds no *.safetensors weights")
+    tree = store.put_tree(hf_dir)
+    entries = store.get_record(tree)["entries"]
+    files = [Digest.parse(entries[w.relative_to(hf_dir).as_posix()]["id"]) for w in weights]
+    params = store.put_record(params_record(store, files))
+    record: dict[str, Any] = {"nscas": "checkpoint/1", "files": str(tree), "params": str(params),
+                              "step": step, "parent": str(parent) if parent else None}
+    for key, value in (extra or {}).items():
+        if key in record:
+            raise InvalidInput(f"checkpoint member {key!r} is set by nscas")
+        record[key] = value
+    return store.put_record(record)
+
+
+def params_record(store: ObjectStore, files: list[Digest]) -> dict[str, Any]:
+    """The params/1 record of the tensors in ``files`` (shards of one model); a tensor stored
+    without its own part is cut out and put, hence a store that writes."""
     tensors: dict[str, dict[str, Any]] = {}
     for file_id in files:
         base, header = read_header(store, file_id)

@@ -22,6 +22,7 @@ from typing import Any
 import blake3
 import zstandard
 
+from nscas.durable import fsync_dir
 from nscas.errors import IntegrityError, StoreError
 
 CHUNK_SIZE = 16 << 20  # fixed-size chunks of large ordinary files
@@ -133,12 +134,12 @@ class ChunkFiles:
         return "raw", data
 
     def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *,
-              written: Callable[[], object] = lambda: None) -> str:
+              written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
         """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir.
 
         Returns the SHA-256 of the plain bytes, computed from the re-read that checks them
-        against their ID. ``written`` is called once ``stored`` is in the temporary file: the
-        caller may reuse its buffer from then on.
+        against their ID (None without ``sha256``). ``written`` is called once ``stored`` is in
+        the temporary file: the caller may reuse its buffer from then on.
         """
         final = self.path(hex_id)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +152,7 @@ class ChunkFiles:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            sha = hashlib.sha256()
+            sha = hashlib.sha256() if sha256 else None
             got = self._rehash_file(tmp, codec, hex_id, sha)
             if got != hex_id:
                 raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
@@ -160,7 +161,7 @@ class ChunkFiles:
             tmp.unlink(missing_ok=True)
             raise
         fsync_dir(final.parent)
-        return sha.hexdigest()
+        return sha.hexdigest() if sha is not None else None
 
     def _rehash_file(self, path: Path, codec: str, hex_id: str, also: Any) -> str:
         """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
@@ -302,11 +303,3 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data).cast("B")
     while view:
         view = view[os.write(fd, view):]
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -23,6 +23,8 @@ from typing import Any
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
+from nscas.kinds import is_safe_relpath
+from nscas.objectstore import ObjectStore, tree_record
 from nscas.recipe import Recipe
 
 _DISTRIBUTION = "nscas"
@@ -42,14 +44,10 @@ class CodeChanges:
         return bool(self.changed or self.added or self.removed)
 
 
-def code_tree(store: Any, recipe: Recipe) -> Digest:
+def code_tree(store: ObjectStore, recipe: Recipe) -> Digest:
     """The tree/1 of the recipe's closure, keyed by installed path (``nscas/recipes/x/y.py``)."""
-    entries: dict[str, dict[str, Any]] = {}
-    for name, path in recipe_files(recipe).items():
-        oid = store.put_bytes(path.read_bytes())
-        info = store.info(oid)
-        entries[name] = {"id": str(oid), "size": info.size, "sha256": info.sha256}
-    return store.put_record({"nscas": "tree/1", "entries": entries})
+    files = {name: store.put_bytes(path.read_bytes()) for name, path in recipe_files(recipe).items()}
+    return store.put_record(tree_record(store, files))
 
 
 def code_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> CodeChanges:
@@ -115,7 +113,7 @@ class _Closure:
         for text in strings:
             if "." in text and _MODULE_NAME.fullmatch(text) and self.add(text):
                 continue
-            if _DATA_NAME.fullmatch(text) and ".." not in text.split("/"):
+            if _DATA_NAME.fullmatch(text) and is_safe_relpath(text):
                 data = path.parent / text
                 if data.suffix != ".py" and data.is_file():
                     self.files["/".join([*directory, text])] = data

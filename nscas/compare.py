@@ -10,16 +10,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from nscas.digests import Digest
+from nscas.dtypes import DTYPES
 
 if TYPE_CHECKING:
-    from nscas.store import Store
+    from nscas.objectstore import ObjectReader
 
 Status = Literal["identical", "within-tolerance", "different"]
 # Relative L2 distance below which two checkpoints count as the same computation up to rounding.
 CHECKPOINT_TOLERANCE = 1e-3
-_NUMPY = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-          "I16": np.int16, "I8": np.int8, "U8": np.uint8, "U16": np.uint16, "U32": np.uint32,
-          "U64": np.uint64, "BOOL": np.bool_}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +40,7 @@ class Verdict:
         return out
 
 
-def compare_outputs(store: Store, before: Mapping[str, Digest], after: Mapping[str, Digest]) -> dict[str, Verdict]:
+def compare_outputs(store: ObjectReader, before: Mapping[str, Digest], after: Mapping[str, Digest]) -> dict[str, Verdict]:
     out: dict[str, Verdict] = {}
     for name in sorted(set(before) | set(after)):
         a, b = before.get(name), after.get(name)
@@ -55,7 +53,7 @@ def compare_outputs(store: Store, before: Mapping[str, Digest], after: Mapping[s
     return out
 
 
-def _compare_different(store: Store, a: Digest, b: Digest) -> Verdict:
+def _compare_different(store: ObjectReader, a: Digest, b: Digest) -> Verdict:
     ka, kb = store.info(a).kind, store.info(b).kind
     if ka == kb == "checkpoint/1":
         ra, rb = store.get_record(a), store.get_record(b)
@@ -67,7 +65,7 @@ def _compare_different(store: Store, a: Digest, b: Digest) -> Verdict:
     return Verdict(status="different", before=a, after=b)
 
 
-def _compare_params(store: Store, a: Digest, b: Digest, pa: Digest, pb: Digest) -> Verdict:
+def _compare_params(store: ObjectReader, a: Digest, b: Digest, pa: Digest, pb: Digest) -> Verdict:
     ta, tb = store.get_record(pa)["tensors"], store.get_record(pb)["tensors"]
     if ta.keys() != tb.keys():
         return Verdict(status="different", before=a, after=b, note="different tensor names")
@@ -91,12 +89,12 @@ def _compare_params(store: Store, a: Digest, b: Digest, pa: Digest, pb: Digest) 
     return Verdict(status=status, before=a, after=b, relative_l2=rel, max_abs_diff=max_abs)
 
 
-def _array(store: Store, tensor: dict[str, Any]) -> np.ndarray:
+def _array(store: ObjectReader, tensor: dict[str, Any]) -> np.ndarray:
     raw = store.get_bytes(Digest.parse(tensor["data"]))
     if tensor["dtype"] == "BF16":
         halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
         return halves.view(np.float32).astype(np.float64)
-    dtype = _NUMPY.get(tensor["dtype"])
-    if dtype is None:
+    known = DTYPES.get(tensor["dtype"])
+    if known is None or known.numpy is None:
         return np.frombuffer(raw, dtype=np.uint8).astype(np.float64)
-    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(np.float64)
+    return np.frombuffer(raw, dtype=np.dtype(known.numpy)).astype(np.float64)

@@ -1,13 +1,13 @@
-"""The SQLite engine with nscas's PRAGMAs, and schema-version checks."""
+"""The SQLite engine with nscas's PRAGMAs, and the alembic upgrade (versions: nscas.revision)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Engine, create_engine, event
 
-from nscas.locating import BUSY_TIMEOUT_MS, newer_schema
-from nscas.locating import SCHEMA_HEAD as SCHEMA_HEAD  # defined where readers need it
+from nscas.locating import BUSY_TIMEOUT_MS
+from nscas.revision import migrations_dir
 
 
 def make_engine(db_path: Path, *, readonly: bool = False, writer: bool = True) -> Engine:
@@ -35,36 +35,6 @@ def make_engine(db_path: Path, *, readonly: bool = False, writer: bool = True) -
         conn.exec_driver_sql("BEGIN IMMEDIATE" if writer and not readonly else "BEGIN")
 
     return engine
-
-
-def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        if not inspect(conn).has_table("alembic_version"):
-            return None
-        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-
-
-def refuse_unknown_revision(engine: Engine, where: Path) -> None:
-    """Refuse a store written by a newer nscas before alembic sees it."""
-    try:
-        rev = current_revision(engine)
-    finally:
-        engine.dispose()
-    if rev is not None and rev not in known_revisions():
-        raise newer_schema(rev, where)
-
-
-def known_revisions() -> set[str]:
-    """Every revision the migrations know (alembic walks its scripts)."""
-    from alembic.script import ScriptDirectory
-
-    return {s.revision for s in ScriptDirectory(migrations_dir()).walk_revisions()}
-
-
-def migrations_dir() -> str:
-    import nscas.migrations
-
-    return str(Path(nscas.migrations.__file__).parent)
 
 
 def upgrade(db_path: Path) -> None:

@@ -35,6 +35,15 @@ class RecordError(InvalidInput):
         self.path = path
 
 
+class StrictJSONError(InvalidInput, ValueError):
+    """Text is not strict JSON: not UTF-8, malformed, a repeated key, NaN/Infinity, too big or
+    too deeply nested. A ValueError too, so parsers that catch ValueError keep working."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class NotFound(NscasError):
     """An object, ref or prefix that the store does not hold."""
 

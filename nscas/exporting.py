@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -30,7 +30,9 @@ import rfc8785
 from nscas import canonical
 from nscas.checkpoints import read_header
 from nscas.digests import Digest, DualHasher, is_digest_text
+from nscas.durable import sync
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput
+from nscas.kinds import is_safe_relpath
 from nscas.recipe import BundleRole, Recipe
 from nscas.registry import registered_recipe
 
@@ -193,8 +195,10 @@ def _clean(name: str) -> str | None:
     return text or None
 
 
-def _safe_tree_path(path: str) -> bool:
-    return all(_SEGMENT.fullmatch(p) and p not in (".", "..") for p in path.split("/"))
+def _bundle_tree_path(path: str) -> bool:
+    """A tree entry keeps its path in the bundle iff the path is safe and every part is
+    already a clean name (docs/bundle.md "Paths"); otherwise the file goes to ``blobs/``."""
+    return is_safe_relpath(path) and all(_SEGMENT.fullmatch(p) for p in path.split("/"))
 
 
 def _unique(wanted: Mapping[Digest, str], fallback: Callable[[Digest], str]) -> dict[Digest, str]:
@@ -256,7 +260,7 @@ def _paths(store: StoreReader, c: _Closure,
     def propose_tree(tree: Digest | None, priority: tuple[int, str], prefix: str) -> None:
         if tree is not None and c.infos[tree].kind == "tree/1":
             for name, entry in recs[tree]["entries"].items():
-                if _safe_tree_path(name):
+                if _bundle_tree_path(name):
                     propose(c.link(entry["id"]), priority, f"{prefix}/{name}")
 
     def propose_outputs(r: Digest, priority: tuple[int, str], prefix: str) -> None:
@@ -459,17 +463,26 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
         for _t, r in derived:
             wanted[r.source].add(r)
         hashed: dict[Range, tuple[Digest, str]] = {}
+        # SHA-256 values as the copies give them: a tensor's not known yet (docs/format.md
+        # §1.2) comes from the bytes written here, the rest from the store (computed there).
+        sha: dict[Digest, str] = {}
         for path, oid in sorted(plan.files.items()):
-            hashed.update(_copy_out(store, oid, infos[oid], tmp / path, wanted[oid]))
+            sha[oid], ranges = _copy_out(store, oid, infos[oid], tmp / path, wanted[oid])
+            hashed.update(ranges)
         for t, r in derived:  # a range is its tensor before the manifest says so
-            if hashed.get(r) != (t, infos[t].sha256):
-                got = str(hashed[r][0]) if r in hashed else "a short file"
+            if r not in hashed or hashed[r][0] != t or infos[t].sha256 not in (None, hashed[r][1]):
+                got = f"{hashed[r][0]} ({hashed[r][1]})" if r in hashed else "a short file"
                 raise IntegrityError(f"tensor {t} as bytes {r.offset}..+{r.size} of {r.source}",
-                                     str(t), got)
-        sums = {p: infos[d].sha256 for p, d in plan.files.items()}
-        manifest = _manifest(lay.closure, plan)
+                                     f"{t} ({infos[t].sha256})", got)
+            sha[t] = hashed[r][1]
+        named = {*plan.files.values(), *plan.derived, *plan.omitted, *bare.derived, *bare.omitted}
+        known = _Closure(target=lay.closure.target, records=lay.closure.records, infos={
+            d: replace(i, sha256=sha.get(d) or store.sha256(d))
+            if i.sha256 is None and d in named else i for d, i in infos.items()})
+        sums = {p: sha[d] for p, d in plan.files.items()}
+        manifest = _manifest(known, plan)
         sums[MANIFEST] = _write_new(tmp / MANIFEST, manifest)
-        inner = _manifest(lay.closure, bare) if weights else manifest
+        inner = _manifest(known, bare) if weights else manifest
         sums[TARBALL] = _write_tar(tmp / TARBALL, {p: tmp / p for p in bare.files}, inner)
         _write_new(tmp / SUMS, sha256sums(sums))
         try:
@@ -495,16 +508,16 @@ def _check_dest(dest: Path) -> None:
 
 
 def _copy_out(store: StoreReader, oid: Digest, info: ObjectInfo, path: Path,
-              ranges: Iterable[Range]) -> dict[Range, tuple[Digest, str]]:
-    """Write one object to a new file, re-hashing it and the byte ranges asked for."""
+              ranges: Iterable[Range]) -> tuple[str, dict[Range, tuple[Digest, str]]]:
+    """Write one object to a new file, re-hashing it and the byte ranges asked for: its
+    SHA-256 (checked against the recorded one, where there is one) and the ranges'."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with store.open(oid) as src, path.open("xb") as dst:
         whole, parts = _hash_stream(src, ranges, sink=dst.write)
-        dst.flush()
-        os.fsync(dst.fileno())
-    if whole != (oid, info.sha256, info.size):
+        sync(dst)
+    if (whole[0], whole[2]) != (oid, info.size) or info.sha256 not in (None, whole[1]):
         raise IntegrityError(f"object {oid}", f"{oid} ({info.sha256})", f"{whole[0]} ({whole[1]})")
-    return parts
+    return whole[1], parts
 
 
 def _hash_stream(src: BinaryIO, ranges: Iterable[Range], *,
@@ -547,8 +560,7 @@ def _write_new(path: Path, data: bytes) -> str:
     """Write a new file durably; its SHA-256."""
     with path.open("xb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        sync(f)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -567,8 +579,7 @@ def _write_tar(path: Path, files: Mapping[str, Path], manifest: bytes) -> str:
                 info.uname = info.gname = ""
                 with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as f:
                     tar.addfile(info, f)
-        raw.flush()
-        os.fsync(raw.fileno())
+        sync(raw)
     with path.open("rb") as f:
         return _hash_stream(f, ())[0][1]
 

@@ -7,7 +7,6 @@ objects then go in children first, so the closure invariant holds and IDs are un
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 import stat
@@ -24,7 +23,7 @@ import rfc8785
 
 from nscas import canonical, kinds
 from nscas.digests import Digest, is_digest_text
-from nscas.errors import IntegrityError, InvalidInput, NscasError
+from nscas.errors import IntegrityError, InvalidInput, NscasError, StrictJSONError
 
 if TYPE_CHECKING:
     from nscas.store import Store
@@ -131,7 +130,7 @@ def _extract(tar_path: Path, dest: Path) -> None:
                 pass
         with tarfile.open(tar_path, mode="r:gz") as tar:
             for member in tar:
-                problem = _path_problem(member.name)
+                problem = kinds.relpath_problem(member.name)
                 if problem is None and member.issym():
                     problem = f"is a symbolic link to {member.linkname!r}"
                 elif problem is None and member.islnk():
@@ -159,21 +158,6 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, wh
         raise InvalidBundle(where, member.name, "appears twice in the tar") from None
     except (NotADirectoryError, IsADirectoryError):
         raise InvalidBundle(where, member.name, "is both a file and a directory") from None
-
-
-def _path_problem(path: Any) -> str | None:
-    """Why a bundle path is unsafe, or None: relative POSIX, no '..', '.', empty parts."""
-    if not isinstance(path, str) or not path:
-        return "empty path"
-    if path.startswith("/"):
-        return "absolute path"
-    if "\\" in path or any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
-        return "path holds a backslash or a control character"
-    if any(part == ".." for part in path.split("/")):
-        return "path leaves the bundle ('..')"
-    if any(part in ("", ".") for part in path.split("/")):
-        return "path has an empty or '.' part"
-    return None
 
 
 def _validate(root: Path, where: str) -> _Bundle:
@@ -306,24 +290,12 @@ def _read_manifest(root: Path, where: str) -> _Manifest:
         raise InvalidBundle(where, MANIFEST, "missing or not a regular file")
     data = path.read_bytes()
     try:
-        value = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates,
-                           parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidBundle(where, MANIFEST, f"not valid JSON ({exc})") from None
+        value = canonical.loads_strict(data)
+    except StrictJSONError as exc:
+        raise InvalidBundle(where, MANIFEST, f"not valid JSON ({exc.reason})") from None
     if not isinstance(value, dict) or rfc8785.dumps(value) != data:
         raise InvalidBundle(where, MANIFEST, "not a JSON object in RFC 8785 canonical form")
     return _ManifestReader(where).read(value)
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate key")
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 class _ManifestReader:
@@ -391,7 +363,7 @@ class _ManifestReader:
 
     def entry(self, path: str, e: Any) -> _Entry:
         at = f"objects[{path!r}]"
-        if (problem := _path_problem(path) or ("reserved name" if path in RESERVED else None)):
+        if (problem := kinds.relpath_problem(path) or ("reserved name" if path in RESERVED else None)):
             raise InvalidBundle(self.where, path, problem)
         e = self.exactly(e, at, {"id", "size", "sha256", "kind"})
         if e["kind"] is not None and not isinstance(e["kind"], str):

@@ -7,12 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nscas.digests import is_digest_text
+from nscas.dtypes import DTYPES
 from nscas.errors import RecordError
 
-SAFETENSORS_DTYPES = frozenset(
-    {"BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64",
-     "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"}
-)
 _KIND = re.compile(r"([a-z][a-z0-9-]*)/([1-9][0-9]*)")
 _RECIPE = re.compile(r"[a-z][a-z0-9_-]*@[0-9A-Za-z.+-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -74,10 +71,27 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _safe_relpath(path: str) -> bool:
-    if not path or path.startswith("/") or "\\" in path or "\x00" in path:
-        return False
-    return all(part not in ("", ".", "..") for part in path.split("/"))
+def relpath_problem(path: object) -> str | None:
+    """Why ``path`` is not a safe relative POSIX path, or None. The one rule for tree/1 entry
+    paths and bundle paths (docs/format.md §3.1): not empty, no leading ``/``, no backslash or
+    control character, no empty, ``.`` or ``..`` part."""
+    if not isinstance(path, str) or not path:
+        return "empty path"
+    if path.startswith("/"):
+        return "absolute path"
+    if "\\" in path or any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+        return "path holds a backslash or a control character"
+    parts = path.split("/")
+    if ".." in parts:
+        return "path leaves its root ('..')"
+    if "" in parts or "." in parts:
+        return "path has an empty or '.' part"
+    return None
+
+
+def is_safe_relpath(path: object) -> bool:
+    """True iff :func:`relpath_problem` finds nothing wrong with ``path``."""
+    return relpath_problem(path) is None
 
 
 def _tree(rec: dict[str, Any], kind: str) -> None:
@@ -85,8 +99,9 @@ def _tree(rec: dict[str, Any], kind: str) -> None:
     c.members(rec, {"entries"})
     for path, entry in c.mapping(rec["entries"], "$.entries").items():
         where = f"$.entries[{path!r}]"
-        if not _safe_relpath(path):
-            c.fail(where, "entry paths are relative POSIX paths without '.', '..' or empty parts")
+        if (problem := relpath_problem(path)) is not None:
+            c.fail(where, f"{problem}: entry paths are relative POSIX paths without '.', '..' or "
+                   "empty parts, backslashes or control characters")
         e = c.mapping(entry, where)
         c.members(e, {"id", "size", "sha256"}, exact=True, path=where)
         c.link(e["id"], f"{where}.id")
@@ -104,7 +119,7 @@ def _params(rec: dict[str, Any], kind: str) -> None:
             c.fail(where, "tensor names are non-empty")
         t = c.mapping(t, where)
         c.members(t, {"dtype", "shape", "data"}, exact=True, path=where)
-        if t["dtype"] not in SAFETENSORS_DTYPES:
+        if t["dtype"] not in DTYPES:
             c.fail(f"{where}.dtype", f"unknown safetensors dtype {_show(t['dtype'])}")
         if not isinstance(t["shape"], list):
             c.fail(f"{where}.shape", "expected an array of integers")

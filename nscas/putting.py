@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 import blake3
 
 from nscas.chunks import INLINE_MAX, ChunkFiles, Segment, split_ranges
-from nscas.digests import DualHasher, sha256_hex
+from nscas.digests import sha256_hex
 from nscas.errors import StoreError
 
 # Pieces whose read buffers are in flight, each up to TENSOR_SPLIT bytes: this bounds memory.
@@ -31,7 +31,7 @@ class Leaf:
 
     hex: str
     size: int
-    sha256: str
+    sha256: str | None  # None: a tensor object whose SHA-256 is left for later (format.md §1.2)
     storage: str  # "inline", "file" or "parts"
     codec: str = "raw"
     stored_size: int = 0
@@ -56,8 +56,6 @@ class Putter:
     chunks: ChunkFiles
     lookup: Callable[[str], Leaf | None]
     """The stored object with this BLAKE3 hex, if it can be reused as it is."""
-    recorded_sha256: Callable[[str], str | None]
-    """The SHA-256 the store recorded for an object, or None if it does not hold it."""
 
     def leaf(self, data: memoryview) -> Leaf:
         """Hash, look up, and only for new bytes compute SHA-256, compress and write durably."""
@@ -68,30 +66,28 @@ class Putter:
         stored as several pieces and the file itself a whole of parts."""
         return _Pipeline(self, f).run(segments)
 
-    def _leaf(self, data: memoryview, piece: _Piece | None = None,
-              release: Callable[[], None] = lambda: None) -> Leaf:
+    def _leaf(self, data: memoryview, release: Callable[[], None] = lambda: None, *,
+              lazy_sha256: bool = False) -> Leaf:
         # BLAKE3 comes first because it names the leaf: bytes the store already holds (most
-        # tensors of a second checkpoint) then cost one hash pass and one lookup, their SHA-256
-        # coming from the row. One thread per hash: the pipeline's own threads fill the cores.
-        # ``release`` says this task no longer reads ``data``.
+        # tensors of a second checkpoint) then cost one hash pass and one lookup. One thread per
+        # hash: the pipeline's own threads fill the cores. ``release`` says this task no longer
+        # reads ``data``. With ``lazy_sha256`` (a piece of a tensor) a new chunk's SHA-256 is
+        # left for later; an inline leaf's costs next to nothing and is always computed.
         try:
             hex_id = blake3.blake3(data).hexdigest()
             if len(data) <= INLINE_MAX:
                 return Leaf(hex=hex_id, size=len(data), sha256=sha256_hex(data),
                             storage="inline", stored_size=len(data), data=bytes(data))
             known = self.lookup(hex_id)
-            if piece is not None:
-                piece.looked_up(reused=known is not None)
             if known is not None:
                 return known
             codec, stored = self.chunks.encode(data)
             # Once its bytes are in the temporary file the read buffer may take the next piece:
-            # fsync and the re-read do not hold it up. The SHA-256 comes from that re-read (which
-            # checks the bytes against the ID), so a new piece's buffer is read once here.
-            sha = self.chunks.write(hex_id, stored, codec, written=release)
+            # fsync and the re-read do not hold it up. The SHA-256, where wanted, comes from that
+            # re-read (which checks the bytes against the ID).
+            sha = self.chunks.write(hex_id, stored, codec, written=release,
+                                    sha256=not lazy_sha256)
         finally:
-            if piece is not None:  # also on errors: the reader must not wait forever
-                piece.looked_up(reused=False)
             release()
         return Leaf(hex=hex_id, size=len(data), sha256=sha, storage="file", codec=codec,
                     stored_size=len(stored))
@@ -125,7 +121,7 @@ class _Buffers:
 class _Piece:
     """A piece in flight: its bytes, given back to the buffers once every reader is done."""
 
-    __slots__ = ("_buffers", "_known", "_lock", "_readers", "_slot", "reused", "view")
+    __slots__ = ("_buffers", "_lock", "_readers", "_slot", "view")
 
     def __init__(self, buffers: _Buffers, length: int) -> None:
         self._buffers = buffers
@@ -133,8 +129,6 @@ class _Piece:
         self.view = memoryview(self._slot)[:length]
         self._lock = threading.Lock()
         self._readers = 1  # the reading thread's, until every task is handed out
-        self._known = threading.Event()
-        self.reused = False
 
     def reader(self) -> Callable[[], None]:
         """Count one more reader of the buffer; it calls what this returns when done (again
@@ -162,26 +156,6 @@ class _Piece:
             last = self._readers == 0
         if last:
             self._buffers.give(self._slot)
-
-    def looked_up(self, *, reused: bool) -> None:
-        if not self._known.is_set():
-            self.reused = reused
-            self._known.set()
-
-    def wait_looked_up(self) -> bool:
-        """Whether the store held this piece already (waits for its lookup)."""
-        self._known.wait()
-        return self.reused
-
-
-class _SplitHash:
-    """Hashes of a tensor stored as several pieces; SHA-256 only once it is known to be new."""
-
-    __slots__ = ("b3", "sha")
-
-    def __init__(self) -> None:
-        self.b3 = blake3.blake3()
-        self.sha: Any = None  # hashlib.sha256() when needed
 
 
 class _Pipeline:
@@ -211,7 +185,7 @@ class _Pipeline:
         self.tasks: list[Future[Any]] = []
 
     def run(self, segments: list[Segment]) -> Assembly:
-        plan: list[tuple[Segment, list[tuple[int, Future[Leaf]]], _SplitHash | None]] = []
+        plan: list[tuple[Segment, list[tuple[int, Future[Leaf]]], Any]] = []
         # Workers: one per core, and one more to compute while another waits for fsync. (On an
         # error the pools' shutdown waits for every task, so no thread reads a buffer after
         # this returns.)
@@ -221,7 +195,8 @@ class _Pipeline:
             for seg in segments:
                 ranges = (split_ranges(seg.length) if seg.tensor is not None
                           else [(0, seg.length)])
-                split = _SplitHash() if len(ranges) > 1 else None
+                # A tensor cut into pieces is a whole of parts, named by its own BLAKE3.
+                split = blake3.blake3() if len(ranges) > 1 else None
                 leaves: list[tuple[int, Future[Leaf]]] = []
                 for off, length in ranges:
                     self._raise_failed()
@@ -231,17 +206,13 @@ class _Pipeline:
                         raise StoreError("file changed size while it was being added")
                     self._chain(sha_chain, piece, self.whole_sha.update)
                     self._chain(b3_chain, piece, self.whole_b3.update)
-                    leaf = workers.submit(self.putter._leaf, piece.view, piece, piece.reader())
+                    # A tensor's pieces (and the tensor) get no SHA-256 now: the file's, on
+                    # the chain above, is the only one an add computes (docs/format.md §1.2).
+                    leaf = workers.submit(self.putter._leaf, piece.view, piece.reader(),
+                                          lazy_sha256=seg.tensor is not None)
                     self.tasks.append(leaf)
                     if split is not None:
-                        self._chain(b3_chain, piece, split.b3.update)
-                        # A large tensor whose first piece is already stored is most likely
-                        # stored whole: skip its SHA-256 (the row has it). A new first piece
-                        # means new bytes, whose SHA-256 is needed.
-                        if off == 0 and not piece.wait_looked_up():
-                            split.sha = hashlib.sha256()
-                        if split.sha is not None:
-                            self._chain(sha_chain, piece, split.sha.update)
+                        self._chain(b3_chain, piece, split.update)
                     piece.handed_out()
                     leaves.append((off, leaf))
                 plan.append((seg, leaves, split))
@@ -269,8 +240,8 @@ class _Pipeline:
             if task.done() and task.exception() is not None:
                 task.result()
 
-    def _assemble(self, plan: list[tuple[Segment, list[tuple[int, Future[Leaf]]],
-                                         _SplitHash | None]]) -> Assembly:
+    def _assemble(self, plan: list[tuple[Segment, list[tuple[int, Future[Leaf]]], Any]]
+                  ) -> Assembly:
         leaves: list[Leaf] = []
         part_rows: list[dict[str, Any]] = []
         top: list[tuple[int, str]] = []
@@ -282,14 +253,10 @@ class _Pipeline:
             if split is None:
                 top.append((seg.offset, done[0][1].hex))
                 continue
-            seg_hex = split.b3.hexdigest()
+            seg_hex = split.hexdigest()
             part_rows += [{"object_id": seg_hex, "idx": i, "offset": off, "part_id": leaf.hex}
                           for i, (off, leaf) in enumerate(done)]
-            if split.sha is not None:
-                sha = split.sha.hexdigest()
-            else:
-                sha = self.putter.recorded_sha256(seg_hex) or _reread_sha256(self.f, seg, seg_hex)
-            leaves.append(Leaf(hex=seg_hex, size=seg.length, sha256=sha, storage="parts"))
+            leaves.append(Leaf(hex=seg_hex, size=seg.length, sha256=None, storage="parts"))
             top.append((seg.offset, seg_hex))
         whole_hex = self.whole_b3.hexdigest()
         if not (len(top) == 1 and top[0][1] == whole_hex):  # a one-part file is that part
@@ -298,25 +265,6 @@ class _Pipeline:
             leaves.append(Leaf(hex=whole_hex, size=size, sha256=self.whole_sha.hexdigest(),
                                storage="parts"))
         return Assembly(hex=whole_hex, leaves=leaves, part_rows=part_rows)
-
-
-def _reread_sha256(f: BinaryIO, seg: Segment, hex_id: str) -> str:
-    """The SHA-256 of a large tensor whose SHA-256 the put skipped, read again from the file
-    (and checked to be the bytes first read): its first piece was stored, the rest was new."""
-    at = f.tell()
-    f.seek(seg.offset)
-    h = DualHasher()
-    buf = bytearray(4 << 20)
-    view = memoryview(buf)
-    while h.size < seg.length:
-        got = _read_exactly(f, view[:min(len(buf), seg.length - h.size)])
-        if not got:
-            break
-        h.update(view[:got])
-    f.seek(at)
-    if h.digest().hex != hex_id or h.size != seg.length:
-        raise StoreError("file changed while it was being added")
-    return h.sha256()
 
 
 def _read_exactly(f: BinaryIO, buf: memoryview) -> int:

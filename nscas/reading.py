@@ -3,7 +3,8 @@
 Read-only commands (``log``, ``show``, ``lineage``, ``fsck``, ``cat``, ``export``) open a
 :class:`StoreReader` and never import SQLAlchemy, whose import alone costs more than the 0.2 s
 such a command may take. The writer, :class:`nscas.store.Store`, inherits these reads, so each
-query exists once; it adds the writes (SQLAlchemy Core, migrations, the gc bypass).
+query exists once; it adds the writes (SQLAlchemy Core, migrations, the gc bypass). This module
+never imports the writer: nscas.opening picks one or the other.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, NoReturn, overload
+from typing import Any, BinaryIO, NoReturn
 
 from nscas import canonical
 from nscas.chunks import ChunkFiles
@@ -32,24 +33,16 @@ from nscas.errors import (
     NotFound,
     StoreError,
 )
-from nscas.locating import (
-    BUSY_TIMEOUT_MS,
-    DB_NAME,
-    HEXISH,
-    REF_NAME,
-    check_revision,
-    find_store,
-    store_dir_of,
-)
+from nscas.locating import BUSY_TIMEOUT_MS, DB_NAME, HEXISH, REF_NAME
+from nscas.revision import check_revision
 
-if TYPE_CHECKING:
-    from nscas.store import Store
-
-_INFO = "id, size, sha256, kind, storage, codec, stored_size, created"  # ObjectInfo's columns
+# ObjectInfo's columns: a SHA-256 left out at put time comes from object_sha256 once recorded.
+_INFO = ("id, size, COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE s.id = objects.id)),"
+         " kind, storage, codec, stored_size, created")
 BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
-                     "put_checkpoint", "ref_set", "delete_objects", "execute_raw", "work_area",
+                     "ref_set", "delete_objects", "execute_raw", "work_area",
                      "release_work_area"})
 
 
@@ -57,7 +50,9 @@ _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_
 class ObjectInfo:
     id: Digest
     size: int
-    sha256: str
+    sha256: str | None
+    """None while unknown: a tensor object put without it (docs/format.md §1.2); ask
+    ``sha256()``, which computes it (and, on a writer, records it)."""
     kind: str | None  # record kind, or None for a blob
     storage: str
     codec: str
@@ -79,21 +74,6 @@ class Link:
     parent: Digest
     path: str
     child: Digest
-
-
-@overload
-def open_store(path: Path | None = None, *, readonly: Literal[False] = False) -> Store: ...
-@overload
-def open_store(path: Path | None = None, *, readonly: bool) -> StoreReader: ...
-def open_store(path: Path | None = None, *, readonly: bool = False) -> StoreReader:
-    """The store at ``path`` (default: found upwards from here): with ``readonly`` a
-    :class:`StoreReader`, which imports no SQLAlchemy; else the writer, :class:`Store`."""
-    root = store_dir_of(path) if path is not None else find_store()
-    if readonly:
-        return StoreReader(root)
-    from nscas.store import Store
-
-    return Store(root)
 
 
 class StoreReader:
@@ -185,6 +165,31 @@ class StoreReader:
         if row is None:
             raise NotFound(str(oid))
         return _info(row)
+
+    def sha256(self, oid: Digest) -> str:
+        """The object's SHA-256: as recorded, else computed from its bytes (checked against
+        the ID). A reader records nothing; the writer records what it computes."""
+        known = self.info(oid).sha256
+        return known if known is not None else self._compute_sha256(oid)
+
+    def _compute_sha256(self, oid: Digest) -> str:
+        h = DualHasher()
+        with self.open(oid) as f:  # checks every leaf and the whole against the ID
+            while block := f.read(1 << 20):
+                h.update(block)
+        return h.sha256()
+
+    def lazy_sha256(self) -> Iterator[tuple[Digest, str]]:
+        """(ID, SHA-256) of every object whose SHA-256 was recorded after its put."""
+        last = ""
+        while True:
+            with self._read() as c:
+                rows = c.execute("SELECT id, sha256 FROM object_sha256 WHERE id > ? ORDER BY id"
+                                 " LIMIT 2000", (last,)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][0]
+            yield from ((Digest(h), sha) for h, sha in rows)
 
     def resolve(self, text_: str) -> Digest:
         """A full ID, a ref name, or a unique prefix of at least 8 hex digits."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nscas.digests import Digest
+from nscas.objectstore import ObjectStore
 
 BUNDLE_RESERVED = frozenset({"blobs", "code", "models", "outputs", "receipts", "records", "tasks"})
 """Top-level folders of an export bundle that the exporter lays out itself (docs/bundle.md)."""
@@ -67,21 +68,6 @@ class NullProgress:
         pass
 
 
-class ObjectReader(Protocol):
-    """The read side of the store that recipes may use (only on their inputs' closures)."""
-
-    def get_bytes(self, oid: Digest) -> bytes: ...
-    def get_record(self, oid: Digest) -> dict[str, Any]: ...
-    def materialise(self, oid: Digest, dest: Path) -> None: ...
-
-
-class ObjectWriter(Protocol):
-    def put_bytes(self, data: bytes) -> Digest: ...
-    def put_file(self, path: Path) -> Digest: ...
-    def put_tree(self, path: Path) -> Digest: ...
-    def put_record(self, value: dict[str, Any]) -> Digest: ...
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunContext:
     """Everything a recipe is handed. ``workdir`` is a private scratch directory, emptied
@@ -89,7 +75,7 @@ class RunContext:
     a crash or failure (so a run of the same action can resume) and removed once it succeeds.
     Both live under the store (docs/format.md §5.8)."""
 
-    store: Any  # ObjectReader & ObjectWriter: the nscas Store
+    store: ObjectStore  # reads only on the inputs' closures; writes only through it
     inputs: Mapping[str, Digest]
     params: Any  # the recipe's frozen params dataclass, validated
     workdir: Path

@@ -6,7 +6,6 @@ import importlib.metadata
 import os
 import platform
 import sys
-import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from nscas.codetree import CodeChanges, code_changes, code_tree
 from nscas.compare import Verdict, compare_outputs
 from nscas.config import StepConfig, load_run_file, params_to_json, parse_params, step_reference
 from nscas.digests import Digest
-from nscas.errors import ConfigError, NotFound, NscasError, RecipeError, RefConflict
+from nscas.errors import ConfigError, NscasError, RecipeError, RefConflict
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
 from nscas.registry import available_recipes, registered_recipe
 from nscas.store import Store, check_ref_name
@@ -29,6 +28,9 @@ _ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
+    """One step of a run: its receipt and action, whether the cache answered, its outputs and
+    claimed values; ``verdicts`` compare a rerun's outputs with the earlier run's."""
+
     step: str
     recipe: str
     receipt: Digest
@@ -40,18 +42,6 @@ class StepResult:
     verdicts: Mapping[str, Verdict] = field(default_factory=dict)
     miss: CacheMiss | None = None  # why a step that was not asked to rerun ran
     error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "step": self.step, "recipe": self.recipe, "receipt": str(self.receipt),
-            "action": str(self.action), "cached": self.cached, "status": self.status,
-            "outputs": {k: str(v) for k, v in self.outputs.items()}, "claims": dict(self.claims),
-        }
-        if self.verdicts:
-            out["verdicts"] = {k: v.to_json() for k, v in self.verdicts.items()}
-        if self.error:
-            out["error"] = self.error
-        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,10 +93,12 @@ class OutputRefConflict(RefConflict):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Planned:
-    """A step checked before anything runs: its recipe, direct inputs and output refs' values."""
+    """A step checked before anything runs: its recipe, parsed params, direct inputs and output
+    refs' values."""
 
     step: StepConfig
     recipe: Recipe
+    params: Any
     inputs: Mapping[str, Digest]
     expected_refs: Mapping[str, Digest | None]
     label: str
@@ -136,6 +128,7 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     for item in plan:
         inputs = {**item.inputs, **_step_inputs(store, item, results, str(path))}
         result = run_step(store, item.recipe, item.step, inputs, where=str(path), rerun=rerun,
+                          params=item.params,
                           progress=progress(item.step.name) if progress else NullProgress(),
                           expected_refs=item.expected_refs)
         results[item.step.name] = result
@@ -159,12 +152,13 @@ def _plan(store: Store, steps: tuple[StepConfig, ...], where: str, *,
                 raise ConfigError(where, f"{here}: ref {ref!r} is already the target of "
                                          f"{owners[ref]}; one ref, one output")
             owners[ref] = here
+    params = {s.name: _check_step(s, recipes[s.name], recipes, where, labels[s.name])
+              for s in steps}
     plan = []
     for s in steps:
-        _check_step(s, recipes[s.name], recipes, where, labels[s.name])
-    for s in steps:
         inputs = _direct_inputs(store, s, recipes[s.name], where, labels[s.name])
-        plan.append(_Planned(step=s, recipe=recipes[s.name], label=labels[s.name], inputs=inputs,
+        plan.append(_Planned(step=s, recipe=recipes[s.name], params=params[s.name],
+                             label=labels[s.name], inputs=inputs,
                              expected_refs={ref: store.ref_get(ref) for ref in s.outputs.values()}))
     return plan
 
@@ -177,7 +171,8 @@ def _load_recipe_for(step: StepConfig, where: str, label: str) -> Recipe:
 
 
 def _check_step(step: StepConfig, recipe: Recipe, recipes: Mapping[str, Recipe], where: str,
-                label: str) -> None:
+                label: str) -> Any:
+    """Check a step against its recipe and the file's other steps; its parsed params."""
     known = set(recipe.inputs)
     for name in step.inputs:
         if name not in known and not recipe.extra_inputs:
@@ -204,10 +199,11 @@ def _check_step(step: StepConfig, recipe: Recipe, recipes: Mapping[str, Recipe],
             check_ref_name(ref_name)
         except NscasError as exc:
             raise ConfigError(where, f"{label}outputs.{name}: {exc.message}") from None
-    _parse_step_params(recipe, step, where, label)
+    return _parse_step_params(recipe, step, where, label)
 
 
 def _parse_step_params(recipe: Recipe, step: StepConfig, where: str, label: str) -> Any:
+    """The step's params table as the recipe's params dataclass: the only place it is parsed."""
     try:
         return parse_params(recipe.params, step.params, where, "params")
     except ConfigError as exc:
@@ -256,10 +252,16 @@ def _check_kind(store: Store, recipe: Recipe, name: str, oid: Digest, where: str
 
 
 def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str, Digest], *,
-             where: str, rerun: bool = False, progress: Progress | None = None,
+             where: str, rerun: bool = False, params: Any = None,
+             progress: Progress | None = None,
              expected_refs: Mapping[str, Digest | None] | None = None) -> StepResult:
-    """Run one checked step: reuse the receipt of its action, or execute it (``rerun``: always)."""
-    params = parse_params(recipe.params, step.params, where, "params")
+    """Run one checked step: reuse the receipt of its action, or execute it (``rerun``: always).
+
+    ``params`` is the step's parsed params (as ``run_file`` checked them); when not given,
+    ``step.params`` is parsed here.
+    """
+    if params is None:
+        params = _parse_step_params(recipe, step, where, "")
     code = code_tree(store, recipe)
     action = store.put_record({
         "nscas": "action/1", "recipe": f"{recipe.name}@{recipe.version}", "code": str(code),
@@ -489,13 +491,8 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-def wall_clock() -> float:
-    return time.time()
-
-
 __all__ = [
     "CacheMiss",
-    "NotFound",
     "OutputRefConflict",
     "StepFailed",
     "StepResult",

@@ -28,7 +28,9 @@ objects = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("id", CHAR(64), nullable=False, unique=True),
     Column("size", BigInteger, nullable=False),
-    Column("sha256", CHAR(64), nullable=False),
+    # NULL only for a tensor object put without its SHA-256 (docs/format.md §1.2): computed
+    # later, on demand, and then recorded in `object_sha256`, never here (this table is insert-only).
+    Column("sha256", CHAR(64), nullable=True),
     Column("kind", String(64), nullable=True),
     Column("storage", String(8), nullable=False),
     Column("codec", String(8), nullable=False, server_default="raw"),
@@ -61,6 +63,15 @@ links = Table(
     Index("ix_links_child", "child", "parent", "path"),
 )
 
+# The SHA-256 of an object put without one (objects.sha256 NULL), recorded the first time a
+# writer needed it. Insert-only like `objects`: a value, once known, never changes.
+object_sha256 = Table(
+    "object_sha256",
+    metadata,
+    Column("id", CHAR(64), ForeignKey("objects.id"), primary_key=True),
+    Column("sha256", CHAR(64), nullable=False),
+)
+
 refs = Table(
     "refs",
     metadata,
@@ -89,4 +100,4 @@ gc_session = Table(
     Column("token", Integer, primary_key=True),
 )
 
-INSERT_ONLY = ("objects", "parts", "links", "ref_log")
+INSERT_ONLY = ("objects", "parts", "links", "ref_log", "object_sha256")

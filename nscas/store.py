@@ -17,7 +17,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from nscas import canonical, kinds
 from nscas.chunks import ChunkFiles, Segment, plan_segments
-from nscas.db import make_engine, refuse_unknown_revision, upgrade
+from nscas.db import make_engine, upgrade
 from nscas.digests import Digest, blake3_hex, sha256_hex
 from nscas.errors import (
     ClosureError,
@@ -27,16 +27,18 @@ from nscas.errors import (
     StoreError,
     TagImmutable,
 )
-from nscas.locating import DB_NAME, ENV_VAR, STORE_DIR, check_ref_name, find_store, store_dir_of
+from nscas.locating import DB_NAME, STORE_DIR, check_ref_name
+from nscas.objectstore import tree_record
 from nscas.putting import Leaf, Putter
-from nscas.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches, open_store
-from nscas.schema import gc_session, links, objects, parts, ref_log, refs
+from nscas.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches
+from nscas.revision import refuse_newer
+from nscas.schema import gc_session, links, object_sha256, objects, parts, ref_log, refs
 from nscas.workarea import WorkArea, WorkAreas
 
 # The reads live in nscas.reading, which imports no SQLAlchemy; their names stay importable here.
-__all__ = ["DB_NAME", "ENV_VAR", "STORE_DIR", "Link", "ObjectInfo", "RefEntry", "Store",
-           "StoreReader", "check_ref_name", "find_store", "init_store", "open_store",
-           "store_dir_of"]
+# Opening a store (reader or writer) is nscas.opening's.
+__all__ = ["DB_NAME", "STORE_DIR", "Link", "ObjectInfo", "RefEntry", "Store", "StoreReader",
+           "check_ref_name", "init_store"]
 
 _UNSET: Any = object()
 _PUT_ATTEMPTS = 3  # a put retries when a concurrent gc removed an object it meant to reuse
@@ -56,7 +58,7 @@ def init_store(path: Path) -> Store:
     root = path if path.name == STORE_DIR else path / STORE_DIR
     root.mkdir(parents=True, exist_ok=True)
     if (root / DB_NAME).is_file():
-        refuse_unknown_revision(make_engine(root / DB_NAME, readonly=True, writer=False), root)
+        refuse_newer(root / DB_NAME, root)
     ChunkFiles(root).ensure()
     upgrade(root / DB_NAME)
     return Store(root)
@@ -150,8 +152,7 @@ class Store(StoreReader):
         return Digest(made.hex)
 
     def _putter(self) -> Putter:
-        return Putter(chunks=self.chunks, lookup=self._stored_leaf,
-                      recorded_sha256=self._recorded_sha256)
+        return Putter(chunks=self.chunks, lookup=self._stored_leaf)
 
     def _stored_leaf(self, hex_id: str) -> Leaf | None:
         """The stored object with this ID, if it can be reused as it is.
@@ -173,12 +174,20 @@ class Store(StoreReader):
         return Leaf(hex=hex_id, size=size, sha256=sha, storage=storage, codec=codec,
                     stored_size=stored_size, reused=True)
 
-    def _recorded_sha256(self, hex_id: str) -> str | None:
-        """The SHA-256 recorded for an object, or None if the store does not hold it."""
-        try:
-            return self.info(Digest(hex_id)).sha256
-        except NotFound:
-            return None
+    def sha256(self, oid: Digest) -> str:
+        """The object's SHA-256; one not known yet is computed from its bytes and recorded
+        (``object_sha256``, insert-only), unless this store was opened read-only."""
+        known = self.info(oid).sha256
+        if known is not None:
+            return known
+        sha = self._compute_sha256(oid)
+        if not self.readonly:
+            with self._writer.begin() as c:
+                # Only while the object is still there: a gc may have removed it meanwhile.
+                if c.execute(select(objects.c.seq).where(objects.c.id == oid.hex)).first():
+                    c.execute(sqlite_insert(object_sha256).on_conflict_do_nothing(),
+                              [{"id": oid.hex, "sha256": sha}])
+        return sha
 
     def _insert(self, leaves: list[Leaf], part_rows: list[dict[str, Any]],
                 link_rows: list[dict[str, Any]], require: Iterable[str] = ()) -> None:
@@ -214,33 +223,9 @@ class Store(StoreReader):
         """A directory as a tree/1 record of its regular files (links are refused)."""
         if not path.is_dir():
             raise InvalidInput(f"no such directory: {path}")
-        entries: dict[str, dict[str, Any]] = {}
-        for file in sorted(_walk(path)):
-            rel = file.relative_to(path).as_posix()
-            oid = self.put_file(file)
-            info = self.info(oid)
-            entries[rel] = {"id": str(oid), "size": info.size, "sha256": info.sha256}
-        return self.put_record({"nscas": "tree/1", "entries": entries})
-
-    def put_checkpoint(self, hf_dir: Path, *, step: int, parent: Digest | None,
-                       extra: dict[str, Any] | None = None) -> Digest:
-        """An HF model directory as checkpoint/1 with its params/1 digest (docs/format.md §4)."""
-        from nscas.checkpoints import params_record
-
-        weights = sorted(hf_dir.glob("*.safetensors"))
-        if not weights:
-            raise InvalidInput(f"{hf_dir} holds no *.safetensors weights")
-        tree = self.put_tree(hf_dir)
-        entries = self.get_record(tree)["entries"]
-        files = [Digest.parse(entries[w.relative_to(hf_dir).as_posix()]["id"]) for w in weights]
-        params = self.put_record(params_record(self, files))
-        record: dict[str, Any] = {"nscas": "checkpoint/1", "files": str(tree), "params": str(params),
-                                  "step": step, "parent": str(parent) if parent else None}
-        for key, value in (extra or {}).items():
-            if key in record:
-                raise InvalidInput(f"checkpoint member {key!r} is set by nscas")
-            record[key] = value
-        return self.put_record(record)
+        files = {file.relative_to(path).as_posix(): self.put_file(file)
+                 for file in sorted(_walk(path))}
+        return self.put_record(tree_record(self, files))
 
     # -------------------------------------------------------------------- refs
 
@@ -299,6 +284,7 @@ class Store(StoreReader):
             for batch in batches(gone, BATCH):
                 c.execute(delete(links).where(links.c.parent.in_(batch)))
                 c.execute(delete(parts).where(parts.c.object_id.in_(batch)))
+                c.execute(delete(object_sha256).where(object_sha256.c.id.in_(batch)))
             # Parts may be shared: delete objects only once nothing still points at them.
             for batch in batches(gone, BATCH):
                 c.execute(delete(objects).where(objects.c.id.in_(batch)))

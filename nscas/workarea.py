@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nscas.chunks import fsync_dir
 from nscas.digests import Digest
+from nscas.durable import fsync_dir
 from nscas.errors import StoreError
 
 WORK_DIR = "work"

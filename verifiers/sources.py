@@ -84,8 +84,9 @@ class ObjectMeta:
     """``blake3:`` ID."""
     size: int
     """Recorded size in bytes."""
-    sha256: str
-    """Recorded SHA-256 hex."""
+    sha256: str | None
+    """Recorded SHA-256 hex; None where the store has not computed it yet (a tensor object's
+    SHA-256 is computed lazily, docs/format.md §1.2): nothing to compare then."""
     kind: str | None
     """Recorded record kind (``receipt/1``), None for a blob."""
     where: str
@@ -157,8 +158,13 @@ class StoreSource:
         try:
             self._db = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
             self._db.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
+            # Since schema 0003 a SHA-256 computed after the put is in object_sha256.
+            lazy = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                    "name = 'object_sha256'").fetchone() is not None
         except sqlite3.Error as exc:
             raise SourceError(str(db), f"cannot read the database: {exc}") from None
+        self._sha256 = ("COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE "
+                        "s.id = objects.id))" if lazy else "sha256")
 
     def close(self) -> None:
         self._db.close()
@@ -170,8 +176,8 @@ class StoreSource:
             raise SourceError(f"{self.root / DB_NAME}", f"cannot read the database: {exc}") from None
 
     def _row(self, hex_id: str) -> tuple[Any, ...] | None:
-        rows = self._query("SELECT size, sha256, kind, storage, codec, data, created FROM objects "
-                           "WHERE id = ?", (hex_id,))
+        rows = self._query(f"SELECT size, {self._sha256}, kind, storage, codec, data, created "
+                           "FROM objects WHERE id = ?", (hex_id,))
         return rows[0] if rows else None
 
     def meta(self, oid: str) -> ObjectMeta | None:
@@ -181,7 +187,7 @@ class StoreSource:
         # Whatever the columns hold, the recorded facts are only compared with what re-hashing
         # finds: a value of the wrong type simply never matches.
         size = row[0] if isinstance(row[0], int) and not isinstance(row[0], bool) else -1
-        return ObjectMeta(id=oid, size=size, sha256=str(row[1]),
+        return ObjectMeta(id=oid, size=size, sha256=None if row[1] is None else str(row[1]),
                           kind=row[2] if isinstance(row[2], str) else None,
                           where=f"{self.label}, row {oid} ({row[3]})")
 

@@ -8,12 +8,11 @@ target's keys and, at every depth, the same JSON type and value (``true`` is not
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nscas.errors import InvalidInput
+from nscas.canonical import loads_strict
+from nscas.errors import InvalidInput, StrictJSONError
 
 MAX_ANSWER_BYTES = 32_768
 """Answers longer than this many UTF-8 bytes are invalid without being parsed."""
@@ -50,76 +49,13 @@ _WRONG = CheckResult(correct=False, valid_json_object=True, reason="wrong_schema
 _CORRECT = CheckResult(correct=True, valid_json_object=True, reason="correct")
 
 
-class _Rejected(ValueError):
-    """Raised inside parsing hooks; never escapes this module."""
-
-
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Rejected(f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def _no_constants(name: str) -> Any:
-    raise _Rejected(f"non-finite number {name}")
-
-
-def _finite_float(text: str) -> float:
-    # 1e400 is not a constant to the decoder, but it reads as Infinity all the same.
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Rejected(f"number {text} overflows to infinity")
-    return value
-
-
-_DECODER = json.JSONDecoder(
-    object_pairs_hook=_object_without_duplicates, parse_constant=_no_constants,
-    parse_float=_finite_float,
-)
-
-
-def _nesting_depth(text: str) -> int:
-    """Maximum bracket depth outside strings (exact for valid JSON, a bound otherwise)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
-
-
 def parse_strict(text: str) -> dict[str, Any] | None:
     """The answer as a JSON object, or ``None`` if it is not one under the strict rules."""
     if not isinstance(text, str):
         return None
     try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:  # lone surrogates cannot be UTF-8 text at all
-        return None
-    if size > MAX_ANSWER_BYTES:
-        return None
-    # Counting brackets is cheap; the character scan runs only when the count could matter.
-    if text.count("[") + text.count("{") > MAX_NESTING and _nesting_depth(text) > MAX_NESTING:
-        return None
-    try:
-        # decode() skips JSON whitespace (space, tab, CR, LF) on both sides and nothing else.
-        value = _DECODER.decode(text)
-    except (ValueError, RecursionError):  # JSONDecodeError and _Rejected are ValueErrors
+        value = loads_strict(text, max_bytes=MAX_ANSWER_BYTES, max_depth=MAX_NESTING)
+    except StrictJSONError:
         return None
     return value if isinstance(value, dict) else None
 

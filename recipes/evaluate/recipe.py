@@ -9,6 +9,7 @@ from typing import Any, Literal
 from nscas.digests import Digest
 from nscas.errors import RecipeError
 from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.recipes.evaluate.lines import Answer, Checked, ProbeLoss, dump_lines, read_lines
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,9 +53,17 @@ def check_order(ctx: RunContext, tasks: dict[str, Any]) -> None:
                           f"({', '.join(sorted(subjects))}); commit it before test-set scoring")
 
 
-def _baseline(ctx: RunContext, ids: list[str],
-              probe_ids: list[str] | None) -> dict[str, Digest] | None:
-    """The baseline's outputs, once its task ids (and probe ids) are known to match ours."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Baseline:
+    """The earlier evaluation this one is compared with: its checks and retention losses."""
+
+    checks: tuple[Checked, ...]
+    losses: tuple[ProbeLoss, ...] | None
+    """Its retention losses; None if it measured none."""
+
+
+def _baseline(ctx: RunContext, ids: list[str], probe_ids: list[str] | None) -> Baseline | None:
+    """The baseline, once its task ids (and probe ids) are known to match ours."""
     if "baseline" not in ctx.inputs:
         return None
     store = ctx.store
@@ -63,30 +72,34 @@ def _baseline(ctx: RunContext, ids: list[str],
     if not action["recipe"].startswith("evaluate@") or rec["status"] != "succeeded":
         raise RecipeError(f"baseline {ctx.inputs['baseline']} is not a succeeded evaluate receipt")
     outputs = {k: Digest.parse(v) for k, v in rec["outputs"].items()}
-    base_ids = [c["id"] for c in _jsonl(store, outputs["checks"])]
+    checks = tuple(read_lines(Checked, store.get_bytes(outputs["checks"]), "baseline checks"))
+    losses = (tuple(read_lines(ProbeLoss, store.get_bytes(outputs["retention"]),
+                               "baseline retention"))
+              if "retention" in outputs else None)
+    base_ids = [c.id for c in checks]
     if base_ids != ids:
         same = set(base_ids) == set(ids)
         raise RecipeError("the baseline evaluated " + ("the same task ids in another order" if same
                           else f"other task ids ({len(base_ids)} vs {len(ids)})") + "; compare like with like")
     # Checked here, before any generation, rather than by the statistics after it.
     if probe_ids is not None:
-        if "retention" not in outputs:
+        if losses is None:
             raise RecipeError("a retention set was given but the baseline has no retention losses")
-        base_probes = [x["id"] for x in _jsonl(store, outputs["retention"])]
+        base_probes = [x.id for x in losses]
         if base_probes != probe_ids:
             same = set(base_probes) == set(probe_ids)
             raise RecipeError("the retention set holds " + (
                 "the baseline's probe ids in another order" if same
                 else f"other probe ids than the baseline's ({len(probe_ids)} vs {len(base_probes)})")
                 + "; compare like with like")
-    return outputs
+    return Baseline(checks=checks, losses=losses)
 
 
 def run(ctx: RunContext) -> RecipeResult:
     import torch
 
     from nscas.recipes.common.checker import check
-    from nscas.recipes.common.generate import generate_greedy
+    from nscas.recipes.common.generate import generate_greedy, stop_ids
     from nscas.recipes.common.stats import contract, paired, retention
     from nscas.recipes.common.tokenise import encode_document, encode_prompt, retention_loss
     from nscas.recipes.init.presets import load_hf_dir
@@ -104,7 +117,7 @@ def run(ctx: RunContext) -> RecipeResult:
         if not probes:
             raise RecipeError(f"retention set {ctx.inputs['retention']} is empty; "
                               "there is no loss to measure")
-    base_out = _baseline(ctx, ids, None if probes is None else [pr["id"] for pr in probes])
+    baseline = _baseline(ctx, ids, None if probes is None else [pr["id"] for pr in probes])
     if p.device == "cuda" and not torch.cuda.is_available():
         raise RecipeError("device 'cuda' was asked for but torch sees no CUDA device")
     if p.threads:
@@ -121,7 +134,7 @@ def run(ctx: RunContext) -> RecipeResult:
             raise RecipeError(f"task {r['id']}: prompt of {len(ids_)} tokens plus {p.max_new_tokens} "
                               f"new tokens exceeds the model's {limit} positions (no truncation)")
         prompts.append(ids_)
-    eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")} | ({tokenizer.eos_token_id} - {None})
+    eos = stop_ids(tokenizer)  # the template's end of turn, and eos (docs/format.md §6.9)
     ctx.progress.start(len(prompts), "generating")
     gens = []
     for start in range(0, len(prompts), p.batch_size * 4):
@@ -130,26 +143,23 @@ def run(ctx: RunContext) -> RecipeResult:
                                 batch_size=p.batch_size, eos_ids=eos, device=p.device,
                                 precision=p.precision)
         ctx.progress.advance(len(chunk))
-    gen_lines, check_lines, outcomes = [], [], []
-    for r, g in zip(records, gens, strict=True):
-        c = check(g.text, r["target"])
-        gen_lines.append({"id": r["id"], "prompt_ids": list(g.prompt_ids), "output_ids": list(g.output_ids),
-                          "text": g.text, "seconds": g.seconds, "tokens_per_second": g.tokens_per_second,
-                          "ended_with_eos": g.ended_with_eos, "hit_token_limit": g.hit_token_limit})
-        check_lines.append({"id": r["id"], "family": r["task"]["family"], "variant": r["task"]["variant"],
-                            "correct": c.correct, "valid_json_object": c.valid_json_object, "reason": c.reason})
-        outcomes.append((r["id"], c.correct))
-    outputs = {"generations": store.put_bytes(_dump(gen_lines)), "checks": store.put_bytes(_dump(check_lines))}
-    claims = _score_claims(check_lines)
+    answers = [Answer(id=r["id"], generation=g) for r, g in zip(records, gens, strict=True)]
+    checks = [Checked(id=r["id"], family=r["task"]["family"], variant=r["task"]["variant"],
+                      result=check(g.text, r["target"])) for r, g in zip(records, gens, strict=True)]
+    outcomes = [(c.id, c.result.correct) for c in checks]
+    outputs = {"generations": store.put_bytes(dump_lines(answers)),
+               "checks": store.put_bytes(dump_lines(checks))}
+    claims = _score_claims(checks)
+    losses: list[ProbeLoss] = []
     if probes is not None:
-        losses = [{"id": pr["id"], "loss": retention_loss(model, encode_document(tokenizer, pr, max_length=limit))}
+        losses = [ProbeLoss(id=pr["id"], loss=retention_loss(
+                      model, encode_document(tokenizer, pr, max_length=limit)))
                   for pr in probes]
-        outputs["retention"] = store.put_bytes(_dump(losses))
-        claims["retention_mean_loss"] = Claim(value=sum(x["loss"] for x in losses) / len(losses),
+        outputs["retention"] = store.put_bytes(dump_lines(losses))
+        claims["retention_mean_loss"] = Claim(value=sum(x.loss for x in losses) / len(losses),
                                               verifier="statistics")
-    if base_out is not None:
-        base_checks = _jsonl(store, base_out["checks"])
-        cmp = paired([(c["id"], c["correct"]) for c in base_checks], outcomes)
+    if baseline is not None:
+        cmp = paired([(c.id, c.result.correct) for c in baseline.checks], outcomes)
         claims.update({
             "wins": Claim(value=cmp.wins, verifier="statistics"),
             "losses": Claim(value=cmp.losses, verifier="statistics"),
@@ -157,10 +167,9 @@ def run(ctx: RunContext) -> RecipeResult:
             "exact_one_sided_p": Claim(value=cmp.test.p_float, verifier="statistics"),
         })
         upper = None
-        if probes is not None:
-            base_losses = _jsonl(store, base_out["retention"])
-            ret = retention([(x["id"], x["loss"]) for x in base_losses],
-                            [(x["id"], x["loss"]) for x in losses])
+        if probes is not None and baseline.losses is not None:
+            ret = retention([(x.id, x.loss) for x in baseline.losses],
+                            [(x.id, x.loss) for x in losses])
             upper = ret.upper
             claims.update({
                 "retention_mean_change": Claim(value=ret.mean, verifier="statistics"),
@@ -175,26 +184,23 @@ def run(ctx: RunContext) -> RecipeResult:
     return RecipeResult(outputs=outputs, claims=claims)
 
 
-def _score_claims(checks: list[dict[str, Any]]) -> dict[str, Claim]:
+def _score_claims(checks: list[Checked]) -> dict[str, Claim]:
     by_family: dict[str, int] = {}
     by_variant: dict[str, int] = {}
     for c in checks:
-        by_family.setdefault(c["family"], 0)
-        by_variant.setdefault(str(c["variant"]), 0)
-        if c["correct"]:
-            by_family[c["family"]] += 1
-            by_variant[str(c["variant"])] += 1
+        by_family.setdefault(c.family, 0)
+        by_variant.setdefault(str(c.variant), 0)
+        if c.result.correct:
+            by_family[c.family] += 1
+            by_variant[str(c.variant)] += 1
     return {
         "documents": Claim(value=len(checks), verifier="answers"),
-        "correct": Claim(value=sum(c["correct"] for c in checks), verifier="answers"),
-        "valid_json_objects": Claim(value=sum(c["valid_json_object"] for c in checks), verifier="answers"),
+        "correct": Claim(value=sum(c.result.correct for c in checks), verifier="answers"),
+        "valid_json_objects": Claim(value=sum(c.result.valid_json_object for c in checks),
+                                    verifier="answers"),
         "correct_by_family": Claim(value=by_family, verifier="answers"),
         "correct_by_variant": Claim(value=by_variant, verifier="answers"),
     }
-
-
-def _dump(lines: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(x, separators=(",", ":"), ensure_ascii=False) + "\n" for x in lines).encode()
 
 
 RECIPE = Recipe(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from nscas.checkpoints import put_checkpoint
 from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 PresetName = Literal["llama-tiny", "llama-small", "smollm2-1.7b"]
@@ -37,7 +38,7 @@ def run(ctx: RunContext) -> RecipeResult:
     out = save_hf_dir(model, tok_dir, ctx.workdir / "model")
     tensors, scalars = parameter_count(model)
     stream = sha256_stream(model)
-    checkpoint = ctx.store.put_checkpoint(out, step=0, parent=None,
+    checkpoint = put_checkpoint(ctx.store, out, step=0, parent=None,
                                           extra={"preset": p.preset, "seed": p.seed})
     params_id = ctx.store.get_record(checkpoint)["params"]
     return RecipeResult(outputs={"checkpoint": checkpoint}, claims={

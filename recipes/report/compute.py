@@ -19,22 +19,96 @@ from nscas.digests import Digest
 
 from .audit import Audit
 from .evidence import BASELINE, Evidence, jsonl, load_evidence
-from .figures import figure_data
-from .learning import FinalTest, Scored, arm_summary, comparisons, load_final_test, score
-from .resources import resources_section
-from .serving import serving_section
-from .training import training_section
+from .figures import FigureData, figure_data
+from .learning import (
+    FinalTest,
+    Learning,
+    Scored,
+    arm_summary,
+    comparisons,
+    load_final_test,
+    score,
+)
+from .resources import Resources, resources_section
+from .serving import Serving, serving_section
+from .training import Training, training_section
 
 REPORT_FORMAT = "nscas-report/2"
 """Version 2: a ``figures`` part (what each figure draws); no ``audit`` part."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Computed:
-    """The report JSON and what the figures and the generations page are drawn from."""
+class PreparedSet:
+    """One prepared task set: its ID and size."""
 
-    report: dict[str, Any]
-    evidence: Evidence
+    id: Digest
+    count: int
+    standin: bool | None = None
+    """The tasks/1 record's ``standin`` member (synthetic stand-in data); None where it has none."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": str(self.id), "count": self.count}
+        if self.standin is not None:
+            out["standin"] = self.standin
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """report.json's ``prepared`` part."""
+
+    receipt: Digest
+    prepared: Digest
+    sets: Mapping[str, PreparedSet]
+    damaged_targets: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"receipt": str(self.receipt), "prepared": str(self.prepared),
+                "sets": {k: v.to_json() for k, v in self.sets.items()},
+                "damaged_targets": self.damaged_targets}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """report.json: every part recomputed from retained objects."""
+
+    title: str
+    inputs: Mapping[str, Digest]
+    """The input receipts by name, in report order."""
+    prepared: Prepared
+    commitment: Digest
+    subjects: Mapping[str, str]
+    """The commitment's subjects: committed name -> checkpoint ID."""
+    learning: Learning
+    contract: Mapping[str, Any]
+    """The contract verdict of every arm compared with the seed."""
+    training: Training | None
+    serving: Serving | None
+    resources: Resources
+    figures: Mapping[str, FigureData]
+    """What each figure draws, by file stem."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": REPORT_FORMAT,
+            "title": self.title,
+            "inputs": {k: str(v) for k, v in self.inputs.items()},
+            "prepared": self.prepared.to_json(),
+            "commitment": {"id": str(self.commitment), "subjects": dict(self.subjects)},
+            "learning": self.learning.to_json(),
+            "contract": dict(self.contract),
+            "training": self.training.to_json() if self.training is not None else None,
+            "serving": self.serving.to_json() if self.serving is not None else None,
+            "resources": self.resources.to_json(),
+            "figures": {k: v.to_json() for k, v in self.figures.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Computed:
+    """The report and what the figures and the generations page are drawn from."""
+
+    report: Report
     tests: FinalTest
     scored: Mapping[str, Scored]
     """Rescored answers by arm, in report order (the baseline first)."""
@@ -55,30 +129,26 @@ def compute(store: Any, inputs: Mapping[str, Digest], *, title: str,
     resources = resources_section(ev, price_per_host_hour)
     audit.raise_if_any()
     commitment = ev.commit.output("commitment")
-    report = {
-        "format": REPORT_FORMAT,
-        "title": title,
-        "inputs": {run.name: str(run.receipt) for run in ev.runs()},
-        "prepared": prepared,
-        "commitment": {"id": str(commitment),
-                       "subjects": store.get_record(commitment)["subjects"]},
-        "learning": {
-            "baseline": BASELINE,
-            "documents": len(tests.records),
-            "held_out_variants": list(tests.held_out),
-            "arms": arms,
-            "comparisons": compared,
-        },
-        "contract": contracts,
-        "training": training,
-        "serving": serving,
-        "resources": resources,
-    }
-    report["figures"] = figure_data(report)
-    return Computed(report=report, evidence=ev, tests=tests, scored=scored)
+    learning = Learning(baseline=BASELINE, documents=len(tests.records),
+                        held_out_variants=tests.held_out, arms=arms,
+                        comparisons=tuple(compared))
+    report = Report(
+        title=title,
+        inputs={run.name: run.receipt for run in ev.runs()},
+        prepared=prepared,
+        commitment=commitment,
+        subjects=store.get_record(commitment)["subjects"],
+        learning=learning,
+        contract=contracts,
+        training=training,
+        serving=serving,
+        resources=resources,
+        figures=figure_data(learning, training, serving),
+    )
+    return Computed(report=report, tests=tests, scored=scored)
 
 
-def prepared_section(store: Any, ev: Evidence, audit: Audit) -> dict[str, Any]:
+def prepared_section(store: Any, ev: Evidence, audit: Audit) -> Prepared:
     """Sizes of the prepared sets and the damaged-target count, from their records."""
     prepare = ev.prepare
     records = {}
@@ -88,14 +158,12 @@ def prepared_section(store: Any, ev: Evidence, audit: Audit) -> dict[str, Any]:
         rec = store.get_record(oid)
         lines = jsonl(store.get_bytes(Digest.parse(rec["records"])), f"prepared {name} records")
         records[name] = lines
-        sets[name] = {"id": str(oid), "count": len(lines)}
-        if "standin" in rec:
-            sets[name]["standin"] = rec["standin"]
+        sets[name] = PreparedSet(id=oid, count=len(lines), standin=rec.get("standin"))
     clean = {r["id"]: r["target"] for r in records["train"]}
     damaged = sum(1 for r in records["damaged"] if clean.get(r["id"]) != r["target"])
-    audit.claim(prepare, "counts", {k: sets[k]["count"] for k in ("test", "dev", "train")})
+    audit.claim(prepare, "counts", {k: sets[k].count for k in ("test", "dev", "train")})
     audit.claim(prepare, "damaged_count", damaged)
-    audit.claim(prepare, "replay_count", sets["replay"]["count"])
-    audit.claim(prepare, "retention_count", sets["retention"]["count"])
-    return {"receipt": str(prepare.receipt), "prepared": str(prepare.output("prepared")),
-            "sets": sets, "damaged_targets": damaged}
+    audit.claim(prepare, "replay_count", sets["replay"].count)
+    audit.claim(prepare, "retention_count", sets["retention"].count)
+    return Prepared(receipt=prepare.receipt, prepared=prepare.output("prepared"), sets=sets,
+                    damaged_targets=damaged)

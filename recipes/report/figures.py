@@ -18,8 +18,15 @@ stamps in the metadata, so a rerun is ``identical``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .learning import Learning
+    from .serving import Serving
+    from .training import TrainArm, Training
 
 FIGURE_FORMAT = "nscas-figure/1"
 FORMATS = ("svg", "png", "pdf")
@@ -31,24 +38,112 @@ RANK_STYLES = ("-", "--", ":", "-.")
 DPI = 120
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bars:
+    """A bar per label, its text written on it."""
+
+    title: str
+    ylabel: str
+    labels: tuple[str, ...]
+    values: tuple[float | None, ...]
+    """None: no value (drawn as 0, written ``n/a``)."""
+    texts: tuple[str, ...]
+    colours: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "bars", "title": self.title, "ylabel": self.ylabel,
+                "labels": list(self.labels), "values": list(self.values),
+                "texts": list(self.texts), "colours": list(self.colours)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSeries:
+    label: str
+    colour: str
+    values: tuple[float | None, ...]
+    """One per group."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "colour": self.colour, "values": list(self.values)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grouped:
+    """Bars side by side within each group, a series per colour."""
+
+    title: str
+    ylabel: str
+    groups: tuple[str, ...]
+    ylim: tuple[float, float] | None
+    series: tuple[GroupSeries, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "grouped", "title": self.title, "ylabel": self.ylabel,
+                "groups": list(self.groups),
+                "ylim": list(self.ylim) if self.ylim is not None else None,
+                "series": [x.to_json() for x in self.series]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LineSeries:
+    label: str
+    colour: str
+    style: str
+    """A matplotlib line style."""
+    x: tuple[int, ...]
+    y: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "colour": self.colour, "style": self.style,
+                "x": list(self.x), "y": list(self.y)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lines:
+    title: str
+    xlabel: str
+    ylabel: str
+    series: tuple[LineSeries, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "lines", "title": self.title, "xlabel": self.xlabel,
+                "ylabel": self.ylabel, "series": [x.to_json() for x in self.series]}
+
+
+Panel = Bars | Grouped | Lines
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FigureData:
+    """One figure: its size in inches and its panels on a rows x cols grid, row by row."""
+
+    size: tuple[float, float]
+    rows: int
+    cols: int
+    panels: tuple[Panel, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": list(self.size), "rows": self.rows, "cols": self.cols,
+                "panels": [p.to_json() for p in self.panels]}
+
+
 def _colour(i: int) -> str:
     return COLOURS[i % len(COLOURS)]
 
 
-def arm_colours(report: dict[str, Any]) -> dict[str, str]:
+def arm_colours(learning: Learning, training: Training | None) -> dict[str, str]:
     """One colour per arm, the same in every figure (the learning table's order first)."""
-    names = list(report["learning"]["arms"])
-    if report["training"]:
-        names += [a for a in report["training"]["arms"] if a not in names]
+    names = list(learning.arms)
+    if training is not None:
+        names += [a for a in training.arms if a not in names]
     return {name: _colour(i) for i, name in enumerate(names)}
 
 
 def _bars(labels: list[str], values: list[Any], *, title: str, ylabel: str,
-          fmt: str = "{:.2f}", colours: list[str] | None = None) -> dict[str, Any]:
-    return {"kind": "bars", "title": title, "ylabel": ylabel, "labels": labels,
-            "values": values,
-            "texts": ["n/a" if v is None else fmt.format(v) for v in values],
-            "colours": colours or [_colour(i) for i in range(len(labels))]}
+          fmt: str = "{:.2f}", colours: list[str] | None = None) -> Bars:
+    return Bars(title=title, ylabel=ylabel, labels=tuple(labels), values=tuple(values),
+                texts=tuple("n/a" if v is None else fmt.format(v) for v in values),
+                colours=tuple(colours or [_colour(i) for i in range(len(labels))]))
 
 
 def _num(value: float | None) -> str:
@@ -62,97 +157,101 @@ def _byte_unit(largest: float) -> tuple[str, float]:
     return "bytes", 1.0
 
 
-def comparison_data(report: dict[str, Any]) -> dict[str, Any]:
+def comparison_data(learning: Learning, training: Training | None,
+                    serving: Serving | None) -> FigureData:
     """The headline panels side by side: accuracy, update time, throughput."""
-    arms = report["learning"]["arms"]
-    colours = arm_colours(report)
-    panels = [_bars(list(arms), [a["accuracy"] for a in arms.values()],
-                    title="Final-test accuracy", ylabel="accuracy",
-                    colours=[colours[n] for n in arms])]
-    if report["training"]:
-        t = report["training"]["arms"]
-        panels.append(_bars(list(t), [a["update_seconds"] for a in t.values()],
+    arms = learning.arms
+    colours = arm_colours(learning, training)
+    panels: list[Panel] = [_bars(list(arms), [a.accuracy for a in arms.values()],
+                                 title="Final-test accuracy", ylabel="accuracy",
+                                 colours=[colours[n] for n in arms])]
+    if training is not None:
+        t = training.arms
+        panels.append(_bars(list(t), [a.head.update_seconds for a in t.values()],
                             title="Sum of update times", ylabel="seconds", fmt="{:.3g}",
                             colours=[colours[n] for n in t]))
-    if report["serving"]:
-        s = report["serving"]["phases"]
-        panels.append(_bars(list(s), [p["requests_per_second"] for p in s.values()],
+    if serving is not None:
+        s = serving.phases
+        panels.append(_bars(list(s), [p.requests_per_second for p in s.values()],
                             title="Serving throughput", ylabel="requests per second"))
-    return {"size": [11.0, 3.8], "rows": 1, "cols": len(panels), "panels": panels}
+    return FigureData(size=(11.0, 3.8), rows=1, cols=len(panels), panels=tuple(panels))
 
 
-def accuracy_data(report: dict[str, Any]) -> dict[str, Any]:
+def accuracy_data(learning: Learning, training: Training | None) -> FigureData:
     """Accuracy of every arm, overall and by task family."""
-    arms = report["learning"]["arms"]
-    colours = arm_colours(report)
-    families = list(next(iter(arms.values()))["by_family"])
-    series = [{"label": f"{arm} ({a['correct']}/{a['documents']})", "colour": colours[arm],
-               "values": [a["accuracy"]] + [f["correct"] / f["documents"]
-                                            for f in a["by_family"].values()]}
-              for arm, a in arms.items()]
-    panel = {"kind": "grouped", "title": "Final-test accuracy by arm and task family",
-             "ylabel": "accuracy (exact, strict checker)", "groups": ["all", *families],
-             "ylim": [0, 1.05], "series": series}
-    return {"size": [8.0, 4.2], "rows": 1, "cols": 1, "panels": [panel]}
+    arms = learning.arms
+    colours = arm_colours(learning, training)
+    families = list(next(iter(arms.values())).by_family)
+    series = tuple(GroupSeries(label=f"{arm} ({a.correct}/{a.documents})", colour=colours[arm],
+                               values=(a.accuracy, *(f.correct / f.documents
+                                                     for f in a.by_family.values())))
+                   for arm, a in arms.items())
+    panel = Grouped(title="Final-test accuracy by arm and task family",
+                    ylabel="accuracy (exact, strict checker)", groups=("all", *families),
+                    ylim=(0, 1.05), series=series)
+    return FigureData(size=(8.0, 4.2), rows=1, cols=1, panels=(panel,))
 
 
-def _rank_lines(arms: dict[str, Any], colours: dict[str, str], key: str) -> list[dict[str, Any]]:
-    return [{"label": arm if rank["rank"] == 0 else f"{arm} rank {rank['rank']}",
-             "colour": colours[arm], "style": RANK_STYLES[rank["rank"] % len(RANK_STYLES)],
-             "x": list(range(1, len(rank[key]) + 1)), "y": rank[key]}
-            for arm, a in arms.items() for rank in a["ranks"]]
+def _rank_lines(arms: Mapping[str, TrainArm], colours: dict[str, str],
+                key: str) -> tuple[LineSeries, ...]:
+    return tuple(
+        LineSeries(label=arm if rank.rank == 0 else f"{arm} rank {rank.rank}",
+                   colour=colours[arm], style=RANK_STYLES[rank.rank % len(RANK_STYLES)],
+                   x=tuple(range(1, len(getattr(rank, key)) + 1)), y=getattr(rank, key))
+        for arm, a in arms.items() for rank in a.ranks)
 
 
-def training_data(report: dict[str, Any]) -> dict[str, Any]:
+def training_data(learning: Learning, training: Training) -> FigureData:
     """Update time, bytes communicated and tokens per second by arm; every rank's loss,
     learning rate and gradient norm by update."""
-    arms = report["training"]["arms"]
+    arms = training.arms
     names = list(arms)
-    colours = arm_colours(report)
+    colours = arm_colours(learning, training)
     mine = [colours[n] for n in names]
-    per_update = [a["bytes_per_update"] for a in arms.values()]
+    per_update = [a.bytes_per_update for a in arms.values()]
     unit, scale = _byte_unit(max(per_update))
-    panels = [
-        _bars(names, [a["median_update_seconds"] for a in arms.values()],
+    panels: list[Panel] = [
+        _bars(names, [a.head.median_update_seconds for a in arms.values()],
               title="Median update", ylabel="seconds", fmt="{:.3g}", colours=mine),
         _bars(names, [b / scale for b in per_update], title="Gradient bytes per update",
               ylabel=f"{unit} (rank 0)", fmt="{:.3g}", colours=mine),
-        _bars(names, [a["tokens_per_second"] for a in arms.values()],
+        _bars(names, [a.head.tokens_per_second for a in arms.values()],
               title="Tokens per update second", ylabel="tokens / s (rank 0)", fmt="{:.3g}",
               colours=mine),
     ]
     for key, title, ylabel in (("loss_by_step", "Training objective", "weighted loss"),
                                ("lr_by_step", "Learning rate", "lr"),
                                ("grad_norm_by_step", "Gradient norm", "norm")):
-        panels.append({"kind": "lines", "title": title, "xlabel": "update", "ylabel": ylabel,
-                       "series": _rank_lines(arms, colours, key)})
-    return {"size": [12.0, 7.0], "rows": 2, "cols": 3, "panels": panels}
+        panels.append(Lines(title=title, xlabel="update", ylabel=ylabel,
+                            series=_rank_lines(arms, colours, key)))
+    return FigureData(size=(12.0, 7.0), rows=2, cols=3, panels=tuple(panels))
 
 
-def serving_data(report: dict[str, Any]) -> dict[str, Any]:
+def serving_data(serving: Serving) -> FigureData:
     """Throughput and latency by serving phase."""
-    phases = report["serving"]["phases"]
+    phases = serving.phases
     names = list(phases)
-    latency = {"kind": "grouped", "title": "Latency", "ylabel": "seconds", "groups": names,
-               "ylim": None,
-               "series": [{"label": key.split("_")[0], "colour": _colour(j + 1),
-                           "values": [phases[n][key] for n in names]}
-                          for j, key in enumerate(("median_latency_seconds",
-                                                   "p95_latency_seconds"))]}
-    throughput = _bars(names, [p["requests_per_second"] for p in phases.values()],
-                       title="Throughput (pair/single "
-                             f"{_num(report['serving']['throughput_ratio'])}x)",
+    latency = Grouped(
+        title="Latency", ylabel="seconds", groups=tuple(names), ylim=None,
+        series=tuple(GroupSeries(label=key.split("_")[0], colour=_colour(j + 1),
+                                 values=tuple(phases[n].metrics[key] for n in names))
+                     for j, key in enumerate(("median_latency_seconds",
+                                              "p95_latency_seconds"))))
+    throughput = _bars(names, [p.requests_per_second for p in phases.values()],
+                       title=f"Throughput (pair/single {_num(serving.throughput_ratio)}x)",
                        ylabel="requests per second")
-    return {"size": [9.0, 3.8], "rows": 1, "cols": 2, "panels": [throughput, latency]}
+    return FigureData(size=(9.0, 3.8), rows=1, cols=2, panels=(throughput, latency))
 
 
-def figure_data(report: dict[str, Any]) -> dict[str, Any]:
+def figure_data(learning: Learning, training: Training | None,
+                serving: Serving | None) -> dict[str, FigureData]:
     """report.json's ``figures``: every figure the report has data for, by file stem."""
-    out = {"comparison": comparison_data(report), "accuracy": accuracy_data(report)}
-    if report["training"]:
-        out["training"] = training_data(report)
-    if report["serving"]:
-        out["serving"] = serving_data(report)
+    out = {"comparison": comparison_data(learning, training, serving),
+           "accuracy": accuracy_data(learning, training)}
+    if training is not None:
+        out["training"] = training_data(learning, training)
+    if serving is not None:
+        out["serving"] = serving_data(serving)
     return out
 
 
@@ -171,59 +270,58 @@ def metadata(fmt: str, name: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"Software": None, PNG_KEY: text}
 
 
-def _draw_bars(ax: Any, p: dict[str, Any]) -> None:
-    heights = [v or 0.0 for v in p["values"]]
-    bars = ax.bar(range(len(p["labels"])), heights, color=p["colours"])
-    ax.bar_label(bars, labels=p["texts"], fontsize=8, padding=2)
-    ax.set_xticks(range(len(p["labels"])), p["labels"], rotation=20, ha="right")
+def _draw_bars(ax: Any, p: Bars) -> None:
+    heights = [v or 0.0 for v in p.values]
+    bars = ax.bar(range(len(p.labels)), heights, color=list(p.colours))
+    ax.bar_label(bars, labels=list(p.texts), fontsize=8, padding=2)
+    ax.set_xticks(range(len(p.labels)), list(p.labels), rotation=20, ha="right")
     ax.margins(y=0.15)
 
 
-def _draw_grouped(ax: Any, p: dict[str, Any]) -> None:
-    n = len(p["series"])
+def _draw_grouped(ax: Any, p: Grouped) -> None:
+    n = len(p.series)
     width = 0.8 / n
-    for i, s in enumerate(p["series"]):
-        xs = [g + (i - (n - 1) / 2) * width for g in range(len(p["groups"]))]
-        ax.bar(xs, [v or 0.0 for v in s["values"]], width, label=s["label"], color=s["colour"])
-    ax.set_xticks(range(len(p["groups"])), p["groups"])
-    if p["ylim"] is not None:
-        ax.set_ylim(*p["ylim"])
+    for i, s in enumerate(p.series):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(p.groups))]
+        ax.bar(xs, [v or 0.0 for v in s.values], width, label=s.label, color=s.colour)
+    ax.set_xticks(range(len(p.groups)), list(p.groups))
+    if p.ylim is not None:
+        ax.set_ylim(*p.ylim)
     ax.legend(fontsize=8, frameon=False)
 
 
-def _draw_lines(ax: Any, p: dict[str, Any]) -> None:
-    for s in p["series"]:
-        ax.plot(s["x"], s["y"], label=s["label"], color=s["colour"], linestyle=s["style"],
+def _draw_lines(ax: Any, p: Lines) -> None:
+    for s in p.series:
+        ax.plot(list(s.x), list(s.y), label=s.label, color=s.colour, linestyle=s.style,
                 linewidth=1)
-    ax.set_xlabel(p["xlabel"])
+    ax.set_xlabel(p.xlabel)
     ax.legend(fontsize=8, frameon=False)
 
 
-DRAW = {"bars": _draw_bars, "grouped": _draw_grouped, "lines": _draw_lines}
-
-
-def draw(fig: Any, data: dict[str, Any]) -> None:
+def draw(fig: Any, data: FigureData) -> None:
     """Draw one figure from its data alone."""
-    axes = fig.subplots(data["rows"], data["cols"], squeeze=False)
-    for index, p in enumerate(data["panels"]):
-        ax = axes[index // data["cols"]][index % data["cols"]]
-        DRAW[p["kind"]](ax, p)
-        ax.set_title(p["title"])
-        ax.set_ylabel(p["ylabel"])
+    axes = fig.subplots(data.rows, data.cols, squeeze=False)
+    for index, p in enumerate(data.panels):
+        ax = axes[index // data.cols][index % data.cols]
+        if isinstance(p, Bars):
+            _draw_bars(ax, p)
+        elif isinstance(p, Grouped):
+            _draw_grouped(ax, p)
+        else:
+            _draw_lines(ax, p)
+        ax.set_title(p.title)
+        ax.set_ylabel(p.ylabel)
 
 
-def write_figures(figures: dict[str, Any], out_dir: Path) -> list[str]:
-    """Write every figure of report.json's ``figures`` in every format; the file names."""
+def write_figures(figures: Mapping[str, FigureData], out_dir: Path) -> None:
+    """Write every figure of report.json's ``figures`` in every format."""
     import matplotlib
     from matplotlib.figure import Figure
 
-    written = []
     with matplotlib.rc_context(RC):
         for name, data in figures.items():
-            fig = Figure(figsize=tuple(data["size"]), layout="constrained")
+            fig = Figure(figsize=data.size, layout="constrained")
             draw(fig, data)
             for fmt in FORMATS:
                 fig.savefig(out_dir / f"{name}.{fmt}", format=fmt, dpi=DPI,
-                            metadata=metadata(fmt, name, data))
-                written.append(f"{name}.{fmt}")
-    return written
+                            metadata=metadata(fmt, name, data.to_json()))

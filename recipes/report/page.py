@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from .learning import FinalTest, Scored
+from .learning import ArmSummary, FinalTest, Scored
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem auto;max-width:70rem;padding:0 1rem;
@@ -93,16 +93,15 @@ def _task(index: int, record: dict[str, Any], scored: Mapping[str, Scored]) -> s
             f"<table>{''.join(rows)}</table></section>")
 
 
-def render_page(title: str, report: dict[str, Any], tests: FinalTest,
+def render_page(title: str, arms: Mapping[str, ArmSummary], tests: FinalTest,
                 scored: Mapping[str, Scored]) -> str:
-    """The whole page as text (UTF-8 when written)."""
-    arms = report["learning"]["arms"]
+    """The whole page as text (UTF-8 when written); ``arms`` are the learning totals."""
     families = list(dict.fromkeys(r["task"]["family"] for r in tests.records))
     variants = sorted({r["task"]["variant"] for r in tests.records})
     held = set(tests.held_out)
     summary = "".join(
-        f"<tr><th>{_e(arm)}</th><td>{a['correct']} / {a['documents']}</td>"
-        f"<td>{a['accuracy'] * 100:.2f}%</td><td>{a['valid_json_objects']} valid JSON objects"
+        f"<tr><th>{_e(arm)}</th><td>{a.correct} / {a.documents}</td>"
+        f"<td>{a.accuracy * 100:.2f}%</td><td>{a.valid_json_objects} valid JSON objects"
         f"</td></tr>" for arm, a in arms.items())
     filters = "".join([
         _select("f-family", "Family", [("", "all"), *[(f, f) for f in families]]),

@@ -14,9 +14,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
+
+if TYPE_CHECKING:
+    from .compute import Report
 
 VERSION = "1"
 
@@ -42,32 +45,34 @@ def write_json(path: Path, value: Any) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
-def headline_claims(report: dict[str, Any]) -> dict[str, Claim]:
+def headline_claims(report: Report) -> dict[str, Claim]:
     """The numbers a reader quotes, each naming the verifier that rechecks it."""
-    learning = report["learning"]
-    claims = {"documents": Claim(value=learning["documents"], verifier="answers")}
-    for arm, a in learning["arms"].items():
-        claims[f"correct.{arm}"] = Claim(value=a["correct"], verifier="answers")
-    for c in learning["comparisons"]:
-        if c["kind"] != "versus_seed":
+    learning = report.learning
+    claims = {"documents": Claim(value=learning.documents, verifier="answers")}
+    for arm, a in learning.arms.items():
+        claims[f"correct.{arm}"] = Claim(value=a.correct, verifier="answers")
+    for c in learning.comparisons:
+        if c.kind != "versus_seed" or c.contract is None:
             continue
-        arm = c["candidate"]
-        claims[f"gain.{arm}"] = Claim(value=c["gain"], verifier="statistics")
-        claims[f"p.{arm}"] = Claim(value=c["p"], verifier="statistics")
-        claims[f"p_exact.{arm}"] = Claim(value=c["p_exact"], verifier="statistics")
-        claims[f"contract.{arm}"] = Claim(value=c["contract"]["passed"], verifier="statistics")
-    if report["training"]:
-        for arm, t in report["training"]["arms"].items():
-            claims[f"median_update_seconds.{arm}"] = Claim(value=t["median_update_seconds"],
+        arm = c.candidate
+        numbers = c.paired.to_dict()
+        claims[f"gain.{arm}"] = Claim(value=numbers["gain"], verifier="statistics")
+        claims[f"p.{arm}"] = Claim(value=numbers["p"], verifier="statistics")
+        claims[f"p_exact.{arm}"] = Claim(value=numbers["p_exact"], verifier="statistics")
+        claims[f"contract.{arm}"] = Claim(value=c.contract["passed"], verifier="statistics")
+    if report.training is not None:
+        for arm, t in report.training.arms.items():
+            claims[f"median_update_seconds.{arm}"] = Claim(value=t.head.median_update_seconds,
                                                            verifier="journals")
-            claims[f"update_seconds.{arm}"] = Claim(value=t["update_seconds"], verifier="journals")
-        for r in report["training"]["ratios"]:
-            claims[f"update_seconds_ratio.{r['pair']}:{r['single']}"] = Claim(
-                value=r["update_seconds"], verifier="journals")
-    if report["serving"]:
-        s = report["serving"]
+            claims[f"update_seconds.{arm}"] = Claim(value=t.head.update_seconds,
+                                                    verifier="journals")
+        for r in report.training.ratios:
+            claims[f"update_seconds_ratio.{r.pair}:{r.single}"] = Claim(
+                value=r.update_seconds, verifier="journals")
+    if report.serving is not None:
+        s = report.serving
         for name in ("throughput_ratio", "failure_retries", "identical_outputs", "cache_hits"):
-            claims[name] = Claim(value=s[name], verifier="throughput")
+            claims[name] = Claim(value=getattr(s, name), verifier="throughput")
     return claims
 
 
@@ -84,14 +89,15 @@ def run(ctx: RunContext) -> RecipeResult:
                        price_per_host_hour=p.price_per_host_hour, scratch=scratch)
     out = ctx.workdir / "report"
     out.mkdir()
-    write_json(out / "report.json", computed.report)
-    write_json(out / "resources.json", computed.report["resources"])
-    page = render_page(p.title, computed.report, computed.tests, computed.scored)
+    report = computed.report
+    write_json(out / "report.json", report.to_json())
+    write_json(out / "resources.json", report.resources.to_json())
+    page = render_page(p.title, report.learning.arms, computed.tests, computed.scored)
     (out / "generations.html").write_text(page, encoding="utf-8")
     ctx.progress.note("drawing figures")
-    write_figures(computed.report["figures"], out)
+    write_figures(report.figures, out)
     tree = ctx.store.put_tree(out)
-    return RecipeResult(outputs={"report": tree}, claims=headline_claims(computed.report))
+    return RecipeResult(outputs={"report": tree}, claims=headline_claims(report))
 
 
 RECIPE = Recipe(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,28 +51,127 @@ def _rank_steps(store: Any, run: Run, journal_id: Digest, scratch: Path
     return record, effective_steps(state.entries), list(state.entries)
 
 
-def rank_numbers(steps: list[dict[str, Any]], entries: list[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankNumbers:
+    """One rank's totals over its effective steps, and its series by step."""
+
+    rank: int
+    updates: int
+    update_seconds: float
+    median_update_seconds: float
+    bytes_communicated: int
+    targets: int
+    weighted_targets: int
+    tokens: int
+    tokens_per_second: float
+    final_parameters: str | None
+    """The BLAKE3 of the parameters the ranks last agreed on; None if no agreement is journaled."""
+    loss_by_step: tuple[float, ...]
+    lr_by_step: tuple[float, ...]
+    grad_norm_by_step: tuple[float, ...]
+
+    def totals(self) -> dict[str, Any]:
+        return {"updates": self.updates, "update_seconds": self.update_seconds,
+                "median_update_seconds": self.median_update_seconds,
+                "bytes_communicated": self.bytes_communicated, "targets": self.targets,
+                "weighted_targets": self.weighted_targets, "tokens": self.tokens,
+                "tokens_per_second": self.tokens_per_second}
+
+    def to_json(self) -> dict[str, Any]:
+        """``ranks[]`` of a training arm (no final parameters: the arm says whether they agree)."""
+        return {"rank": self.rank, **self.totals(),
+                **{key: list(getattr(self, key)) for key in SERIES}}
+
+
+def rank_numbers(rank: int, steps: list[dict[str, Any]],
+                 entries: list[dict[str, Any]]) -> RankNumbers:
     """One rank's totals over its effective steps."""
     seconds = [e["seconds"] for e in steps]
     update_seconds = sum(seconds)
     tokens = sum(e["tokens"] for e in steps)
     agreed = [e for e in entries if e.get("event") == "agreed"]
-    return {
-        "updates": len(steps),
-        "update_seconds": update_seconds,
-        "median_update_seconds": statistics.median(seconds) if seconds else 0.0,
-        "bytes_communicated": sum(e["bytes_communicated"] for e in steps),
-        "targets": sum(e["targets"] for e in steps),
-        "weighted_targets": sum(e["weighted_targets"] for e in steps),
-        "tokens": tokens,
-        "tokens_per_second": tokens / update_seconds if update_seconds else 0.0,
-        "final_parameters": agreed[-1]["parameters"] if agreed else None,
-        **{key: [e[member] for e in steps] for key, member in SERIES.items()},
-    }
+    return RankNumbers(
+        rank=rank,
+        updates=len(steps),
+        update_seconds=update_seconds,
+        median_update_seconds=statistics.median(seconds) if seconds else 0.0,
+        bytes_communicated=sum(e["bytes_communicated"] for e in steps),
+        targets=sum(e["targets"] for e in steps),
+        weighted_targets=sum(e["weighted_targets"] for e in steps),
+        tokens=tokens,
+        tokens_per_second=tokens / update_seconds if update_seconds else 0.0,
+        final_parameters=agreed[-1]["parameters"] if agreed else None,
+        **{key: tuple(e[member] for e in steps) for key, member in SERIES.items()},
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedOnly:
+    """What the run measured of itself and no journal entry records (shown, never compared)."""
+
+    loop_seconds: Any
+    peak_memory_bytes: Any
+    """Per rank, as the receipt claims it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loop_seconds": self.loop_seconds, "peak_memory_bytes": self.peak_memory_bytes,
+                "note": CLAIMED_ONLY_NOTE}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainArm:
+    """One trained arm (report.json ``training.arms.<arm>``); headline numbers are rank 0's."""
+
+    receipt: Digest
+    world: int
+    device: str
+    hosts: int
+    documents: str
+    """``clean``, ``damaged`` or ``other``."""
+    base: Digest | None
+    from_seed: bool
+    checkpoint: Digest
+    parameter_digest: str
+    parameters_agree: bool
+    ranks: tuple[RankNumbers, ...]
+    """By rank; rank 0 first."""
+    claimed_only: ClaimedOnly
+
+    @property
+    def head(self) -> RankNumbers:
+        return self.ranks[0]
+
+    @property
+    def bytes_per_update(self) -> float:
+        head = self.head
+        return head.bytes_communicated / head.updates if head.updates else 0
+
+    def to_json(self) -> dict[str, Any]:
+        losses = self.head.loss_by_step
+        return {
+            "receipt": str(self.receipt),
+            "world": self.world,
+            "device": self.device,
+            "hosts": self.hosts,
+            "documents": self.documents,
+            "base": str(self.base),
+            "from_seed": self.from_seed,
+            "checkpoint": str(self.checkpoint),
+            "parameter_digest": self.parameter_digest,
+            "parameters_agree": self.parameters_agree,
+            "final_parameters_blake3": self.head.final_parameters,
+            **self.head.totals(),
+            "bytes_per_update": self.bytes_per_update,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "loss_by_step": list(losses),
+            "ranks": [r.to_json() for r in self.ranks],
+            "claimed_only": self.claimed_only.to_json(),
+        }
 
 
 def train_arm(store: Any, ev: Evidence, arm: str, run: Run, scratch: Path,
-              audit: Audit) -> dict[str, Any]:
+              audit: Audit) -> TrainArm:
     world = int(run.params.get("world", 1))
     ranks: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
     for text in run.record["journals"]:
@@ -83,66 +183,76 @@ def train_arm(store: Any, ev: Evidence, arm: str, run: Run, scratch: Path,
     if sorted(ranks) != list(range(world)):
         raise RecipeError(f"{run.name}: a run of world {world} needs one journal per rank; the "
                           f"receipt holds journals of ranks {sorted(ranks)}")
-    numbers = {rank: rank_numbers(*ranks[rank]) for rank in sorted(ranks)}
+    numbers = tuple(rank_numbers(rank, *ranks[rank]) for rank in sorted(ranks))
     step_lists = {rank: [e["step"] for e in ranks[rank][0]] for rank in ranks}
     if any(s != list(range(1, len(s) + 1)) or s != step_lists[0] for s in step_lists.values()):
         raise RecipeError(f"{run.name}: the ranks' journals do not hold the same steps 1..n")
-    finals = {n["final_parameters"] for n in numbers.values()}
+    finals = {n.final_parameters for n in numbers}
     head = numbers[0]
-    totals = {k: v for k, v in head.items() if k != "final_parameters" and k not in SERIES}
     checkpoint = run.output("checkpoint")
     params_id = store.get_record(checkpoint)["params"]
     claims = run.claims
-    summary: dict[str, Any] = {
-        "receipt": str(run.receipt),
-        "world": world,
-        "device": run.params.get("device", "cpu"),
-        "hosts": int(run.params.get("nnodes", 1)),
-        "documents": documents_kind(ev.prepare, run),
-        "base": str(run.input("base")),
-        "from_seed": run.input("base") == ev.evaluate[BASELINE].input("model"),
-        "checkpoint": str(checkpoint),
-        "parameter_digest": params_id,
-        "parameters_agree": len(finals) == 1 and None not in finals,
-        "final_parameters_blake3": head["final_parameters"],
-        **totals,
-        "bytes_per_update": head["bytes_communicated"] / head["updates"] if head["updates"] else 0,
-        "first_loss": ranks[0][0][0]["loss"] if ranks[0][0] else None,
-        "last_loss": ranks[0][0][-1]["loss"] if ranks[0][0] else None,
-        "loss_by_step": [e["loss"] for e in ranks[0][0]],
-        "ranks": [{"rank": r, **{k: v for k, v in n.items() if k != "final_parameters"}}
-                  for r, n in numbers.items()],
-        "claimed_only": {**{k: claims.get(k) for k in CLAIMED_ONLY}, "note": CLAIMED_ONLY_NOTE},
-    }
+    summary = TrainArm(
+        receipt=run.receipt,
+        world=world,
+        device=run.params.get("device", "cpu"),
+        hosts=int(run.params.get("nnodes", 1)),
+        documents=documents_kind(ev.prepare, run),
+        base=run.input("base"),
+        from_seed=run.input("base") == ev.evaluate[BASELINE].input("model"),
+        checkpoint=checkpoint,
+        parameter_digest=params_id,
+        parameters_agree=len(finals) == 1 and None not in finals,
+        ranks=numbers,
+        claimed_only=ClaimedOnly(loop_seconds=claims.get("loop_seconds"),
+                                 peak_memory_bytes=claims.get("peak_memory_bytes")),
+    )
     audit.claim(run, "parameter_digest", params_id)
     for name in ("updates", "update_seconds", "median_update_seconds", "bytes_communicated",
                  "targets", "weighted_targets", "tokens_per_second"):
-        audit.claim(run, name, head[name])
+        audit.claim(run, name, getattr(head, name))
     return summary
 
 
-def ratios(arms: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ratio:
+    """A clean multi-rank arm against a clean one-rank arm (``training.ratios[]``)."""
+
+    pair: str
+    single: str
+    update_seconds: float | None
+    median_update_seconds: float | None
+    loop_seconds: float | None
+    """Claimed only, as the loop times are."""
+    allocated_device_seconds_in_loop: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pair": self.pair, "single": self.single, "update_seconds": self.update_seconds,
+                "median_update_seconds": self.median_update_seconds,
+                "claimed_only": {
+                    "loop_seconds": self.loop_seconds,
+                    "allocated_device_seconds_in_loop": self.allocated_device_seconds_in_loop,
+                    "note": CLAIMED_ONLY_NOTE}}
+
+
+def ratios(arms: Mapping[str, TrainArm]) -> list[Ratio]:
     """Each clean multi-rank arm against each clean one-rank arm: how much slower, how much more."""
     out = []
     for pair, p in arms.items():
         for single, s in arms.items():
-            if not (p["documents"] == s["documents"] == "clean" and p["world"] > 1
-                    and s["world"] == 1):
+            if not (p.documents == s.documents == "clean" and p.world > 1 and s.world == 1):
                 continue
-            loop_p, loop_s = p["claimed_only"]["loop_seconds"], s["claimed_only"]["loop_seconds"]
-            out.append({
-                "pair": pair, "single": single,
-                "update_seconds": _ratio(p["update_seconds"], s["update_seconds"]),
-                "median_update_seconds": _ratio(p["median_update_seconds"],
-                                                s["median_update_seconds"]),
-                "claimed_only": {
-                    "loop_seconds": _ratio(loop_p, loop_s),
-                    "allocated_device_seconds_in_loop": _ratio(
-                        loop_p * p["world"] if loop_p is not None else None,
-                        loop_s * s["world"] if loop_s is not None else None),
-                    "note": CLAIMED_ONLY_NOTE,
-                },
-            })
+            loop_p, loop_s = p.claimed_only.loop_seconds, s.claimed_only.loop_seconds
+            out.append(Ratio(
+                pair=pair, single=single,
+                update_seconds=_ratio(p.head.update_seconds, s.head.update_seconds),
+                median_update_seconds=_ratio(p.head.median_update_seconds,
+                                             s.head.median_update_seconds),
+                loop_seconds=_ratio(loop_p, loop_s),
+                allocated_device_seconds_in_loop=_ratio(
+                    loop_p * p.world if loop_p is not None else None,
+                    loop_s * s.world if loop_s is not None else None),
+            ))
     return out
 
 
@@ -150,9 +260,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Training:
+    """report.json's ``training`` part."""
+
+    arms: Mapping[str, TrainArm]
+    ratios: tuple[Ratio, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"arms": {k: v.to_json() for k, v in self.arms.items()},
+                "ratios": [r.to_json() for r in self.ratios]}
+
+
 def training_section(store: Any, ev: Evidence, scratch: Path,
-                     audit: Audit) -> dict[str, Any] | None:
+                     audit: Audit) -> Training | None:
     if not ev.train:
         return None
     arms = {arm: train_arm(store, ev, arm, run, scratch, audit) for arm, run in ev.train.items()}
-    return {"arms": arms, "ratios": ratios(arms)}
+    return Training(arms=arms, ratios=tuple(ratios(arms)))

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nscas.errors import InvalidInput
+from nscas.canonical import loads_strict
+from nscas.errors import InvalidInput, StrictJSONError
 
 MAX_REQUEST_ID = 128
 """Longest request id (and ``Idempotency-Key``) in characters."""
@@ -58,22 +59,9 @@ def parse_json_body(data: bytes) -> Any:
     except UnicodeDecodeError:
         raise RequestRejected(400, "the body is not UTF-8 text") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except RecursionError:
-        raise RequestRejected(400, "the body nests JSON too deeply") from None
-    except ValueError as exc:
-        raise RequestRejected(400, f"the body is not JSON: {exc}") from None
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        raise ValueError("a key repeats within an object")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+        return loads_strict(text)
+    except StrictJSONError as exc:
+        raise RequestRejected(400, f"the body is not JSON: {exc.reason}") from None
 
 
 def parse_infer(value: Any) -> InferRequest:

@@ -24,6 +24,7 @@ from typing import Any
 import rfc8785
 import torch
 
+from nscas.durable import fsync_dir, fsync_file, fsync_tree
 from nscas.errors import DestinationExists, RecipeError
 from nscas.recipes.init.presets import save_hf_dir
 
@@ -89,9 +90,9 @@ def write_checkpoint(
     partial.mkdir(parents=True)
     save_hf_dir(model, Path(tokenizer_dir), partial / "hf")
     torch.save({"format": STATE_FORMAT, "step": step, **state}, partial / "state.pt")
-    _fsync_tree(partial)
+    fsync_tree(partial)
     os.rename(partial, final.hf_dir.parent)
-    _fsync_dir(checkpoint_root(output_dir))
+    fsync_dir(checkpoint_root(output_dir))
     return final
 
 
@@ -129,7 +130,7 @@ def claim_output_dir(output_dir: Path, identity: str) -> bool:
     output_dir.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps({"format": RUN_FORMAT, "identity": identity}) + "\n")
-    _fsync_file(tmp)
+    fsync_file(tmp)
     os.rename(tmp, marker)
     return False
 
@@ -144,22 +145,3 @@ def run_identity(values: dict[str, Any], files: list[Path]) -> str:
                 digest.update(block)
         hashes.append(digest.hexdigest())
     return hashlib.sha256(rfc8785.dumps({"values": values, "files": hashes})).hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    _fsync_file(path)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            _fsync_file(Path(dirpath) / name)
-        _fsync_dir(Path(dirpath))

@@ -75,14 +75,11 @@ def check_document(doc: TrainDocument, *, max_length: int, where: str = "") -> N
         raise InvalidInput(f"{name} holds a negative token id")
 
 
-def write_documents(path: Path, docs: Iterable[TrainDocument]) -> int:
-    """Write documents as JSONL; returns how many were written."""
-    count = 0
+def write_documents(path: Path, docs: Iterable[TrainDocument]) -> None:
+    """Write documents as JSONL, one per line."""
     with path.open("w", encoding="utf-8") as f:
         for doc in docs:
             f.write(doc.to_json() + "\n")
-            count += 1
-    return count
 
 
 def read_documents(paths: Iterable[Path], *, max_length: int) -> list[TrainDocument]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import rfc8785
 
+from nscas.durable import sync
 from nscas.errors import RecipeError
 
 JOURNAL_FORMAT = "journal/1"
@@ -91,8 +92,7 @@ class Journal:
         chained["hash"] = entry_hash(chained)
         # Each line is exactly the entry's RFC 8785 bytes, so a verifier can check lines as stored.
         self._file.write(rfc8785.dumps(chained) + b"\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        sync(self._file)
         self.head = chained["hash"]
         self.entries.append(chained)
         return chained

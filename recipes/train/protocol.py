@@ -1,8 +1,8 @@
 """The files and lines the workers and the launcher exchange in a run's output directory.
 
-Rank 0 writes progress as single lines on stdout: ``PROGRESS_PREFIX`` and a JSON object
-whose ``event`` is ``step`` or ``checkpoint``. Every rank writes ``journal-rank{r}.jsonl``,
-and at the end ``result-rank{r}.json``; a rank that fails writes ``error-rank{r}.json``.
+Rank 0's progress lines on stdout are ``nscas.recipes.train.events``. Every rank writes
+``journal-rank{r}.jsonl``, and at the end ``result-rank{r}.json``; a rank that fails writes
+``error-rank{r}.json``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from nscas.durable import sync
 from nscas.errors import RecipeError
 
-PROGRESS_PREFIX = "nscas-train "
 RESULT_FORMAT = "train-result/1"
 
 
@@ -33,21 +33,6 @@ def result_path(output_dir: Path, rank: int) -> Path:
 
 def error_path(output_dir: Path, rank: int) -> Path:
     return Path(output_dir) / f"error-rank{rank}.json"
-
-
-def progress_line(event: dict[str, Any]) -> str:
-    return PROGRESS_PREFIX + json.dumps(event, sort_keys=True, separators=(",", ":"))
-
-
-def parse_progress_line(line: str) -> dict[str, Any] | None:
-    """The event on a progress line, or None for any other output."""
-    if not line.startswith(PROGRESS_PREFIX):
-        return None
-    try:
-        event = json.loads(line[len(PROGRESS_PREFIX) :])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +121,5 @@ def _write_json_atomically(path: Path, body: dict[str, Any]) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(body, f, indent=1, sort_keys=True)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+        sync(f)
     os.rename(tmp, path)

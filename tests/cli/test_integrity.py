@@ -9,7 +9,7 @@ from pathlib import Path
 import blake3
 
 from nscas.digests import Digest
-from nscas.store import open_store
+from nscas.opening import open_store
 from tests.store.helpers import raw_update
 
 from .conftest import Nscas, assert_user_error, run_process

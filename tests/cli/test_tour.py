@@ -9,9 +9,10 @@ from pathlib import Path
 import blake3
 import rfc8785
 
+from nscas.checkpoints import put_checkpoint
 from nscas.cli import render
 from nscas.digests import Digest
-from nscas.store import open_store
+from nscas.opening import open_store
 
 from .conftest import Nscas, run_process
 
@@ -152,8 +153,8 @@ def test_log_lists_records_newest_first_with_receipt_status(nscas: Nscas, store:
 
 def test_lineage_depth_and_seen(nscas: Nscas, store: Path, checkpoint: Path) -> None:
     with open_store(store) as s:
-        first = s.put_checkpoint(checkpoint, step=0, parent=None)
-        second = s.put_checkpoint(checkpoint, step=1, parent=first)
+        first = put_checkpoint(s, checkpoint, step=0, parent=None)
+        second = put_checkpoint(s, checkpoint, step=1, parent=first)
         files = s.get_record(first)["files"]
     r = nscas("lineage", str(second), "--depth", "1", "--json")
     assert r.json() == {"id": str(second), "kind": "checkpoint/1", "children": [

@@ -20,6 +20,7 @@ import pytest
 import rfc8785
 from safetensors.numpy import save_file
 
+from nscas.checkpoints import put_checkpoint
 from nscas.digests import Digest
 from nscas.store import Store, init_store
 
@@ -86,8 +87,8 @@ def _receipt(store: Store, recipe: str, code: Digest, inputs: dict[str, Digest],
 
 def build(root: Path) -> Published:
     store = init_store(root / "source")
-    seed = store.put_checkpoint(_model_dir(root / "seed-model", 0), step=0, parent=None)
-    trained = store.put_checkpoint(_model_dir(root / "trained-model", 1), step=2, parent=seed)
+    seed = put_checkpoint(store, _model_dir(root / "seed-model", 0), step=0, parent=None)
+    trained = put_checkpoint(store, _model_dir(root / "trained-model", 1), step=2, parent=seed)
     src = root / "code"
     (src / "nscas/recipes/evaluate").mkdir(parents=True)
     (src / "nscas/recipes/evaluate/recipe.py").write_text("def run(ctx):\n    return None\n")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nscas.checkpoints import put_checkpoint
 from nscas.digests import Digest
 from nscas.recipes.commit.recipe import PURPOSE
 from nscas.runner import StepFailed, StepResult, run_file
@@ -47,7 +48,7 @@ def checkpoint_selected_by(store: Store, steps: dict[str, StepResult], tmp_path:
     """The seed's weights as a new checkpoint whose record names ``receipt`` as its origin."""
     seed = steps["init"].outputs["checkpoint"]
     store.materialise(Digest.parse(store.get_record(seed)["files"]), tmp_path / "model")
-    return store.put_checkpoint(tmp_path / "model", step=0, parent=None,
+    return put_checkpoint(store, tmp_path / "model", step=0, parent=None,
                                 extra={"selected_by": str(receipt)})
 
 

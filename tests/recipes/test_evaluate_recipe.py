@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from nscas.checkpoints import put_checkpoint
 from nscas.digests import Digest
 from nscas.recipes.common.checker import check
 from nscas.recipes.common.stats import paired
@@ -132,7 +133,7 @@ def test_a_model_the_commitment_does_not_name_is_refused(run: Run, tmp_path: Pat
     seed = run.output("init", "checkpoint")
     run.store.materialise(Digest.parse(run.record(seed)["files"]), tmp_path / "model")
     # The same weights under another checkpoint ID: what is committed is the ID.
-    other = run.store.put_checkpoint(tmp_path / "model", step=0, parent=seed,
+    other = put_checkpoint(run.store, tmp_path / "model", step=0, parent=seed,
                                      extra={"note": "not committed"})
     receipt = run.refused("not-named", {**run.model_inputs(), "model": other})
     assert receipt["error"] == (f"model {other} is not among the commitment's subjects "

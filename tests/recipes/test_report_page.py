@@ -14,7 +14,7 @@ import pytest
 from nscas.digests import Digest
 from nscas.recipes.common.checker import check
 from nscas.recipes.report.evidence import Run
-from nscas.recipes.report.learning import FinalTest, Scored
+from nscas.recipes.report.learning import ArmSummary, Count, FinalTest, Scored
 from nscas.recipes.report.page import render_page
 
 FAMILIES = ("lookup", "filter", "lookup", "sort")
@@ -26,7 +26,7 @@ ANSWERS = {
 """Arm names and answers are untrusted text too."""
 
 
-def _page() -> tuple[str, dict[str, Any]]:
+def _page() -> tuple[str, dict[str, ArmSummary]]:
     records = tuple({"id": f"t{i}", "prompt": f"Prompt <{i}> & \"quotes\"", "target": TARGET,
                      "task": {"family": f, "variant": i}} for i, f in enumerate(FAMILIES))
     tests = FinalTest(records=records, held_out=(2, 3))
@@ -35,11 +35,15 @@ def _page() -> tuple[str, dict[str, Any]]:
     scored = {arm: Scored(arm=arm, run=run, texts=tuple(texts), retention=None,
                           results=tuple(check(t, TARGET) for t in texts))
               for arm, texts in ANSWERS.items()}
-    arms = {arm: {"correct": sum(r.correct for r in s.results), "documents": 4,
-                  "accuracy": sum(r.correct for r in s.results) / 4, "valid_json_objects": 0}
-            for arm, s in scored.items()}
-    report = {"learning": {"arms": arms}}
-    return render_page("Title <x>", report, tests, scored), report
+    zero = Digest.parse("blake3:" + "0" * 64)
+    arms = {arm: ArmSummary(
+        evaluation=zero, model=zero, parameter_digest=str(zero), committed_as=None,
+        trained_on=None, world=None, documents=4, correct=sum(r.correct for r in s.results),
+        accuracy=sum(r.correct for r in s.results) / 4, valid_json_objects=0, reasons={},
+        by_family={}, by_variant={}, held_out_variants=(2, 3),
+        held_out=Count(correct=0, documents=2), retention_mean_loss=None)
+        for arm, s in scored.items()}
+    return render_page("Title <x>", arms, tests, scored), arms
 
 
 class _Structure(HTMLParser):

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from nscas.errors import RecipeError
 from nscas.recipes.train.checkpoints import claim_output_dir, completed_checkpoints
+from nscas.recipes.train.events import CheckpointReady
 from nscas.recipes.train.journal import effective_steps, read_journal
 from nscas.recipes.train.launch import run_training
 from nscas.recipes.train.protocol import result_path
@@ -36,8 +37,8 @@ def test_killed_run_resumes_to_the_same_parameters(tiny: tuple[Path, Path, Path]
 
     broken = make_spec(root, docs=docs, base=base, tokenizer=tokenizer, out="broken", **PARAMS)
 
-    def interrupt(step: int, hf_dir: Path, state_file: Path) -> None:
-        if step == 2:
+    def interrupt(ready: CheckpointReady) -> None:
+        if ready.step == 2:
             raise Interrupt
 
     with pytest.raises(Interrupt):
@@ -47,9 +48,9 @@ def test_killed_run_resumes_to_the_same_parameters(tiny: tuple[Path, Path, Path]
     assert [c.step for c in completed_checkpoints(out)] == [2]
     assert not result_path(out, 0).exists()
 
-    seen: list[tuple[int, Path]] = []
-    resumed = run_training(broken, on_checkpoint=lambda s, h, _f: seen.append((s, h)), env=THREADS)
-    assert [s for s, _h in seen] == [2, 8]
+    seen: list[CheckpointReady] = []
+    resumed = run_training(broken, on_checkpoint=seen.append, env=THREADS)
+    assert [(c.step, c.resumed) for c in seen] == [(2, True), (8, False)]
     assert [c.step for c in resumed.checkpoints] == [2, 8]
 
     want = load_file(reference.checkpoints[-1].hf_dir / "model.safetensors")

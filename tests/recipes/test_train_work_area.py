@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from nscas.fsck import gc
+from nscas.opening import open_store
 from nscas.runner import run_file
-from nscas.store import open_store
 from nscas.workarea import read_owner
 from tests.pipelines import init_step, prepare_step, run_pipeline, tokenizer_step
 

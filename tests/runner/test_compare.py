@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from nscas.checkpoints import put_checkpoint
 from nscas.compare import CHECKPOINT_TOLERANCE, compare_outputs
 from nscas.digests import Digest
 from nscas.store import Store
@@ -16,7 +17,7 @@ from nscas.store import Store
 def checkpoint(store: Store, directory: Path, tensors: dict[str, np.ndarray], **extra) -> Digest:
     directory.mkdir()
     save_file(tensors, str(directory / "model.safetensors"))
-    return store.put_checkpoint(directory, step=0, parent=None, extra=extra or None)
+    return put_checkpoint(store, directory, step=0, parent=None, extra=extra or None)
 
 
 @pytest.fixture

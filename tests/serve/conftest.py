@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nscas.checkpoints import put_checkpoint
 from nscas.digests import Digest
 from nscas.recipes.common import tasks as T
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
@@ -61,7 +62,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     model_dir = save_hf_dir(model, tok_dir, root / "model")
     store = init_store(root)
     try:
-        checkpoint = store.put_checkpoint(model_dir, step=0, parent=None)
+        checkpoint = put_checkpoint(store, model_dir, step=0, parent=None)
         records = store.put_bytes(T.records_jsonl(dev, 1))
         tasks = store.put_record({"nscas": "tasks/1", "role": "dev", "records": str(records),
                                   "count": len(dev), "ids": [t.id for t in dev]})

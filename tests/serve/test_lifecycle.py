@@ -15,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nscas.checkpoints import put_checkpoint
 from nscas.errors import InvalidInput
+from nscas.opening import open_store
 from nscas.recipes.serve.processes import (
     REPLICA_MODULE,
     ReplicaGroup,
@@ -23,7 +25,6 @@ from nscas.recipes.serve.processes import (
     replica_command,
 )
 from nscas.recipes.serve.replica import pin_to_cpus
-from nscas.store import open_store
 
 from .conftest import Served, start_replicas
 
@@ -78,7 +79,7 @@ def test_a_checkpoint_whose_digest_is_wrong_is_never_served(served: Served,
     save_hf_dir(other, tok_dir, other_dir)
     with open_store(served.store_path) as store:
         genuine = store.get_record(served.checkpoint)
-        other_params = store.get_record(store.put_checkpoint(other_dir, step=0, parent=None))
+        other_params = store.get_record(put_checkpoint(store, other_dir, step=0, parent=None))
         forged = store.put_record({**genuine, "params": other_params["params"]})
     argv = replica_command(str(forged), store_path=served.store_path, tasks=None,
                            options=ReplicaOptions())

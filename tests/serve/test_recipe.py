@@ -14,12 +14,12 @@ import pytest
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
+from nscas.opening import open_store
 from nscas.recipe import NullProgress, RunContext
 from nscas.recipes.serve.client import LoadPlan, run_phase
 from nscas.recipes.serve.metrics import serving_claims
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaStartError
 from nscas.recipes.serve.recipe import RECIPE, ServeParams
-from nscas.store import open_store
 from nscas.verifiers.throughput import check_serving
 
 from .conftest import MAX_NEW_TOKENS, Served, start_replicas

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nscas.checkpoints import file_params_digest
+from nscas.checkpoints import file_params_digest, put_checkpoint
 from nscas.chunks import CHUNK_SIZE, INLINE_MAX, SINGLE_MAX, TENSOR_SPLIT
 from nscas.digests import Digest
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput, NotFound
@@ -28,12 +28,17 @@ from tests.store.helpers import (
 )
 
 
-def _check_object(store: Store, oid: Digest, data: bytes) -> None:
-    """The ID is b3sum's, the recorded SHA-256 and size are hashlib's, every read path agrees."""
+def _check_object(store: Store, oid: Digest, data: bytes, *, lazy: bool = False) -> None:
+    """The ID is b3sum's, the SHA-256 (recorded at put, or with ``lazy`` on first use) and
+    size are hashlib's, every read path agrees."""
     assert str(oid) == b3(data)
     info = store.info(oid)
     assert info.size == len(data)
-    assert info.sha256 == sha256(data)
+    if lazy and info.sha256 is None:
+        assert store.sha256(oid) == sha256(data)
+        assert store.info(oid).sha256 == sha256(data)  # recorded now
+    assert store.info(oid).sha256 == sha256(data)
+    assert store.sha256(oid) == sha256(data)
     assert info.kind is None
     assert store.has(oid)
     assert store.get_bytes(oid) == data
@@ -96,7 +101,9 @@ class TestObjectsContract:
             raw = tensors[name].tobytes()
             start = data.index(raw)
             assert parts[start] == Digest.parse(b3(raw)), name
-            _check_object(any_store, parts[start], raw)
+            # A tensor stored in a chunk file or as parts gets its SHA-256 on first use.
+            assert (any_store.info(parts[start]).sha256 is None) == (name != "tiny"), name
+            _check_object(any_store, parts[start], raw, lazy=True)
         assert len(parts) == 4  # the zero-size tensor has no bytes, hence no part
         big_id = Digest.parse(b3(tensors["big"].tobytes()))
         assert any_store.info(big_id).storage == "parts"
@@ -276,9 +283,9 @@ class TestCheckpointsContract:
                   "empty": np.zeros((0, 4), dtype=np.float32)}
         one = self._model_dir(tmp_path / "one", {**shared, "head": random_f32(2000, seed=21)})
         two = self._model_dir(tmp_path / "two", {**shared, "head": random_f32(2000, seed=22)})
-        first = any_store.put_checkpoint(one, step=0, parent=None)
+        first = put_checkpoint(any_store, one, step=0, parent=None)
         files_after_one = len(chunk_files(any_store))
-        second = any_store.put_checkpoint(two, step=10, parent=first, extra={"note": "fine-tuned"})
+        second = put_checkpoint(any_store, two, step=10, parent=first, extra={"note": "fine-tuned"})
         assert len(chunk_files(any_store)) == files_after_one + 1  # only the new head
 
         rec = any_store.get_record(second)
@@ -307,7 +314,7 @@ class TestCheckpointsContract:
             "embed": random_f32(TENSOR_SPLIT // 4 + 1000, seed=23),  # cut into its own part
             "norm": np.ones(16, dtype=np.float32), "empty": np.zeros((0, 4), dtype=np.float32)})
         write_safetensors(model / "model-2.safetensors", {"head": random_f32(300, seed=24)})
-        checkpoint = any_store.get_record(any_store.put_checkpoint(model, step=0, parent=None))
+        checkpoint = any_store.get_record(put_checkpoint(any_store, model, step=0, parent=None))
         weights = sorted(model.glob("*.safetensors"))
         assert file_params_digest(weights) == Digest.parse(checkpoint["params"])
         (model / "model-2.safetensors").write_bytes((model / "model-2.safetensors").read_bytes()[:-1])
@@ -317,7 +324,7 @@ class TestCheckpointsContract:
     def test_refusals(self, any_store: Store, tmp_path: Path) -> None:
         (tmp_path / "empty").mkdir()
         with pytest.raises(InvalidInput, match=r"no \*\.safetensors"):
-            any_store.put_checkpoint(tmp_path / "empty", step=0, parent=None)
+            put_checkpoint(any_store, tmp_path / "empty", step=0, parent=None)
         model = self._model_dir(tmp_path / "m", {"w": np.ones(4, np.float32)})
         with pytest.raises(InvalidInput, match="'step' is set by nscas"):
-            any_store.put_checkpoint(model, step=0, parent=None, extra={"step": 5})
+            put_checkpoint(any_store, model, step=0, parent=None, extra={"step": 5})

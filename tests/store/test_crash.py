@@ -16,7 +16,8 @@ import pytest
 
 from nscas.digests import Digest
 from nscas.fsck import fsck, gc
-from nscas.store import init_store, open_store
+from nscas.opening import open_store
+from nscas.store import init_store
 
 REPO = Path(__file__).resolve().parents[2]
 SIZE = 300 << 20

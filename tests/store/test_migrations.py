@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
-from nscas.db import SCHEMA_HEAD, migrations_dir
+from nscas.revision import SCHEMA_HEAD, migrations_dir
 from nscas.schema import INSERT_ONLY, metadata
 from nscas.store import Store
 from tests.store.helpers import raw_db
@@ -71,7 +71,8 @@ def test_a_store_of_the_first_schema_upgrades_in_place(tmp_path) -> None:
     from nscas.chunks import ChunkFiles
     from nscas.digests import Digest
     from nscas.errors import StoreError
-    from nscas.store import init_store, open_store
+    from nscas.opening import open_store
+    from nscas.store import init_store
 
     root = tmp_path / ".nscas"
     root.mkdir()

@@ -22,7 +22,8 @@ from nscas import canonical
 from nscas.digests import Digest
 from nscas.errors import RecordError
 from nscas.fsck import fsck
-from nscas.store import Store, init_store, open_store
+from nscas.opening import open_store
+from nscas.store import Store, init_store
 from tests.store.helpers import b3, chunk_path, flip_byte, rewrite_inline, sha256, small_chunks
 
 SETTINGS = settings(max_examples=60, deadline=None,

@@ -66,39 +66,43 @@ def _put(store: Store, path: Path, tensors: dict[str, np.ndarray]) -> tuple[Dige
     data = write_safetensors(path, tensors)
     oid = store.put_file(path)
     assert str(oid) == b3(data)
-    # Every object's recorded SHA-256 and size are right, whichever way they were obtained.
+    # The file's SHA-256 is recorded at the add; every object's SHA-256 (a tensor's computed on
+    # first use) and size are right, whichever way they were obtained.
+    assert store.info(oid).sha256 == sha256(data)
     for arr in (*tensors.values(), data):
         raw = arr if isinstance(arr, bytes) else arr.tobytes()
-        info = store.info(Digest.parse(b3(raw)))
-        assert (info.sha256, info.size) == (sha256(raw), len(raw))
+        d = Digest.parse(b3(raw))
+        assert (store.sha256(d), store.info(d).size) == (sha256(raw), len(raw))
     return oid, data
 
 
-def test_unchanged_tensors_cost_no_sha256_and_no_write(store: Store, tmp_path: Path,
-                                                        counting: _Counting) -> None:
+def test_an_add_computes_the_sha256_of_the_file_alone(store: Store, tmp_path: Path,
+                                                       counting: _Counting) -> None:
+    """docs/format.md §1.2: tensors get their SHA-256 lazily; unchanged ones are not written."""
     with small_chunks(tensor_split=6000):  # "big" (20,000 bytes) is stored as four pieces
         first = {"big": _u8(20_000, 1), "small": _u8(4000, 2), "other": _u8(4000, 3)}
         _, data = _put(store, tmp_path / "one.safetensors", first)
         header = 8 + int.from_bytes(data[:8], "little")  # inline: hashed on every put (tiny)
-        # The file, the header, every leaf, and "big" as a whole (it is an object of its own).
-        assert counting.bytes == len(data) + header + 28_000 + 20_000
+        # The file and the header; no tensor, no piece.
+        assert counting.bytes == len(data) + header
 
         counting.bytes = 0
         files = chunk_files(store)
         second = {**first, "small": _u8(4000, 4)}
         _, data2 = _put(store, tmp_path / "two.safetensors", second)
-        # The file and its header, and the one new tensor: "big" and "other" cost no SHA-256.
-        assert counting.bytes == len(data2) + header + 4000
+        # The file and its header: the new tensor's SHA-256 is left for later too.
+        assert counting.bytes == len(data2) + header
         new = b3(second["small"].tobytes())[7:]
         assert set(chunk_files(store)) - set(files) == {f"{new[:2]}/{new[2:]}"}  # one write
 
-        # Only the last piece of "big" changes: its first piece is stored, so its SHA-256 is
-        # skipped at first and then read again from the file (the whole tensor is new).
+        # Only the last piece of "big" changes: one new chunk file, still no tensor SHA-256.
         counting.bytes = 0
+        files = chunk_files(store)
         big = first["big"].copy()
         big[-10:] += 1
         _put(store, tmp_path / "three.safetensors", {**second, "big": big})
-        assert counting.bytes == len(data2) + header + 2000  # the new last piece as a leaf
+        assert counting.bytes == len(data2) + header
+        assert len(set(chunk_files(store)) - set(files)) == 1
         assert fsck(store, full=True).findings == ()
 
 

@@ -13,8 +13,9 @@ import pytest
 
 from nscas import reading
 from nscas.errors import StoreError
+from nscas.opening import open_store
 from nscas.reading import StoreReader
-from nscas.store import Store, open_store
+from nscas.store import Store
 from tests.store.helpers import build_records, raw_db, small_chunks, write_safetensors
 
 

@@ -10,7 +10,8 @@ import pytest
 import sqlalchemy.exc
 
 from nscas.errors import StoreError
-from nscas.store import Store, open_store
+from nscas.opening import open_store
+from nscas.store import Store
 from tests.store.helpers import build_records, raw_db, row_counts, write_safetensors
 
 

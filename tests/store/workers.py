@@ -15,7 +15,8 @@ from pathlib import Path
 
 from nscas.digests import Digest
 from nscas.errors import RefConflict
-from nscas.store import Store, open_store
+from nscas.opening import open_store
+from nscas.store import Store
 
 
 def add(store: Path, file: Path) -> None:

@@ -1,0 +1,32 @@
+"""Opening a store: the one entry point that picks the reader or the writer.
+
+``open_store(readonly=True)`` gives a :class:`~nscas.reading.StoreReader`, which imports no
+SQLAlchemy; the writer, :class:`~nscas.store.Store`, is imported only when asked for. Creating
+or upgrading a store is the writer's (``nscas.store.init_store``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, overload
+
+from nscas.locating import find_store, store_dir_of
+from nscas.reading import StoreReader
+
+if TYPE_CHECKING:
+    from nscas.store import Store
+
+
+@overload
+def open_store(path: Path | None = None, *, readonly: Literal[False] = False) -> Store: ...
+@overload
+def open_store(path: Path | None = None, *, readonly: bool) -> StoreReader: ...
+def open_store(path: Path | None = None, *, readonly: bool = False) -> StoreReader:
+    """The store at ``path`` (default: found upwards from here): with ``readonly`` a
+    :class:`StoreReader`, which imports no SQLAlchemy; else the writer, :class:`Store`."""
+    root = store_dir_of(path) if path is not None else find_store()
+    if readonly:
+        return StoreReader(root)
+    from nscas.store import Store
+
+    return Store(root)
