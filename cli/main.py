@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+# typer carries its own click; its usage errors are these classes (typer is pinned <0.29).
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from typer.core import TyperCommand, TyperGroup
 
 from nscas import __version__
@@ -48,6 +53,7 @@ COMMANDS: dict[str, Lazy] = {
     "export": Lazy(module="export", summary="Write a receipt's closure as an offline SHA256SUMS bundle."),
     "import": Lazy(module="import_bundle", summary="Import a bundle into the store, same IDs."),
     "import-hf": Lazy(module="import_hf", summary="Import a Hugging Face model directory as a checkpoint."),
+    "import-gguf": Lazy(module="import_gguf", summary="Import a GGUF file and convert it to an FP32 checkpoint."),
     "serve-model": Lazy(module="serve_model", summary="Serve a stored model over HTTP (loopback by default)."),
 }
 
@@ -77,6 +83,40 @@ class _Group(TyperGroup):
         super().__init__(**attrs)
         for name, lazy in COMMANDS.items():
             self.commands.setdefault(name, _LazyCommand(name, lazy.summary))
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # click's own usage errors take three lines (usage, hint, error); ours take one, like
+        # every other error, with the hint at its end. Exit code 2 either way.
+        standalone = kwargs.pop("standalone_mode", True)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except NoArgsIsHelpError as exc:  # plain ``nscas``: the help, on stderr, exit 2
+            if not standalone:
+                raise
+            exc.show()
+            sys.exit(exc.exit_code)
+        except UsageError as exc:
+            if not standalone:
+                raise
+            hint = ""
+            if exc.ctx is not None:
+                hint = f" (try '{exc.ctx.command_path} {exc.ctx.help_option_names[0]}')"
+            render.error(" ".join(exc.format_message().split()) + hint)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            if not standalone:
+                raise
+            render.error("aborted")
+            sys.exit(1)
+        except OSError as exc:
+            if not standalone or exc.errno != errno.EPIPE:
+                raise
+            # a closed pipe (``nscas cat ID | head``): quiet, as click is in standalone mode
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
+            sys.exit(1)
+        if not standalone:
+            return result
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:
         # The one place library errors become messages and exit codes (STYLE 6).

@@ -84,7 +84,7 @@ def test_the_wheel_declares_the_command_and_every_recipe(wheel: zipfile.ZipFile)
     text = wheel.read(entry_points).decode()
     assert f"nscas = {PYPROJECT['project']['scripts']['nscas']}" in text
     recipes = PYPROJECT["project"]["entry-points"]["nscas.recipes"]
-    assert sorted(recipes) == ["commit", "evaluate", "init", "prepare", "report", "serve",
-                               "tokenizer", "train"]
+    assert sorted(recipes) == ["commit", "conversations", "convert-gguf", "evaluate", "init",
+                               "prepare", "probes", "report", "serve", "tokenizer", "train"]
     for name, target in recipes.items():
         assert f"{name} = {target}" in text

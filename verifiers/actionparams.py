@@ -100,6 +100,8 @@ PARAMS: dict[str, dict[str, Param]] = {
     "init@1": {"preset": _rerun(_one_of("llama-tiny", "llama-small", "smollm2-1.7b")),
                "seed": _rerun(_int())},
     "commit@1": {"experiment": _r(_text)},
+    # Rechecked: every tensor of the checkpoint must be of this dtype (<run>.gguf.parameters).
+    "convert-gguf@1": {"dtype": _r(_one_of("float32"))},
     "train@1": {
         "steps": _r(_int(1)), "batch": _r(_int(1)), "schedule_seed": _r(_int()),
         "lr": _r(_num(0.0, open_lo=True)), "warmup": _r(_int()),
@@ -111,8 +113,8 @@ PARAMS: dict[str, dict[str, Param]] = {
         "grounded_weight": _rerun(_int(1)), "replay_weight": _rerun(_int(1)),
         "max_length": _rerun(_int(1)), "deterministic": _rerun(_bool),
         "gradient_checkpointing": _rerun(_bool), "bucket_mb": _rerun(_int(1)),
-        "micro_batch": _rerun(_int(1)), "rdzv_endpoint": _rerun(_endpoint),
-        "timeout_seconds": _rerun(_int(1)), "checkpoint_timeout_seconds": _rerun(_int(1)),
+        "micro_batch": _rerun(_int(1)), "compile": _rerun(_bool),
+        "rdzv_endpoint": _rerun(_endpoint), "timeout_seconds": _rerun(_int(1)), "checkpoint_timeout_seconds": _rerun(_int(1)),
     },
     "evaluate@1": {
         "max_new_tokens": _r(_int(1)), "device": _r(_device),
@@ -129,6 +131,16 @@ PARAMS: dict[str, dict[str, Param]] = {
         "precision": _rerun(_one_of("bf16", "fp32")),
     },
     "report@1": {"price_per_host_hour": _r(_num()), "title": _r(_text)},
+    # The selection is redone from the corpus with every one of these.
+    "conversations@1": {
+        "seed": _r(_int()), "replay_count": _r(_int()), "retention_count": _r(_int()),
+        "max_length": _r(_int(1)), "min_turns": _r(_int(1)),
+    },
+    # max_new_tokens bounds every answer and its flags; the rest shape only the output ids.
+    "probes@1": {
+        "max_new_tokens": _r(_int(1)), "batch_size": _rerun(_int(1)),
+        "device": _rerun(_one_of("cpu", "cuda")), "precision": _rerun(_one_of("bf16", "fp32")),
+    },
 }
 """Known params per ``recipe@version``; a version not listed here is not verifiable."""
 
@@ -140,6 +152,8 @@ RULES: dict[str, tuple[tuple[str, Callable[[Mapping[str, Any]], bool]], ...]] = 
          lambda p: p["nnodes"] > 1 or p["node_rank"] == 0),
         ("micro_batch is at most batch / world",
          lambda p: p["micro_batch"] * p["world"] <= p["batch"]),
+        ("compile runs stacked passes (micro_batch 2 or more)",
+         lambda p: not p["compile"] or p["micro_batch"] >= 2),
         ("checkpoint_steps lie within steps",
          lambda p: all(s <= p["steps"] for s in p["checkpoint_steps"])),
     ),

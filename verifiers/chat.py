@@ -68,9 +68,9 @@ def template_source(objects: Objects, entries: Mapping[str, Any]) -> tuple[str, 
     return text, specials
 
 
-def prompt_renderer(template: str, specials: Mapping[str, str]) -> Callable[[str], str]:
-    """A function giving the text a model is given for a prompt: one user turn and the
-    generation prompt. The template is compiled once; raises ``TemplateError``."""
+def _compile(template: str) -> Callable[..., str]:
+    """The template compiled once, rendering ``(messages, add_generation_prompt, **specials)``
+    to text; raises ``TemplateError``."""
     from jinja2 import TemplateError as JinjaError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -83,10 +83,65 @@ def prompt_renderer(template: str, specials: Mapping[str, str]) -> Callable[[str
     except (JinjaError, RecursionError) as exc:
         raise TemplateError(f"cannot be compiled ({exc})") from None
 
-    def render(prompt: str) -> str:
+    def render(**context: Any) -> str:
         try:
-            return compiled.render(messages=[{"role": "user", "content": prompt}],
-                                   add_generation_prompt=True, **specials)
+            return compiled.render(**context)
         except (JinjaError, RecursionError, TypeError, ValueError) as exc:
             raise TemplateError(f"cannot be rendered ({exc})") from None
     return render
+
+
+def prompt_renderer(template: str, specials: Mapping[str, str]) -> Callable[[str], str]:
+    """A function giving the text a model is given for a prompt: one user turn and the
+    generation prompt. The template is compiled once; raises ``TemplateError``."""
+    compiled = _compile(template)
+
+    def render(prompt: str) -> str:
+        return compiled(messages=[{"role": "user", "content": prompt}],
+                        add_generation_prompt=True, **specials)
+    return render
+
+
+def conversation_renderer(template: str, specials: Mapping[str, str]
+                          ) -> Callable[[list[dict[str, str]]], str]:
+    """A function giving the text of a whole conversation (``{"role", "content"}`` messages),
+    as training renders a document (no generation prompt); raises ``TemplateError``."""
+    compiled = _compile(template)
+    return lambda messages: compiled(messages=messages, add_generation_prompt=False, **specials)
+
+
+PROBE_USER = "Hi"
+PROBE_ANSWER = "Hello"
+"""The probe conversation of docs/format.md §6.9."""
+
+
+def end_of_turn_text(template: str, specials: Mapping[str, str]) -> str:
+    """The text that closes an assistant turn (docs/format.md §6.9): what the template writes
+    after the probe answer, whitespace stripped, once the generation prompt of the probe's
+    user turn is known to be a prefix of the whole rendering. Raises ``TemplateError``."""
+    compiled = _compile(template)
+    user = [{"role": "user", "content": PROBE_USER}]
+    prompt = compiled(messages=user, add_generation_prompt=True, **specials)
+    full = compiled(messages=[*user, {"role": "assistant", "content": PROBE_ANSWER}],
+                    add_generation_prompt=False, **specials)
+    if not full.startswith(prompt):
+        raise TemplateError("the generation prompt is not a prefix of the rendered conversation")
+    tail = full[len(prompt):]
+    at = tail.rfind(PROBE_ANSWER)
+    if at < 0:
+        raise TemplateError("the probe answer does not appear after the generation prompt")
+    closing = tail[at + len(PROBE_ANSWER):].strip()
+    if not closing:
+        raise TemplateError("nothing closes an assistant turn")
+    return closing
+
+
+def end_of_turn(objects: Objects, entries: Mapping[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """``{"token", "id"}`` of a checkpoint's end-of-turn token, derived from its own template
+    and its ``tokenizers`` tokenizer; raises ``TemplateError`` unless it is one token."""
+    closing = end_of_turn_text(*template_source(objects, entries))
+    ids = list(tokenizer.encode(closing, add_special_tokens=False).ids)
+    if len(ids) != 1:
+        raise TemplateError(f"an assistant turn is closed by {closing!r}, which is {len(ids)} "
+                            "tokens, not one")
+    return {"token": closing, "id": ids[0]}

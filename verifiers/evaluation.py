@@ -11,13 +11,14 @@ model and are not recomputed; their summary statistics are.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .chat import TemplateError, prompt_renderer, template_source
+from .chat import TemplateError, end_of_turn, prompt_renderer, template_source
 from .checker import CheckResult, check_answer, compute_target
 from .closure import Objects, Unusable
 from .errors import InvalidArgument, RecordParseError, TaskError, VerifierError
@@ -34,7 +35,6 @@ from .taskchecks import Task, expected_target, read_lines, task_lines
 
 GENERATION_KEYS = frozenset({"id", "prompt_ids", "output_ids", "text", "seconds",
                              "tokens_per_second", "ended_with_eos", "hit_token_limit"})
-END_OF_TURN = "<|im_end|>"
 _SHOWN = 5
 
 
@@ -221,9 +221,12 @@ def load_tokenizer(objects: Objects, model_id: str) -> tuple[Any, set[int]]:
         tokenizer = Tokenizer.from_str(text)
     except Exception:  # the Rust library raises bare Exception for a file it cannot parse
         return None, set()
-    # The ids generation stops at, as the evaluate recipe takes them: the end-of-turn token
-    # and the tokenizer's own eos token (tokenizer_config.json).
-    names = {END_OF_TURN}
+    # The ids generation stops at, as the evaluate recipe takes them (docs/format.md §6.9):
+    # the end-of-turn token its chat template closes a turn with, and the tokenizer's own eos
+    # token (tokenizer_config.json). A template without one gives none: the recipe refuses it.
+    eos: set[int] = set()
+    with contextlib.suppress(TemplateError, Unusable):
+        eos.add(end_of_turn(objects, files["entries"], tokenizer)["id"])
     entry = files["entries"].get("tokenizer_config.json")
     if entry is not None:
         try:
@@ -233,9 +236,8 @@ def load_tokenizer(objects: Objects, model_id: str) -> tuple[Any, set[int]]:
         token = config.get("eos_token") if isinstance(config, dict) else None
         if isinstance(token, dict):
             token = token.get("content")
-        if isinstance(token, str):
-            names.add(token)
-    eos = {tokenizer.token_to_id(name) for name in names} - {None}
+        if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
+            eos.add(tokenizer.token_to_id(token))
     return tokenizer, eos
 
 

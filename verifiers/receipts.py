@@ -30,11 +30,14 @@ from .evaluation import (
     rescore,
     retention_claims,
 )
+from .gguf import checkpoint_end_of_turn, convert_checks
 from .ordering import ordering_checks, test_evaluations_behind
+from .probes import check_probes
 from .records import parse_json
 from .report import Check, Needs
 from .reportchecks import REPORT_VERIFIERS, check_report
 from .runs import Run
+from .selection import CORPUS_CLAIMS, OUTPUT_CLAIMS, check_selection
 from .taskchecks import prepare_claims
 from .throughput import ServeRun, check_serving
 from .training import (
@@ -321,10 +324,38 @@ def _checkpoints(objects: Objects, run: Run, found: Findings) -> None:
     found.section(f"{run.name}.checkpoints", (), work)
 
 
+def _tokenizer_of(objects: Objects) -> Callable[[str], Any]:
+    return lambda checkpoint: load_tokenizer(objects, checkpoint)[0]
+
+
+def _end_of_turn(objects: Objects, run: Run, found: Findings) -> None:
+    """The ``end_of_turn`` claim of a train run: the token the base checkpoint's own chat
+    template closes an assistant turn with (docs/format.md §6.9), which labels end at."""
+    def work() -> None:
+        turn = checkpoint_end_of_turn(objects, run.inputs["base"], _tokenizer_of(objects))
+        if isinstance(turn, str):
+            found.skipped["end_of_turn"] = f"not recomputed: {turn}"
+        else:
+            found.values["end_of_turn"] = turn
+    found.section(f"{run.name}.template", ("end_of_turn",), work)
+
+
+def _convert_gguf(objects: Objects, run: Run, found: Findings) -> None:
+    _parameters(objects, run, found)
+
+    def work() -> None:
+        found.checks.extend(convert_checks(objects, run, found.values, _tokenizer_of(objects)))
+    found.section(f"{run.name}.gguf", ("gguf_sha256", "gguf_tensors", "gguf_parameters",
+                                       "end_of_turn"), work)
+    _environment(objects, run, found)
+
+
 def _train(objects: Objects, run: Run, found: Findings) -> None:
     name = run.name
     _parameters(objects, run, found)
     _checkpoints(objects, run, found)
+    if "end_of_turn" in run.receipt["claims"]:
+        _end_of_turn(objects, run, found)
     journals = run.receipt["journals"]
     journal_ids = list(journals.values()) if isinstance(journals, dict) else list(journals)
     checks, ranks = journal_checks(objects, journal_ids, name)
@@ -453,6 +484,28 @@ def serve_run(objects: Objects, run: Run, found: Findings) -> ServeRun:
                     attempts=run.params.get("attempts"))
 
 
+def _conversations(objects: Objects, run: Run, found: Findings) -> None:
+    """A conversations run: its sets rechecked, and the selection redone from the corpus."""
+    def work() -> None:
+        found.checks.extend(check_selection(objects, name=run.name, params=run.params,
+                                            inputs=run.inputs, outputs=run.outputs,
+                                            values=found.values,
+                                            not_rechecked=found.not_rechecked))
+    found.section(f"{run.name}.selection", (*CORPUS_CLAIMS, *OUTPUT_CLAIMS), work)
+    _environment(objects, run, found)
+
+
+def _probes(objects: Objects, run: Run, found: Findings) -> None:
+    """A probes run: the published prompts, the answers' decoding and the retention set."""
+    def work() -> None:
+        found.checks.extend(check_probes(objects, name=run.name, params=run.params,
+                                         inputs=run.inputs, outputs=run.outputs,
+                                         values=found.values))
+    found.section(f"{run.name}.probes", ("probes", "dropped", "ended_with_eos",
+                                         "hit_token_limit"), work)
+    _environment(objects, run, found)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecipeRules:
     verifiers: frozenset[str]
@@ -466,8 +519,13 @@ RECIPES: dict[str, RecipeRules] = {
     "init": RecipeRules(verifiers=frozenset({"parameters"}), check=_parameters),
     "commit": RecipeRules(verifiers=frozenset({"ordering"}), check=_commit),
     "evaluate": RecipeRules(verifiers=frozenset({"answers", "statistics"}), check=_evaluate),
-    "train": RecipeRules(verifiers=frozenset({"parameters", "journals"}), check=_train),
+    "train": RecipeRules(verifiers=frozenset({"parameters", "journals", "template"}),
+                         check=_train),
+    "convert-gguf": RecipeRules(verifiers=frozenset({"parameters", "gguf", "template"}),
+                                check=_convert_gguf),
     "serve": RecipeRules(verifiers=frozenset({"throughput"}), check=_serve),
+    "conversations": RecipeRules(verifiers=frozenset({"selection"}), check=_conversations),
+    "probes": RecipeRules(verifiers=frozenset({"probes"}), check=_probes),
     "report": RecipeRules(verifiers=REPORT_VERIFIERS, check=check_report),
 }
 

@@ -54,6 +54,18 @@ class Generation:
     """The row produced ``max_new_tokens`` tokens without an end-of-turn token."""
 
 
+def stop_ids(tokenizer: Any) -> set[int]:
+    """The ids greedy generation stops at (docs/format.md §6.9): the chat template's
+    end-of-turn token (``tokenise.end_of_turn``, which refuses a template without one) and the
+    tokenizer's eos token, where it has one (a model that writes it has ended, too)."""
+    from nscas.recipes.common.tokenise import end_of_turn
+
+    ids = {end_of_turn(tokenizer).id}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
 def generate_greedy(
     model: Any,
     tokenizer: Any,

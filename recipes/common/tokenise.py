@@ -5,6 +5,10 @@ each assistant answer through its first end-of-turn token. Where an answer start
 encoding the conversation before it with the generation prompt, exactly as ``encode_prompt``
 does at generation time, and requiring that encoding to be a prefix of the full one: training
 and generation therefore see the same prompt tokens, or encoding fails loudly.
+
+The end-of-turn token is the chat template's, never the tokenizer's ``eos_token`` (a GGUF
+tokenizer may name ``<|im_start|>`` as its eos, and Llama 3's eos is not its ``<|eot_id|>``):
+``end_of_turn`` renders a probe conversation and takes what closes the assistant turn.
 """
 
 from __future__ import annotations
@@ -43,6 +47,64 @@ class DocumentTooLong(DocumentError):
         self.max_length = max_length
 
 
+class TemplateError(RecipeError):
+    """A chat template from which no single end-of-turn token can be derived; ``why`` says
+    what the probe conversation showed."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"chat template: {why}")
+        self.why = why
+
+
+PROBE_USER = "Hi"
+PROBE_ANSWER = "Hello"
+"""The probe conversation ``end_of_turn`` renders (docs/format.md §6.9)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndOfTurn:
+    """The token that closes an assistant turn in a tokenizer's chat template."""
+
+    token: str
+    """Its text, as the template writes it (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``)."""
+    id: int
+    """Its token id."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token": self.token, "id": self.id}
+
+
+def end_of_turn(tokenizer: Any) -> EndOfTurn:
+    """The chat template's end-of-turn token: render one user turn with the generation prompt,
+    and the same turn followed by the assistant answer ``PROBE_ANSWER``; the text the template
+    writes after the answer, stripped of whitespace, must be exactly one token. Raises
+    ``TemplateError`` otherwise."""
+    from jinja2 import TemplateError as JinjaError
+
+    user = [{"role": "user", "content": PROBE_USER}]
+    try:
+        prompt = _render(tokenizer, user, generation_prompt=True)
+        full = _render(tokenizer, [*user, {"role": "assistant", "content": PROBE_ANSWER}],
+                       generation_prompt=False)
+    except (ValueError, TypeError, KeyError, JinjaError) as exc:  # none, or one that raises
+        raise TemplateError(f"cannot render a probe conversation ({exc})") from None
+    if not full.startswith(prompt):
+        raise TemplateError("the generation prompt is not a prefix of the rendered conversation")
+    tail = full[len(prompt):]
+    at = tail.rfind(PROBE_ANSWER)
+    if at < 0:
+        raise TemplateError(f"the assistant answer {PROBE_ANSWER!r} does not appear after the "
+                            "generation prompt")
+    closing = tail[at + len(PROBE_ANSWER):].strip()
+    if not closing:
+        raise TemplateError("nothing closes an assistant turn, so no token can end one")
+    ids = _encode_text(tokenizer, closing)
+    if len(ids) != 1:
+        raise TemplateError(f"an assistant turn is closed by {closing!r}, which is {len(ids)} "
+                            "tokens, not one end-of-turn token")
+    return EndOfTurn(token=closing, id=ids[0])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Encoded:
     """One tokenised document."""
@@ -79,16 +141,18 @@ def document_messages(record: Mapping[str, Any]) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": target}]
 
 
-def encode_document(tokenizer: Any, record: Mapping[str, Any], *, max_length: int) -> Encoded:
-    """Token ids and labels of a grounded task line or a conversation record (docs/experiment.md §3)."""
+def encode_document(tokenizer: Any, record: Mapping[str, Any], *, max_length: int,
+                    turn: EndOfTurn | None = None) -> Encoded:
+    """Token ids and labels of a grounded task line or a conversation record (docs/experiment.md §3).
+
+    Labels run through the first ``turn`` token after each answer start; ``turn`` is the
+    template's ``end_of_turn`` (derived here when not given: pass it when encoding many)."""
     doc_id = str(record.get("id", "<no id>"))
     messages = document_messages(record)
+    turn = turn if turn is not None else end_of_turn(tokenizer)  # a broken template fails here
     input_ids = _encode_text(tokenizer, _render(tokenizer, messages, generation_prompt=False))
     if len(input_ids) > max_length:
         raise DocumentTooLong(doc_id, len(input_ids), max_length)
-    end_of_turn = tokenizer.eos_token_id
-    if end_of_turn is None:
-        raise DocumentError(doc_id, "the tokenizer has no eos (end-of-turn) token")
 
     labels = [IGNORE_INDEX] * len(input_ids)
     for index, message in enumerate(messages):
@@ -104,10 +168,11 @@ def encode_document(tokenizer: Any, record: Mapping[str, Any], *, max_length: in
                 "prefix of the whole document; the chat template or tokenizer is inconsistent"
             )
         try:
-            end = input_ids.index(end_of_turn, start)
+            end = input_ids.index(turn.id, start)
         except ValueError:
             raise DocumentError(
-                doc_id, f"assistant message {index} is not followed by an end-of-turn token"
+                doc_id, f"assistant message {index} is not followed by the end-of-turn token "
+                f"{turn.token!r}"
             ) from None
         labels[start : end + 1] = input_ids[start : end + 1]
 

@@ -149,8 +149,13 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
                              recomputed)
     model, tokenizer = load_hf_dir(model_dir, device=device)
     model.eval()
-    if tokenizer.eos_token_id is None:
-        raise ReplicaLoadError(str(checkpoint), "its tokenizer has no eos (end-of-turn) token")
+    from nscas.recipes.common.generate import stop_ids
+    from nscas.recipes.common.tokenise import TemplateError
+
+    try:
+        eos_ids = frozenset(stop_ids(tokenizer))
+    except TemplateError as exc:
+        raise ReplicaLoadError(str(checkpoint), exc.message) from None
     static = None
     if device == "cuda" and cuda_graphs and precision == "fp32":
         from nscas.recipes.common.static_decode import StaticDecoder, unsupported
@@ -162,7 +167,7 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
         static = StaticDecoder(model, graphs=True)
     prompts = _task_prompts(store, tasks, tokenizer) if tasks is not None else {}
     return Replica(model=model, tokenizer=tokenizer, model_digest=record["params"],
-                   prompts=prompts, eos_ids=frozenset({tokenizer.eos_token_id}),
+                   prompts=prompts, eos_ids=eos_ids,
                    device=device, precision=precision,
                    max_positions=getattr(model.config, "max_position_embeddings", None),
                    static=static)

@@ -13,8 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from nscas.checkpoints import put_checkpoint
 from nscas.digests import Digest
 from nscas.errors import RecipeError
+from nscas.objectstore import tree_record
 from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 from nscas.recipes.train.config import TrainParams
 
@@ -46,9 +48,10 @@ def check_base(store: Any, base: Digest) -> dict[str, Any]:
 def run(ctx: RunContext) -> RecipeResult:
     from transformers import AutoTokenizer
 
-    from nscas.recipes.common.tokenise import encode_document
+    from nscas.recipes.common.tokenise import encode_document, end_of_turn
     from nscas.recipes.train.config import WorkerSpec
     from nscas.recipes.train.documents import TrainDocument, write_documents
+    from nscas.recipes.train.events import CheckpointReady
     from nscas.recipes.train.launch import run_training
 
     p: TrainParams = ctx.params
@@ -70,13 +73,14 @@ def run(ctx: RunContext) -> RecipeResult:
         if f.is_file() and f.name not in _MODEL_FILES and f.suffix != ".safetensors":
             shutil.copyfile(f, tok_dir / f.name)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    turn = end_of_turn(tokenizer)  # labels end at the template's turn end (docs/format.md §6.9)
     docs = []
     ctx.progress.start(None, "tokenising")
     for rec in _records(store, documents):
-        enc = encode_document(tokenizer, rec, max_length=p.max_length)
+        enc = encode_document(tokenizer, rec, max_length=p.max_length, turn=turn)
         docs.append(TrainDocument.from_encoded(rec["id"], enc, weight=p.grounded_weight))
     for rec in _records(store, replay):
-        enc = encode_document(tokenizer, rec, max_length=p.max_length)
+        enc = encode_document(tokenizer, rec, max_length=p.max_length, turn=turn)
         docs.append(TrainDocument.from_encoded(rec["id"], enc, weight=p.replay_weight))
     docs_file = ctx.workdir / "documents.jsonl"
     write_documents(docs_file, docs)
@@ -87,13 +91,13 @@ def run(ctx: RunContext) -> RecipeResult:
                       tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action))
     checkpoints: dict[int, Digest] = {}
 
-    def on_checkpoint(step: int, hf_dir: Path, state_file: Path) -> None:
+    def on_checkpoint(ready: CheckpointReady) -> None:
         parent = checkpoints[max(checkpoints)] if checkpoints else base
-        checkpoints[step] = store.put_checkpoint(hf_dir, step=step, parent=parent)
+        checkpoints[ready.step] = put_checkpoint(store, ready.hf_dir, step=ready.step, parent=parent)
         # Optimizer and RNG state: for resuming, not for publication, so no record links it;
         # a ref keeps it from garbage collection.
-        state = store.put_file(state_file)
-        store.ref_set(STATE_REF.format(action=ctx.action.hex[:16], step=step), state)
+        state = store.put_file(ready.state_file)
+        store.ref_set(STATE_REF.format(action=ctx.action.hex[:16], step=ready.step), state)
 
     ctx.progress.start(p.steps, f"training ({p.world} rank{'s' if p.world > 1 else ''}, {p.device})")
     # The ranks' and torch's launcher's temporary files go to the scratch directory too, so a
@@ -121,8 +125,8 @@ def run(ctx: RunContext) -> RecipeResult:
             "head": r.journal_head, "host": r.host, "loop_seconds": r.loop_seconds,
             "peak_memory_bytes": r.peak_memory_bytes, "resumed_from": r.resumed_from,
         }))
-    all_ckpts = store.put_record({"nscas": "tree/1", "entries": {
-        f"step-{step:06d}": _entry(store, oid) for step, oid in sorted(checkpoints.items())}})
+    all_ckpts = store.put_record(tree_record(store, {
+        f"step-{step:06d}": oid for step, oid in checkpoints.items()}))
     lead = results[0]
     params_id = store.get_record(final)["params"]
     claims = {
@@ -137,14 +141,10 @@ def run(ctx: RunContext) -> RecipeResult:
         "targets": Claim(value=lead.targets, verifier="journals"),
         "weighted_targets": Claim(value=lead.weighted_targets, verifier="journals"),
         "tokens_per_second": Claim(value=lead.tokens_per_second, verifier="journals"),
+        "end_of_turn": Claim(value=turn.to_json(), verifier="template"),
     }
     return RecipeResult(outputs={"checkpoint": final, "checkpoints": all_ckpts}, claims=claims,
                         journals=tuple(journals))
-
-
-def _entry(store: Any, oid: Digest) -> dict[str, Any]:
-    info = store.info(oid)
-    return {"id": str(oid), "size": info.size, "sha256": info.sha256}
 
 
 RECIPE = Recipe(

@@ -1,0 +1,1 @@
+"""GGUF conversion: a llama.cpp GGUF file as a Hugging Face checkpoint."""
