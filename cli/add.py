@@ -36,15 +36,19 @@ def add(
         if len(paths) != 1:
             raise InvalidInput(f"--ref names one object, but {len(paths)} paths were given")
         check_ref_name(ref)
-    missing = [str(p) for p in paths if not (p.is_file() or p.is_dir())]
+    missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise InvalidInput(f"no such file or directory: {', '.join(missing)}; nothing was added")
+    special = [str(p) for p in paths if not (p.is_file() or p.is_dir())]
+    if special:  # a FIFO, socket or device: its bytes are not a file's to content-address
+        raise InvalidInput(f"not a regular file or directory: {', '.join(special)}; "
+                           "nothing was added")
     rows = []
     with open_cli_store(ctx) as store:
         for path in paths:
             oid = store.put_tree(path) if path.is_dir() else store.put_file(path)
             info = store.info(oid)
-            rows.append({"path": str(path), "id": str(oid), "sha256": info.sha256,
+            rows.append({"path": str(path), "id": str(oid), "sha256": store.sha256(oid),
                          "size": info.size, "kind": info.kind or "blob"})
         if ref is not None:
             store.ref_set(ref, oid, message=f"nscas add {paths[0]}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +21,18 @@ class CliState:
 
     store: Path | None
     """``--store`` / ``$NSCAS_STORE``: a store directory or a directory holding ``.nscas``."""
+
+
+# Listing limits stop where SQLite's integers and JSON's exact ones do (2^53): a larger one is
+# refused as a usage error, not passed on to overflow.
+LIMIT_MAX = 2**53
+
+
+def finite(value: float) -> float:
+    """A typer callback refusing nan and infinities, which no range check catches."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
@@ -54,7 +67,7 @@ def open_cli_store(ctx: typer.Context, *, readonly: bool = False) -> StoreReader
 
     ``readonly``: a reader, which keeps SQLAlchemy (a fifth of a second to import) unloaded.
     """
-    from nscas.reading import open_store
+    from nscas.opening import open_store
 
     return open_store(state(ctx).store, readonly=readonly)
 

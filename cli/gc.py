@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from nscas.cli import render
-from nscas.cli.common import JsonFlag, command_app, open_cli_store
+from nscas.cli.common import JsonFlag, command_app, finite, open_cli_store
 from nscas.fsck import DEFAULT_MIN_AGE
 from nscas.fsck import gc as collect
 
@@ -23,7 +23,7 @@ def gc_(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Only say what would be removed.")] = False,
     min_age: Annotated[float, typer.Option(
-        "--min-age", metavar="SECONDS", min=0.0,
+        "--min-age", metavar="SECONDS", min=0.0, callback=finite,
         help="Keep objects, temporary files and chunk files younger than this: a put running in "
              "another process may still need them. Must exceed the longest put; 0 only when "
              "nothing else writes to the store.")] = DEFAULT_MIN_AGE,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from nscas.cli import render
-from nscas.cli.common import JsonFlag, command_app, iso_time, open_cli_store
+from nscas.cli.common import LIMIT_MAX, JsonFlag, command_app, iso_time, open_cli_store
 from nscas.digests import Digest
 
 app = command_app()
@@ -19,7 +19,7 @@ def log(
     kind: Annotated[str | None, typer.Option(
         "--kind", metavar="KIND", show_default=False,
         help="Only records of this kind, e.g. receipt/1.")] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many.")] = 20,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=LIMIT_MAX, help="At most this many.")] = 20,
     as_json: JsonFlag = False,
 ) -> None:
     """List records, newest first: ID, kind, time, size (and recipe and status for receipts).

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from nscas.cli import render
-from nscas.cli.common import IdArgument, JsonFlag, command_app, iso_time, open_cli_store
+from nscas.cli.common import LIMIT_MAX, IdArgument, JsonFlag, command_app, iso_time, open_cli_store
 
 app = command_app(
     help="Set, list and trace refs: names for IDs. Names under tags/ never move once set.\n\n"
@@ -78,7 +78,7 @@ def log_(
     name: Annotated[str | None, typer.Argument(
         metavar="[NAME]", show_default=False, help="One ref (default: all refs).")] = None,
     limit: Annotated[int | None, typer.Option(
-        "--limit", "-n", min=1, show_default=False, help="At most this many entries.")] = None,
+        "--limit", "-n", min=1, max=LIMIT_MAX, show_default=False, help="At most this many entries.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Every change of a ref, newest first: when, from what, to what, and why.

@@ -56,6 +56,14 @@ def serve_model(
         show_default=False,
         help="Keep this replica on these CPUs (e.g. 2,3 or 4-7), so that replicas on one "
              "host do not share cores.")] = None,
+    header_timeout: Annotated[float, typer.Option(
+        help="Seconds a connection may take to send a request's line and headers, from its "
+             "opening or its last answer; then it is closed.")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(
+        help="Seconds a request body may take to arrive; then 408 and the connection "
+             "closes.")] = 30.0,
+    max_connections: Annotated[int, typer.Option(
+        help="Open connections at most; one more gets 503 and is closed.")] = 256,
     as_json: JsonFlag = False,
 ) -> None:
     """Load checkpoint ID, re-check its parameter digest, then serve it until SIGTERM.
@@ -74,12 +82,13 @@ def serve_model(
         checkpoint=id_, tasks=tasks, host=host, port=port, max_batch=max_batch,
         max_wait_ms=max_wait_ms, threads=threads, max_new_tokens=max_new_tokens,
         cache_size=cache_size, device=device, precision=precision, cuda_graphs=cuda_graphs,
-        cpus=cpus)
+        cpus=cpus, header_timeout=header_timeout, body_timeout=body_timeout,
+        max_connections=max_connections)
 
     def open_store() -> Any:
         if store_path is None:
             return open_cli_store(ctx, readonly=True)
-        from nscas.reading import open_store
+        from nscas.opening import open_store
 
         return open_store(store_path, readonly=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import stat
 import tomllib
 import types
 import typing
@@ -36,15 +37,50 @@ class RunFile:
 _STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs"}
 
 
+# A recipe or pipeline file is a few kilobytes; anything near this is not one.
+RUN_FILE_MAX_BYTES = 1 << 20
+
+
+RUN_FILE_MAX_DEPTH = 32
+
+
+def _depth(value: object) -> int:
+    """How deeply tables and arrays nest in ``value``, without recursing."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def load_run_file(path: Path) -> RunFile:
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(str(path), "a directory, not a recipe or pipeline file")
+        if not stat.S_ISREG(mode):  # a FIFO or device would block or never end
+            raise ConfigError(str(path), "not a regular file")
+        with path.open("rb") as f:
+            data = f.read(RUN_FILE_MAX_BYTES + 1)
+        if len(data) > RUN_FILE_MAX_BYTES:
+            raise ConfigError(str(path), f"larger than {RUN_FILE_MAX_BYTES} bytes: not a run file")
+        raw = tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(str(path), "no such file") from None
+    except OSError as exc:
+        raise ConfigError(str(path), exc.strerror or str(exc)) from None
     except UnicodeDecodeError:
         raise ConfigError(str(path), "not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), f"malformed TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nested array or table
+        raise ConfigError(str(path), "nested too deeply to be a run file") from None
+    if _depth(raw) > RUN_FILE_MAX_DEPTH:  # records nest at most 64 deep (docs/format.md)
+        raise ConfigError(str(path), f"nested more than {RUN_FILE_MAX_DEPTH} deep")
     where = str(path)
     if "step" in raw:
         extra = sorted(set(raw) - {"step"})

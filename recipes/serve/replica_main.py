@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nscas.errors import InvalidInput, NscasError
+from nscas.recipes.common.lifetime import exit_with_owner
 
 ERROR_PREFIX = "nscas: error: "  # as the CLI writes errors: a replica's log reads the same
 
@@ -44,14 +45,23 @@ class ReplicaSettings:
     precision: str = "bf16"
     cuda_graphs: bool = True
     cpus: str | None = None
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 256
 
     def check(self) -> None:
         """Refuse bad settings before anything is loaded, naming the option."""
         for name, value in (("--max-batch", self.max_batch), ("--threads", self.threads),
                             ("--max-new-tokens", self.max_new_tokens),
-                            ("--cache-size", self.cache_size)):
+                            ("--cache-size", self.cache_size),
+                            ("--max-connections", self.max_connections)):
             if value < 1:
                 raise InvalidInput(f"{name} must be at least 1, got {value}")
+        for name, seconds in (("--header-timeout", self.header_timeout),
+                              ("--body-timeout", self.body_timeout)):
+            if not 0 < seconds <= 86_400:  # also refuses nan
+                raise InvalidInput(f"{name} must be more than 0 and at most 86400 seconds, "
+                                   f"got {seconds}")
         if self.max_wait_ms < 0:
             raise InvalidInput(f"--max-wait-ms must not be negative, got {self.max_wait_ms}")
         if self.device not in ("cpu", "cuda"):
@@ -74,13 +84,17 @@ def run_replica(settings: ReplicaSettings, open_store: Callable[[], AbstractCont
     settings.check()
     if settings.cpus is not None:  # first, so that every thread started from here on inherits it
         pin_to_cpus(settings.cpus)
+    exit_with_owner()  # started by `nscas run`: end with it, even when that is SIGKILLed
 
     from nscas.recipes.serve.replica import load_replica
     from nscas.recipes.serve.server import ServerConfig, serve
 
     config = ServerConfig(host=settings.host, port=settings.port, max_batch=settings.max_batch,
                           max_wait_ms=settings.max_wait_ms,
-                          max_new_tokens=settings.max_new_tokens, cache_size=settings.cache_size)
+                          max_new_tokens=settings.max_new_tokens, cache_size=settings.cache_size,
+                          header_timeout=settings.header_timeout,
+                          body_timeout=settings.body_timeout,
+                          max_connections=settings.max_connections)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open_store() as store, tempfile.TemporaryDirectory(prefix="nscas-serve-") as workdir:
@@ -111,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("tasks", "host", "cpus", "device", "precision"):
         parser.add_argument(f"--{name}", default=getattr(defaults, name))
     for name, kind in (("port", int), ("max_batch", int), ("max_wait_ms", float),
-                       ("threads", int), ("max_new_tokens", int), ("cache_size", int)):
+                       ("threads", int), ("max_new_tokens", int), ("cache_size", int),
+                       ("header_timeout", float), ("body_timeout", float),
+                       ("max_connections", int)):
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind,
                             default=getattr(defaults, name))
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
@@ -122,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     as_json: bool = args.pop("as_json")
 
     def open_store() -> AbstractContextManager[Any]:
-        from nscas.reading import open_store
+        from nscas.opening import open_store
 
         return open_store(store_path, readonly=True)
 

@@ -61,6 +61,13 @@ class ServerConfig:
     """Largest chat completion body; larger ones get 413."""
     drain_seconds: float = 300.0
     """After SIGTERM, how long accepted requests may take to finish before the replica exits."""
+    header_timeout: float = 10.0
+    """Seconds a connection may take to send a whole request line and headers, counted from
+    its opening or its last answer; then it is closed (a stalled client holds nothing)."""
+    body_timeout: float = 30.0
+    """Seconds a request's body may take to arrive; then it gets 408 and the connection closes."""
+    max_connections: int = 256
+    """Open connections at most; one more is answered 503 and closed at once."""
 
 
 @dataclass(slots=True)
@@ -77,6 +84,7 @@ class _State:
 
 
 STATE = web.AppKey("nscas_state", _State)
+LINGER_SECONDS = 2.0
 
 
 def build_app(replica: Replica, config: ServerConfig) -> web.Application:
@@ -118,7 +126,10 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Any]) ->
     try:
         return await handler(request)
     except RequestRejected as exc:
-        return _error(exc.status, exc.message)
+        response = _error(exc.status, exc.message)
+        if exc.status == 408:  # what is left of the body is not worth reading: close after this
+            response.force_close()
+        return response
     except RequestConflict as exc:
         return _error(409, exc.message)
     except web.HTTPException as exc:  # the router's 404 and 405, as JSON like every refusal
@@ -149,18 +160,24 @@ async def _stats(request: web.Request) -> web.Response:
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The body, refusing (413) anything over ``limit`` bytes before reading it all."""
+    """The body, refusing anything over ``limit`` bytes (413) before reading it all, and one
+    that takes longer than the body timeout to arrive (408, and the connection is closed)."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise RequestRejected(413, f"the body has {declared} bytes; the limit is {limit}")
+    seconds = request.app[STATE].config.body_timeout
     data = bytearray()
-    while True:
-        chunk = await request.content.read(limit + 1 - len(data))
-        if not chunk:
-            return bytes(data)
-        data += chunk
-        if len(data) > limit:
-            raise RequestRejected(413, f"the body is over the limit of {limit} bytes")
+    try:
+        async with asyncio.timeout(seconds):
+            while True:
+                chunk = await request.content.read(limit + 1 - len(data))
+                if not chunk:
+                    return bytes(data)
+                data += chunk
+                if len(data) > limit:
+                    raise RequestRejected(413, f"the body is over the limit of {limit} bytes")
+    except TimeoutError:
+        raise RequestRejected(408, f"the body did not arrive within {seconds:g} s") from None
 
 
 async def _infer(request: web.Request) -> web.Response:
@@ -232,16 +249,24 @@ async def serve(replica: Replica, config: ServerConfig, *,
     finish (for at most ``drain_seconds``).
     """
     app = build_app(replica, config)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    # aiohttp closes a connection that is idle, or part-way through its headers, once the
+    # keep-alive timeout passes: that timer is the header timeout. After an answer sent before
+    # its body was read (413, 408), the rest is drained for LINGER_SECONDS at most, not 10.
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           keepalive_timeout=config.header_timeout, lingering_time=LINGER_SECONDS)
     await runner.setup()
+    listener: asyncio.Server | None = None
     try:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        site = web.TCPSite(runner, config.host, config.port)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+        http = runner.server
+        assert http is not None
+        listener = await loop.create_server(
+            lambda: http() if len(http.connections) < config.max_connections else _Busy(),
+            config.host, config.port)
+        host, port = listener.sockets[0].getsockname()[:2]
         on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}")
         await stop.wait()
         state = app[STATE]
@@ -253,4 +278,19 @@ async def serve(replica: Replica, config: ServerConfig, *,
             log.warning("%d request(s) still running after %.0f s; stopping anyway",
                         state.in_flight, config.drain_seconds)
     finally:
+        if listener is not None:
+            listener.close()
         await runner.cleanup()
+
+
+class _Busy(asyncio.Protocol):
+    """A connection over ``max_connections``: one 503 in the JSON shape of every refusal."""
+
+    BODY = json.dumps({"error": "the replica has too many open connections; try again"}).encode()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                        % (len(self.BODY), self.BODY))
+        transport.close()

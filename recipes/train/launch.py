@@ -25,13 +25,14 @@ from typing import IO
 import torch
 
 from nscas.errors import InvalidInput, RecipeError
+from nscas.recipes.common.lifetime import owner_env
 from nscas.recipes.train.checkpoints import CheckpointPaths, completed_checkpoints
 from nscas.recipes.train.config import TrainParams, WorkerSpec
+from nscas.recipes.train.events import CheckpointReady, StepProgress, parse_event_line
 from nscas.recipes.train.protocol import (
     RankError,
     RankResult,
     error_path,
-    parse_progress_line,
     result_path,
     spec_path,
 )
@@ -45,17 +46,6 @@ than ``STOP_GRACE_SECONDS`` so no rank outlives a killed launcher (ranks run in 
 sessions, out of reach of a signal to the launcher's process group). Passed through the
 environment: the ``--shutdown-timeout`` option is missing from older torch releases."""
 _POLL_SECONDS = 0.2
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepProgress:
-    """One finished update, as rank 0 reported it."""
-
-    step: int
-    steps: int
-    loss: float
-    tokens_per_second: float
-    eta_seconds: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,13 +92,13 @@ def run_training(
     spec: WorkerSpec,
     *,
     on_progress: Callable[[StepProgress], None] | None = None,
-    on_checkpoint: Callable[[int, Path, Path], None] | None = None,
+    on_checkpoint: Callable[[CheckpointReady], None] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> TrainOutcome:
     """Train as ``spec`` says and return this node's results.
 
-    ``on_checkpoint(step, hf_dir, state_file)`` is called once per complete checkpoint
-    (after a resume, first for those the interrupted run left). ``env`` adds environment
+    ``on_checkpoint`` is called once per complete checkpoint (after a resume, first for those
+    the interrupted run left), ``on_progress`` once per update. ``env`` adds environment
     variables for the ranks. Raises ``InvalidInput`` for refused input and ``RecipeError``
     for anything else; in both cases no rank is left running.
     """
@@ -133,6 +123,7 @@ def run_training(
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_SHUTDOWN_SECONDS),
+        **owner_env(),  # every rank ends with this process, even when it is SIGKILLed
         **(env or {}),
     }
     if params.deterministic and params.device == "cuda":
@@ -140,21 +131,13 @@ def run_training(
     seen: set[int] = set()
 
     def dispatch(line: str) -> None:
-        event = parse_progress_line(line)
-        if event is None:
-            return
-        if event.get("event") == "step" and on_progress is not None:
-            on_progress(
-                StepProgress(
-                    step=event["step"], steps=event["steps"], loss=event["loss"],
-                    tokens_per_second=event["tokens_per_second"],
-                    eta_seconds=event["eta_seconds"],
-                )
-            )
-        elif event.get("event") == "checkpoint" and event["step"] not in seen:
-            seen.add(event["step"])
+        event = parse_event_line(line)
+        if isinstance(event, StepProgress) and on_progress is not None:
+            on_progress(event)
+        elif isinstance(event, CheckpointReady) and event.step not in seen:
+            seen.add(event.step)
             if on_checkpoint is not None:
-                on_checkpoint(event["step"], Path(event["hf_dir"]), Path(event["state_file"]))
+                on_checkpoint(event)
 
     returncode, stderr_tail = _supervise(
         launcher_command(spec_file, params), env=child_env, dispatch=dispatch,

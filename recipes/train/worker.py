@@ -26,10 +26,12 @@ import torch.distributed as dist
 
 from nscas.errors import InvalidInput, RecipeError
 from nscas.recipes.common.digests import sha256_stream
+from nscas.recipes.common.lifetime import exit_with_owner
 from nscas.recipes.init.presets import load_hf_dir
 from nscas.recipes.train import checkpoints as ckpt
 from nscas.recipes.train.config import WorkerSpec
 from nscas.recipes.train.documents import TrainDocument, read_documents
+from nscas.recipes.train.events import CheckpointReady, StepProgress, WorkerEvent, event_line
 from nscas.recipes.train.exchange import broadcast_object, restore_rng_state
 from nscas.recipes.train.journal import Journal, effective_steps
 from nscas.recipes.train.loop import (
@@ -44,7 +46,6 @@ from nscas.recipes.train.protocol import (
     RankResult,
     error_path,
     journal_path,
-    progress_line,
     result_path,
 )
 
@@ -54,6 +55,7 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    exit_with_owner()  # the rank's parent is torchrun; its owner is the `nscas run` behind it
     rank = int(os.environ.get("RANK", "0"))
     output_dir: Path | None = None
     try:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
 
 
-def train_rank(spec: WorkerSpec) -> RankResult:
+def train_rank(spec: WorkerSpec) -> None:
     """Everything one rank does, from joining the process group to writing its result."""
     params = spec.params
     rank = int(os.environ["RANK"])
@@ -125,8 +127,8 @@ def train_rank(spec: WorkerSpec) -> RankResult:
         restore_rng_state(state["rng"][rank], device)
     if rank == 0:
         for done in ckpt.completed_checkpoints(output_dir):
-            _emit({"event": "checkpoint", "step": done.step, "hf_dir": str(done.hf_dir),
-                   "state_file": str(done.state_file), "resumed": True})
+            _emit(CheckpointReady(step=done.step, hf_dir=done.hf_dir,
+                                  state_file=done.state_file, resumed=True))
 
     def write(step: int, rng: list[dict[str, Any]]) -> ckpt.CheckpointPaths:
         state = {"optimizer": optimizer.state_dict(), "rng": rng, "world": world,
@@ -136,8 +138,7 @@ def train_rank(spec: WorkerSpec) -> RankResult:
         )
 
     def announce(step: int, hf_dir: Path, state_file: Path) -> None:
-        _emit({"event": "checkpoint", "step": step, "hf_dir": str(hf_dir),
-               "state_file": str(state_file), "resumed": False})
+        _emit(CheckpointReady(step=step, hf_dir=hf_dir, state_file=state_file, resumed=False))
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -158,7 +159,6 @@ def train_rank(spec: WorkerSpec) -> RankResult:
             sha256=sha256_stream(model) if rank == 0 else None, resumed_from=start_step or None,
         )
     result.write(result_path(output_dir, rank))
-    return result
 
 
 class _Reporter:
@@ -174,14 +174,13 @@ class _Reporter:
         if not self.enabled:
             return
         mean = sum(self.seconds) / len(self.seconds)
-        _emit({
-            "event": "step",
-            "step": record.step,
-            "steps": self.steps,
-            "loss": record.loss,
-            "tokens_per_second": record.tokens / record.seconds if record.seconds else 0.0,
-            "eta_seconds": mean * (self.steps - record.step),
-        })
+        _emit(StepProgress(
+            step=record.step,
+            steps=self.steps,
+            loss=record.loss,
+            tokens_per_second=record.tokens / record.seconds if record.seconds else 0.0,
+            eta_seconds=mean * (self.steps - record.step),
+        ))
 
 
 def _result(
@@ -255,8 +254,8 @@ def _check_vocabulary(docs: list[TrainDocument], rows: int) -> None:
             )
 
 
-def _emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(progress_line(event) + "\n")
+def _emit(event: WorkerEvent) -> None:
+    sys.stdout.write(event_line(event) + "\n")
     sys.stdout.flush()
 
 

@@ -9,7 +9,7 @@ import blake3
 import pytest
 
 from nscas.digests import Digest
-from nscas.store import open_store
+from nscas.opening import open_store
 
 from .conftest import Nscas, assert_user_error, snapshot
 

@@ -1,0 +1,67 @@
+"""A SIGKILLed launcher leaves no training process behind: not torchrun, which lives in a
+session of its own, and not the ranks under it (their parent is torchrun, their owner is the
+process that started the run)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec, tiny  # noqa: F401
+
+LAUNCHER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from nscas.recipes.train.config import WorkerSpec
+    from nscas.recipes.train.launch import run_training
+    spec = WorkerSpec.read(Path(sys.argv[1]))
+    def progress(event):
+        print("progress", event.step, flush=True)
+    run_training(spec, on_progress=progress, env={"OMP_NUM_THREADS": "1"})
+""")
+
+
+def _processes_naming(needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_no_rank_outlives_a_sigkilled_launcher(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
+    root, tokenizer, base = tiny
+    docs = make_documents(16, seed=5, lengths=(40, 90))
+    spec = make_spec(root, docs=docs, base=base, tokenizer=tokenizer, out="killed",
+                     steps=10_000, batch=4, world=2, warmup=2, checkpoint_steps=(10_000,))
+    spec_file = root / "killed-spec.json"
+    spec.write(spec_file)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(spec_file)],
+                                stdout=subprocess.PIPE, text=True, env={**os.environ, **THREADS})
+    try:
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline().startswith("progress")  # the ranks are training
+        children = _processes_naming(spec.output_dir)
+        assert len(children) >= 3, children  # torchrun and two ranks
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while (left := _processes_naming(spec.output_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == []
+    finally:
+        launcher.kill()
+        for pid in _processes_naming(spec.output_dir):
+            os.kill(pid, signal.SIGKILL)
