@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from nscas.recipes.init.presets import PRESETS, build_model, parameter_count, save_hf_dir
@@ -116,6 +117,16 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None,
                         help="embedding rows (default 2,048; smollm2-1.7b is fixed at 49,152)")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation seed")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="with --model and --documents: take the model and documents from "
+                             "this store instead of building a preset and random documents")
+    parser.add_argument("--model", help="a checkpoint in --store (ID or ref), the base model")
+    parser.add_argument("--documents", nargs="+", default=None, metavar="SET",
+                        help="train and replay sets in --store (IDs or refs), tokenised as the "
+                             "train recipe does, weights as published (8 grounded, 1 replay)")
+    parser.add_argument("--fast", type=int, default=None, metavar="MICRO_BATCH",
+                        help="also run nscas with this micro_batch, without and with compile "
+                             "(deterministic off), against the published one pass per document")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0 or args.length < 4 or args.repeats < 1:
         parser.error("need --steps >= 1, --warmup-steps >= 0, --length >= 4, --repeats >= 1")
@@ -126,6 +137,8 @@ def main() -> None:
             parser.error(f"--world {world} needs {world} visible GPUs")
     if args.bare_deterministic == "off" and args.deterministic == "on":
         parser.error("--bare-deterministic off needs --deterministic off or both")
+    if (args.store is None) != (args.model is None) or (args.model is None) != (args.documents is None):
+        parser.error("--store, --model and --documents go together")
     if args.micro_batch != "all" and not (args.micro_batch.isdigit() and int(args.micro_batch)):
         parser.error(f"--micro-batch must be a positive integer or 'all', not {args.micro_batch!r}")
 
@@ -137,9 +150,15 @@ def main() -> None:
     tables: dict[int, list[Measured]] = {}
     with tempfile.TemporaryDirectory(prefix="nscas-train-bench-") as tmp:
         root = Path(tmp)
-        tokenizer, base, parameters, vocab = build_inputs(root, args)
         documents = root / "documents.jsonl"
-        write_documents(documents, synthetic_documents(args.batch * total, args.length, vocab))
+        if args.store is not None:
+            tokenizer, base, parameters, vocab, docs = stored_inputs(root, args)
+            args.length = max(len(d.input_ids) for d in docs)
+            args.preset = f"{args.model} (from the store)"
+            write_documents(documents, docs)
+        else:
+            tokenizer, base, parameters, vocab = build_inputs(root, args)
+            write_documents(documents, synthetic_documents(args.batch * total, args.length, vocab))
         for world in args.world:
             buckets = args.bucket_mb if world > 1 else args.bucket_mb[:1]
             runs: dict[str, list[Measured]] = {}
@@ -152,6 +171,14 @@ def main() -> None:
                                       tokenizer=tokenizer, documents=documents, setting=setting,
                                       label_bucket=len(buckets) > 1)
                         runs.setdefault(m.label, []).append(m)
+                    if args.fast is not None and setting == "off":
+                        for compiled in (False, True):
+                            m = run_nscas(root / f"fast-{world}-{compiled}-{repeat}", args,
+                                          world=world, bucket_mb=buckets[0], base=base,
+                                          tokenizer=tokenizer, documents=documents,
+                                          setting=setting, label_bucket=False,
+                                          micro_batch=args.fast, compiled=compiled)
+                            runs.setdefault(m.label, []).append(m)
                     if setting not in bare_settings:
                         continue
                     for mode in modes:
@@ -192,15 +219,61 @@ def synthetic_documents(count: int, length: int, vocab: int) -> list[TrainDocume
     return docs
 
 
+def stored_inputs(root: Path, args: argparse.Namespace
+                  ) -> tuple[Path, Path, int, int, list[TrainDocument]]:
+    """(tokenizer dir, base dir, parameters, embedding rows, documents) from a store: the
+    checkpoint materialised, the sets tokenised with its chat template as ``train`` does."""
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    from nscas.digests import Digest
+    from nscas.opening import open_store
+    from nscas.recipes.common.tokenise import encode_document, end_of_turn
+
+    with open_store(args.store, readonly=True) as store:
+        record = store.get_record(store.resolve(args.model))
+        base = root / "base"
+        store.materialise(Digest.parse(record["files"]), base)
+        tokenizer_dir = root / "tokenizer"
+        tokenizer_dir.mkdir()
+        for f in base.iterdir():
+            if f.suffix != ".safetensors" and f.name not in ("config.json", "generation_config.json"):
+                shutil.copyfile(f, tokenizer_dir / f.name)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        turn = end_of_turn(tokenizer)
+        docs = []
+        for name in args.documents:
+            tasks = store.get_record(store.resolve(name))
+            weight = 1 if tasks.get("role") == "replay" else 8
+            lines = store.get_bytes(Digest.parse(tasks["records"])).decode().splitlines()
+            for line in lines:
+                rec = json.loads(line)
+                enc = encode_document(tokenizer, rec, max_length=4096, turn=turn)
+                docs.append(TrainDocument.from_encoded(rec["id"], enc, weight=weight))
+    parameters = 0
+    rows = 0
+    for path in base.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open is no mapping
+                shape = f.get_slice(key).get_shape()
+                parameters += int(np.prod(shape))
+                if "embed_tokens" in key:
+                    rows = shape[0]
+    return tokenizer_dir, base, parameters, rows, docs
+
+
 def run_nscas(out: Path, args: argparse.Namespace, *, world: int, bucket_mb: int, base: Path,
-              tokenizer: Path, documents: Path, setting: str, label_bucket: bool) -> Measured:
+              tokenizer: Path, documents: Path, setting: str, label_bucket: bool,
+              micro_batch: int | None = None, compiled: bool = False) -> Measured:
     total = args.warmup_steps + args.steps
     local = args.batch // world
+    if micro_batch is None:
+        micro_batch = local if args.micro_batch == "all" else min(int(args.micro_batch), local)
     params = TrainParams(
         steps=total, batch=args.batch, checkpoint_steps=(total,), max_length=args.length,
         world=world, device=args.device, deterministic=setting == "on",
-        schedule_seed=SCHEDULE_SEED, bucket_mb=bucket_mb,
-        micro_batch=local if args.micro_batch == "all" else min(int(args.micro_batch), local),
+        schedule_seed=SCHEDULE_SEED, bucket_mb=bucket_mb, micro_batch=min(micro_batch, local),
+        compile=compiled,
     )
     spec = WorkerSpec(base_dir=str(base), documents=(str(documents),), output_dir=str(out),
                       tokenizer_dir=str(tokenizer), params=params)
@@ -214,8 +287,10 @@ def run_nscas(out: Path, args: argparse.Namespace, *, world: int, bucket_mb: int
     seconds = [e["seconds"] for e in steps[args.warmup_steps:]]
     periods = [arrivals[s] - arrivals[s - 1] for s in range(args.warmup_steps + 1, total + 1)
                if s - 1 in arrivals and s in arrivals]
+    fast = f" mb{params.micro_batch}{'+c' if compiled else ''}" if params.micro_batch > 1 and (
+        args.fast is not None) else ""
     measured = Measured(
-        label=f"nscas {setting}" + (f" b{bucket_mb}" if label_bucket else ""),
+        label=f"nscas{fast} {setting}" + (f" b{bucket_mb}" if label_bucket else ""),
         seconds=tuple(seconds), periods=tuple(periods),
         peak_memory_bytes=max(r.peak_memory_bytes for r in outcome.results),
         tokens_per_update=steps[-1]["tokens"], first_loss=steps[args.warmup_steps]["loss"],
@@ -303,6 +378,13 @@ def report(args: argparse.Namespace, columns: list[Measured], *, world: int, par
                       f"{ours.median / theirs.median:.3f}x, fastest update "
                       f"{ours.fastest / theirs.fastest:.3f}x, median period "
                       f"{ours.period / theirs.period:.3f}x (target: update <= 1.05x)")
+    published = next((c for c in columns if c.label.startswith("nscas ")
+                      and _setting(c) == "on"), None)
+    if published is not None:
+        for fast in columns:
+            if " mb" in fast.label:
+                print(f"{published.label} (published method) / {fast.label}: "
+                      f"{published.median / fast.median:.2f}x faster per update (target >= 5x)")
     by_label = {c.label: c for c in columns}
     for off in columns:
         on = by_label.get(off.label.replace(" off", " on", 1))

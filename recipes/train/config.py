@@ -1,17 +1,20 @@
 """The typed parameters of recipe ``train`` and the spec file the wrapper hands to the workers.
 
 Defaults are the published values of docs/experiment.md §3. Every check that can be made without a
-process group happens here, so bad params fail before any rank starts.
+process group happens here, so bad params fail before any rank starts. Params are parsed by
+``nscas.config.parse_params`` only: from the recipe file by the runner, and from the spec file
+by each rank.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nscas.config import params_to_json, parse_params
 from nscas.errors import InvalidInput
 
 MIN_WEIGHT = 1
@@ -69,6 +72,11 @@ class TrainParams:
     backward per document). More stacks up to that many of a rank's documents into one
     right-padded forward: the same objective, several times faster on a GPU, other rounding,
     and activation memory for that many documents at once."""
+    compile: bool = False
+    """Run the forward and backward passes through ``torch.compile`` (needs ``micro_batch`` >
+    1): every pass is padded to one shape, ``micro_batch`` rows of the longest document's
+    length rounded up to 64, so one compiled graph serves every update and a small model's
+    many kernel launches become few. The same objective; other kernels and other rounding."""
     nnodes: int = 1
     """Number of hosts; each runs world / nnodes ranks."""
     node_rank: int = 0
@@ -131,6 +139,11 @@ class TrainParams:
                 f"micro_batch ({self.micro_batch}) is more than a rank's documents "
                 f"per update (batch / world = {self.batch // self.world})"
             )
+        if self.compile and self.micro_batch < 2:
+            raise InvalidInput(
+                "compile needs micro_batch of 2 or more: one pass per document has as many "
+                "shapes as documents, and each would be compiled anew"
+            )
         if self.world % self.nnodes:
             raise InvalidInput(
                 f"world ({self.world}) is not divisible by nnodes ({self.nnodes})"
@@ -157,29 +170,9 @@ class TrainParams:
         """The steps that get a checkpoint: the listed ones and the final step."""
         return frozenset((*self.checkpoint_steps, self.steps))
 
-    def to_mapping(self) -> dict[str, Any]:
-        """Plain JSON-ready values (tuples become lists)."""
-        out = asdict(self)
-        out["betas"] = list(self.betas)
-        out["checkpoint_steps"] = list(self.checkpoint_steps)
-        return out
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> TrainParams:
-        """Parse JSON/TOML values: lists become tuples, unknown keys are errors."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise InvalidInput(f"unknown train param(s): {', '.join(unknown)}")
-        parsed = dict(values)
-        for name in ("betas", "checkpoint_steps"):
-            if isinstance(parsed.get(name), list):
-                parsed[name] = tuple(parsed[name])
-        return cls(**parsed)
-
     def identity(self) -> dict[str, Any]:
-        """The params that decide the trained result (not where this host sits)."""
-        out = self.to_mapping()
+        """The params that decide the trained result (not where this host sits), as JSON values."""
+        out = params_to_json(self)
         for name in ("node_rank", "rdzv_endpoint", "timeout_seconds", "checkpoint_timeout_seconds"):
             del out[name]
         return out
@@ -212,7 +205,7 @@ class WorkerSpec:
             "base_dir": self.base_dir,
             "documents": list(self.documents),
             "output_dir": self.output_dir,
-            "params": self.params.to_mapping(),
+            "params": params_to_json(self.params),
             "tokenizer_dir": self.tokenizer_dir,
             "run_key": self.run_key,
         }
@@ -234,7 +227,7 @@ class WorkerSpec:
                 base_dir=body["base_dir"],
                 documents=tuple(body["documents"]),
                 output_dir=body["output_dir"],
-                params=TrainParams.from_mapping(body["params"]),
+                params=parse_params(TrainParams, body["params"], str(path)),
                 tokenizer_dir=body["tokenizer_dir"],
                 run_key=body.get("run_key"),
             )

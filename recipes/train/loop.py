@@ -148,31 +148,35 @@ def document_loss_sum(
 
 
 def documents_loss_sums(
-    net: torch.nn.Module, group: Sequence[TrainDocument], *, device: torch.device
+    net: torch.nn.Module, group: Sequence[TrainDocument], *, device: torch.device,
+    shape: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """``document_loss_sum`` of each document of ``group`` from one forward pass, ``[len(group)]``.
 
     Shorter documents are padded on the right: padding is masked out of attention and
     labelled ``IGNORE_INDEX``, so a document's tokens see only its own earlier tokens at their
     own positions. Without padding no mask is passed (the plain causal kernels run).
+    ``shape`` (rows, length) pads every pass to one shape, for a compiled model: rows past the
+    group's hold one masked-in pad token each, labelled ``IGNORE_INDEX``, so they add nothing.
     """
-    longest = max(len(doc.input_ids) for doc in group)
-    input_ids = torch.zeros((len(group), longest), dtype=torch.long)
-    labels = torch.full((len(group), longest), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(group), longest), dtype=torch.long)
+    rows, longest = shape or (len(group), max(len(doc.input_ids) for doc in group))
+    input_ids = torch.zeros((rows, longest), dtype=torch.long)
+    labels = torch.full((rows, longest), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((rows, longest), dtype=torch.long)
+    mask[len(group):, 0] = 1  # an empty row attends to its first token: no softmax of nothing
     for row, doc in enumerate(group):
         n = len(doc.input_ids)
         input_ids[row, :n] = torch.tensor(doc.input_ids)
         labels[row, :n] = torch.tensor(doc.labels)
         mask[row, :n] = 1
-    padded = bool((mask == 0).any())
+    padded = shape is not None or bool((mask == 0).any())
     with _autocast(device):
         logits = net(
             input_ids=input_ids.to(device),
             attention_mask=mask.to(device) if padded else None,
             use_cache=False,
         ).logits
-    return token_loss_sums(logits, labels.to(device))
+    return token_loss_sums(logits, labels.to(device))[: len(group)]
 
 
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -193,8 +197,8 @@ def run_loop(
     write_checkpoint: CheckpointWriter,
     on_step: Callable[[StepRecord], None],
     on_checkpoint: CheckpointCallback,
-) -> list[StepRecord]:
-    """Make updates ``start_step + 1 .. params.steps``; returns what each did.
+) -> None:
+    """Make updates ``start_step + 1 .. params.steps``, each reported to ``on_step``.
 
     Ranks agree on a parameter digest first and at every checkpoint (the final step is always
     one); every update is journaled and fsync'ed before the next begins.
@@ -209,16 +213,18 @@ def run_loop(
     targets = [doc.targets for doc in docs]
     communicated = gradient_bytes(model) if place.world > 1 else 0
     net = wrap_ddp(model, params, place=place) if place.world > 1 else model
+    shape = None
+    if params.compile:
+        net = torch.compile(net, dynamic=False)
+        shape = (params.micro_batch, compiled_length(docs))
     model.train()
 
-    records = []
     for index in range(start_step, params.steps):
         record = _update(
             net, model, docs, schedule[index], params, place=place, optimizer=optimizer,
-            index=index, communicated=communicated, targets=targets,
+            index=index, communicated=communicated, targets=targets, shape=shape,
         )
         journal.append(record.entry(rank=place.rank))
-        records.append(record)
         on_step(record)
         if record.step in params.checkpoint_set:
             _agree(model, place=place, journal=journal, step=record.step,
@@ -229,7 +235,12 @@ def run_loop(
                 on_checkpoint(record.step, paths.hf_dir, paths.state_file)
             # The others wait on the patient group while rank 0 writes.
             dist.barrier(group=place.control)
-    return records
+
+
+def compiled_length(docs: Sequence[TrainDocument]) -> int:
+    """The one pass length of a compiled run: the longest document, rounded up to 64."""
+    longest = max(len(doc.input_ids) for doc in docs)
+    return -(-longest // 64) * 64
 
 
 def wrap_ddp(
@@ -273,6 +284,7 @@ def _update(
     index: int,
     communicated: int,
     targets: Sequence[int],
+    shape: tuple[int, int] | None = None,
 ) -> StepRecord:
     world, device = place.world, place.device
     local = rank_share(batch, rank=place.rank, world=world)
@@ -289,14 +301,15 @@ def _update(
     passes = [local[k : k + size] for k in range(0, len(local), size)]
     for position, group in enumerate(passes):
         last = position == len(passes) - 1
-        sync = contextlib.nullcontext() if last or net is model else net.no_sync()
+        sync = contextlib.nullcontext() if last or world == 1 else net.no_sync()
         with sync:
-            if len(group) == 1:  # docs/experiment.md §3's one backward per document, bit for bit
+            if len(group) == 1 and shape is None:  # docs/experiment.md §3's method, bit for bit
                 doc = docs[group[0]]
                 sums = document_loss_sum(net, doc, device=device).reshape(1)
                 (sums[0] * (world * doc.weight / weighted_targets)).backward()
             else:
-                sums = documents_loss_sums(net, [docs[i] for i in group], device=device)
+                sums = documents_loss_sums(net, [docs[i] for i in group], device=device,
+                                           shape=shape)
                 scale = [world * docs[i].weight / weighted_targets for i in group]
                 (sums * torch.tensor(scale, device=device)).sum().backward()
         for i, loss_sum in zip(group, sums.detach().double(), strict=True):

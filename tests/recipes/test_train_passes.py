@@ -11,8 +11,15 @@ import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from nscas.errors import InvalidInput
 from nscas.recipes.train.config import TrainParams
-from nscas.recipes.train.loop import Placement, document_loss_sum, documents_loss_sums, wrap_ddp
+from nscas.recipes.train.loop import (
+    Placement,
+    compiled_length,
+    document_loss_sum,
+    documents_loss_sums,
+    wrap_ddp,
+)
 from tests.recipes.test_train_fixtures import make_documents
 
 DEVICE = torch.device("cpu")
@@ -98,3 +105,28 @@ def test_ddp_takes_the_bucket_size_and_keeps_gradients_in_its_buckets(
         assert net.gradient_as_bucket_view and not net.broadcast_buffers
     finally:
         dist.destroy_process_group()
+
+
+def test_one_fixed_shape_for_a_compiled_model_changes_no_loss(model: LlamaForCausalLM) -> None:
+    docs = make_documents(3, seed=14, lengths=(6, 40))
+    spy = _Spy(model)
+    with torch.no_grad():
+        fixed = documents_loss_sums(spy, docs, device=DEVICE, shape=(5, 64))
+        alone = torch.stack([document_loss_sum(model, d, device=DEVICE) for d in docs])
+    assert fixed.shape == (3,)  # the two empty rows are dropped
+    torch.testing.assert_close(fixed, alone, rtol=1e-5, atol=1e-5)
+    (mask,) = spy.masks
+    assert mask is not None and tuple(mask.shape) == (5, 64)
+    assert mask.sum(dim=1).tolist() == [len(d.input_ids) for d in docs] + [1, 1]
+
+
+def test_compiled_length_rounds_the_longest_document_up_to_64() -> None:
+    docs = make_documents(4, seed=15, lengths=(6, 70))
+    longest = max(len(d.input_ids) for d in docs)
+    assert compiled_length(docs) % 64 == 0 and 0 <= compiled_length(docs) - longest < 64
+
+
+def test_compile_needs_stacked_passes() -> None:
+    with pytest.raises(InvalidInput, match="compile needs micro_batch of 2 or more"):
+        TrainParams(compile=True)
+    assert TrainParams(compile=True, micro_batch=2).compile
