@@ -9,9 +9,10 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
-from nscas.importing import import_bundle
+from nscas.importing import ImportLimits, import_bundle
 
 app = command_app()
+_DEFAULT = ImportLimits()
 
 
 @app.command("import")
@@ -20,18 +21,29 @@ def import_(
     source: Annotated[Path, typer.Argument(
         metavar="DIR|FILE.tar.gz", show_default=False,
         help="A bundle directory, or a bundle's measurements.tar.gz.")],
+    max_manifest_bytes: Annotated[int, typer.Option(
+        "--max-manifest-bytes", min=1, max=2**53, metavar="BYTES",
+        help="Refuse a manifest.json or SHA256SUMS larger than this.")] = _DEFAULT.manifest_bytes,
+    max_bytes: Annotated[int, typer.Option(
+        "--max-bytes", min=1, max=2**53, metavar="BYTES",
+        help="Refuse a tar whose files unpack to more than this.")] = _DEFAULT.unpacked_bytes,
+    max_members: Annotated[int, typer.Option(
+        "--max-members", min=1, max=2**53, metavar="N",
+        help="Refuse a tar or directory of more entries than this.")] = _DEFAULT.members,
     as_json: JsonFlag = False,
 ) -> None:
     """Add a bundle's objects to the store, with the same IDs.
 
     Every path, byte and record is checked before the first object is written: a bad bundle
     is refused (exit 2) and nothing is imported. Records that need omitted weights are
-    skipped and listed.
+    skipped and listed. A tar is unpacked only after its member list and manifest passed;
+    the limits bound what a hostile bundle can make import read or unpack (docs/bundle.md).
 
     Example: nscas import ./coop-bundle
     """
     with open_cli_store(ctx) as store:
-        report = import_bundle(store, source)
+        report = import_bundle(store, source, limits=ImportLimits(
+            manifest_bytes=max_manifest_bytes, unpacked_bytes=max_bytes, members=max_members))
     if as_json:
         render.json_out({"target": str(report.target), "source": str(report.source),
                          "complete": report.complete, "imported": len(report.imported),

@@ -2,6 +2,8 @@
 
 Every path, byte and record of a bundle is checked before the first object is written;
 objects then go in children first, so the closure invariant holds and IDs are unchanged.
+A bundle is hostile until checked: what it may make import read, hold or unpack is bounded by
+``ImportLimits``, each bound checked before the bytes it guards are read.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import tarfile
 import tempfile
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -29,13 +31,13 @@ if TYPE_CHECKING:
     from nscas.store import Store
 
 from nscas.exporting import (
-    _BLOCK,
     _SHA256,
     _SUMS_LINE,
     FORMAT,
     MANIFEST,
     RESERVED,
     SUMS,
+    TARBALL,
     ImportReport,
     InvalidBundle,
     Range,
@@ -74,16 +76,39 @@ class _Bundle:
     children: Mapping[Digest, tuple[Digest, ...]]
 
 
-def import_bundle(store: Store, source: Path) -> ImportReport:
+MANIFEST_MAX_DEPTH = 8
+"""How deeply manifest.json may nest (an honest one nests 3 deep), checked before parsing."""
+RECORD_MAX_DEPTH = 64
+"""How deeply a record may nest (as the verifiers read records), checked before parsing."""
+_CHUNK = 1 << 20  # how much of a tar member is read (and written) at once
+_MAX_READ = 4 << 20  # the most tarfile may read in one call: a PAX or GNU long-name header
+_TRAILER = 1 << 20  # what may follow the end of the tar inside the gzip stream (block padding)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImportLimits:
+    """Absolute bounds on what a bundle can make ``nscas import`` read, hold in memory or
+    unpack (docs/bundle.md), each checked before the bytes it guards are read."""
+
+    manifest_bytes: int = 16 << 20
+    """manifest.json, and SHA256SUMS, each: the file's size is checked before it is read."""
+    unpacked_bytes: int = 16 << 30
+    """The regular members of a tar together, checked at each member's header."""
+    members: int = 100_000
+    """Members of a tar (directories included), or files and directories of a bundle directory."""
+
+
+def import_bundle(store: Store, source: Path, *,
+                  limits: ImportLimits = ImportLimits()) -> ImportReport:
     """Check a bundle directory or a ``measurements.tar.gz`` completely, then add its objects
     to ``store``, children first. A bad bundle raises ``InvalidBundle`` and writes nothing."""
     if source.is_dir():
-        return _import(store, _validate(source, str(source)), source)
+        return _import(store, _validate(source, str(source), limits), source)
     if not source.is_file():
         raise InvalidInput(f"no such bundle directory or tar file: {source}")
     with tempfile.TemporaryDirectory(prefix="nscas-import-") as tmp:
-        _extract(source, Path(tmp))
-        return _import(store, _validate(Path(tmp), str(source)), source)
+        manifest = _unpack(source, Path(tmp), limits)
+        return _import(store, _validate(Path(tmp), str(source), limits, manifest), source)
 
 
 def _import(store: Store, b: _Bundle, source: Path) -> ImportReport:
@@ -121,53 +146,224 @@ def _read_range(path: Path, r: Range) -> bytes:
         return f.read(r.size)
 
 
-def _extract(tar_path: Path, dest: Path) -> None:
-    """Unpack a bundle tar into ``dest``: regular files with safe relative names only."""
+class _HeaderTooLarge(Exception):
+    """tarfile asked to read more than ``_MAX_READ`` bytes at once (a PAX or GNU header)."""
+
+
+class _TarStream:
+    """The uncompressed bytes of a tar.gz, as ``tarfile`` reads them: no single read larger than
+    ``_MAX_READ`` (tarfile reads a PAX or GNU long-name header whole, whatever size it
+    claims), and forward seeks (over member data) read the gzip stream in large blocks."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        raw.seek(0)
+        self._gz = gzip.GzipFile(fileobj=raw, mode="rb")
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > _MAX_READ:
+            raise _HeaderTooLarge
+        return self._gz.read(size)
+
+    def tell(self) -> int:
+        return self._gz.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence != os.SEEK_SET or offset < self._gz.tell():
+            return self._gz.seek(offset, whence)  # back: re-read from the start, as gzip does
+        while (pos := self._gz.tell()) < offset and self._gz.read(min(_CHUNK, offset - pos)):
+            pass
+        return self._gz.tell()
+
+    def drain(self, where: str, most: int = _TRAILER) -> None:
+        """Read the rest of the gzip stream, at most ``most`` bytes (its CRC and length are
+        checked at its end); raises tarfile's, gzip's or zlib's error for a broken stream."""
+        end = self._gz.tell() + most
+        while self._gz.read(_CHUNK):
+            if self._gz.tell() > end:
+                raise InvalidBundle(where, None, f"more than {most} bytes follow the end "
+                                                 "of the tar in the gzip stream")
+
+
+def _shown(name: str) -> str:
+    """A name fit for a one-line message, whatever bytes it came from."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _path_problem(name: str) -> str | None:
+    if (problem := kinds.relpath_problem(name)) is not None:
+        return problem
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "path is not UTF-8 text"
+    return None
+
+
+def _members(tar: tarfile.TarFile, where: str, limits: ImportLimits) -> Iterator[tarfile.TarInfo]:
+    """The tar's members, each checked from its header alone (before its data is read): at
+    most ``limits.members`` of them, safe paths, regular files or directories only."""
+    count = 0
+    while (member := tar.next()) is not None:
+        tar.members.clear()  # tarfile keeps every header it read; nothing here needs them
+        count += 1
+        if count > limits.members:
+            raise InvalidBundle(where, None, f"holds more than {limits.members} members "
+                                             "(--max-members)")
+        problem = _path_problem(member.name)
+        if problem is None and member.issym():
+            problem = f"is a symbolic link to {_shown(member.linkname)!r}"
+        elif problem is None and member.islnk():
+            problem = f"is a hard link to {_shown(member.linkname)!r}"
+        elif problem is None and member.issparse():
+            problem = "is a sparse file; bundle tars hold plain regular files"
+        elif problem is None and not (member.isreg() or member.isdir()):
+            problem = "is a device, FIFO or other special file"
+        elif problem is None and member.name == TARBALL:
+            problem = "a bundle tar does not hold another measurements.tar.gz"
+        if problem is not None:
+            raise InvalidBundle(where, _shown(member.name), problem)
+        yield member
+
+
+def _unpack(tar_path: Path, dest: Path, limits: ImportLimits) -> _Manifest:
+    """Unpack a bundle tar into ``dest``, only after its member list and manifest passed: every
+    member a listed file of the size the manifest states (or manifest.json, SHA256SUMS), so
+    what is written is at most the manifest's total, and there is room for it."""
     where = str(tar_path)
     try:
-        with gzip.open(tar_path, "rb") as gz:  # one full pass first: truncation, CRC errors
-            while gz.read(_BLOCK):
-                pass
-        with tarfile.open(tar_path, mode="r:gz") as tar:
-            for member in tar:
-                problem = kinds.relpath_problem(member.name)
-                if problem is None and member.issym():
-                    problem = f"is a symbolic link to {member.linkname!r}"
-                elif problem is None and member.islnk():
-                    problem = f"is a hard link to {member.linkname!r}"
-                elif problem is None and not (member.isreg() or member.isdir()):
-                    problem = "is a device, FIFO or other special file"
-                if problem is not None:
-                    raise InvalidBundle(where, member.name, problem)
-                if member.isreg():
-                    _extract_one(tar, member, dest / member.name, where)
+        with tar_path.open("rb") as raw:
+            sizes, manifest = _list_tar(raw, where, limits)
+            _check_listing(sizes, manifest, where)
+            total = sum(sizes.values())
+            free = shutil.disk_usage(dest).free
+            if total > free:
+                raise InvalidBundle(where, None, f"unpacks to {total} bytes, but {dest} has "
+                                                 f"only {free} bytes free")
+            _extract(raw, sizes, dest, where, limits)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         why = str(exc) or type(exc).__name__
         raise InvalidBundle(where, None, f"not a complete tar.gz ({why})") from None
+    except _HeaderTooLarge:
+        raise InvalidBundle(where, None, f"a tar header is larger than {_MAX_READ} bytes"
+                                         ) from None
+    return manifest
+
+
+def _list_tar(raw: BinaryIO, where: str, limits: ImportLimits) -> tuple[dict[str, int], _Manifest]:
+    """First pass, writing nothing: every member's header checked, the running total of sizes
+    checked at each header, the manifest parsed (its size checked at its header), and the gzip
+    stream read to its end."""
+    stream = _TarStream(raw)
+    sizes: dict[str, int] = {}
+    manifest: _Manifest | None = None
+    total = 0
+    with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
+        for member in _members(tar, where, limits):
+            if member.isdir():
+                continue
+            name = member.name
+            if name in sizes:
+                raise InvalidBundle(where, name, "appears twice in the tar")
+            total += member.size
+            if total > limits.unpacked_bytes:
+                raise InvalidBundle(where, name, f"takes the tar past {limits.unpacked_bytes} "
+                                                 "unpacked bytes (--max-bytes)")
+            if name in (MANIFEST, SUMS) and member.size > limits.manifest_bytes:
+                raise InvalidBundle(where, name, f"is {member.size} bytes; at most "
+                                                 f"{limits.manifest_bytes} (--max-manifest-bytes)")
+            sizes[name] = member.size
+            if name == MANIFEST:
+                data = _member_bytes(tar, member, where)
+                try:
+                    manifest = _parse_manifest(data, where)
+                except InvalidBundle as refused:
+                    try:  # a manifest that decompressed wrongly: report the broken stream
+                        stream.drain(where, limits.unpacked_bytes)
+                    except InvalidBundle:
+                        raise refused from None
+                    raise
+        stream.drain(where)
+    if manifest is None:
+        raise InvalidBundle(where, MANIFEST, "missing or not a regular file")
+    return sizes, manifest
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, where: str) -> bytes:
+    src = tar.extractfile(member)
+    if src is None:
+        raise InvalidBundle(where, member.name, "cannot be read")
+    with src:
+        parts = []
+        while chunk := src.read(_CHUNK):
+            parts.append(chunk)
+    return b"".join(parts)
+
+
+def _check_listing(sizes: Mapping[str, int], m: _Manifest, where: str) -> None:
+    """Every member a file the manifest lists, of the size it states; every listed file there."""
+    for name, size in sorted(sizes.items()):
+        e = m.objects.get(name)
+        if e is None and name not in (MANIFEST, SUMS):
+            raise InvalidBundle(where, _shown(name), "not listed in manifest.json")
+        if e is not None and size != e.size:
+            raise InvalidBundle(where, name, f"holds {size} bytes; manifest.json says {e.size}")
+        parent = name.rpartition("/")[0]
+        while parent:
+            if parent in sizes:
+                raise InvalidBundle(where, parent, "is both a file and a directory")
+            parent = parent.rpartition("/")[0]
+    for name in sorted(m.objects.keys() - sizes.keys()):
+        raise InvalidBundle(where, name, "listed in manifest.json but missing")
+
+
+def _extract(raw: BinaryIO, sizes: Mapping[str, int], dest: Path, where: str,
+             limits: ImportLimits) -> None:
+    """Second pass: write the files the first pass accepted, each at most its stated size
+    (a tar that changed in between is refused)."""
+    with tarfile.open(fileobj=_TarStream(raw), mode="r:") as tar:  # type: ignore[call-overload]
+        for member in _members(tar, where, limits):
+            if member.isdir() or member.name == MANIFEST:
+                continue  # the manifest was parsed in the first pass
+            if sizes.get(member.name) != member.size:
+                raise InvalidBundle(where, member.name, "changed while it was being imported")
+            _extract_one(tar, member, dest / member.name, where)
 
 
 def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, where: str) -> None:
     src = tar.extractfile(member)
     if src is None:
         raise InvalidBundle(where, member.name, "cannot be read")
+    written = 0
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with src, target.open("xb") as out:
-            shutil.copyfileobj(src, out, _BLOCK)
+            while chunk := src.read(_CHUNK):
+                written += len(chunk)
+                if written > member.size:
+                    raise InvalidBundle(where, member.name, f"holds more than {member.size} bytes")
+                out.write(chunk)
     except FileExistsError:
         raise InvalidBundle(where, member.name, "appears twice in the tar") from None
     except (NotADirectoryError, IsADirectoryError):
         raise InvalidBundle(where, member.name, "is both a file and a directory") from None
+    except OSError as exc:  # a full disk, say: the temporary directory goes with the error
+        raise InvalidInput(f"{where}: cannot unpack {member.name} into {target.parent}: "
+                           f"{exc.strerror or exc}") from None
 
 
-def _validate(root: Path, where: str) -> _Bundle:
-    """Every check of docs/bundle.md "Import", cheapest first; the first failure raises."""
-    m = _read_manifest(root, where)
-    on_disk = _scan(root, where)
+def _validate(root: Path, where: str, limits: ImportLimits,
+              manifest: _Manifest | None = None) -> _Bundle:
+    """Every check of docs/bundle.md "Import", cheapest first; the first failure raises.
+    ``manifest``: already read (from a tar), else read from ``root``."""
+    m = manifest if manifest is not None else _read_manifest(root, where, limits)
+    on_disk = _scan(root, where, limits)
     for path in sorted(m.objects.keys() - on_disk):
         raise InvalidBundle(where, path, "listed in manifest.json but missing")
     for path in sorted(on_disk - m.objects.keys() - RESERVED):
-        raise InvalidBundle(where, path, "not listed in manifest.json")
+        raise InvalidBundle(where, _shown(path), "not listed in manifest.json")
+    if SUMS in on_disk and (size := (root / SUMS).lstat().st_size) > limits.manifest_bytes:
+        raise InvalidBundle(where, SUMS, f"is {size} bytes; at most {limits.manifest_bytes} "
+                                         "(--max-manifest-bytes)")
     ranges: dict[Digest, list[Range]] = defaultdict(list)
     for t, (r, _sha) in sorted(m.derived.items()):
         if r.source not in m.paths:
@@ -176,38 +372,82 @@ def _validate(root: Path, where: str) -> _Bundle:
         ranges[r.source].append(r)
     sums: dict[str, str] = {}
     hashed: dict[Range, tuple[Digest, str]] = {}
+    records: dict[Digest, bytes] = {}
+    values: dict[Digest, dict[str, Any]] = {}
     for path in sorted(on_disk):
         e = m.objects.get(path)
         if e is not None and (root / path).lstat().st_size != e.size:
             raise InvalidBundle(where, path, f"holds {(root / path).lstat().st_size} bytes; "
                                              f"manifest.json says {e.size}")
+        kept: list[bytes] = []  # the bytes of a file that could be a record, read once
+        keep = e is not None and e.size <= canonical.MAX_RECORD_BYTES
         with _open_plain(root / path) as f:
-            (oid, sha, _size), parts = _hash_stream(f, ranges[e.id] if e is not None else ())
+            (oid, sha, _size), parts = _hash_stream(
+                f, ranges[e.id] if e is not None else (), sink=kept.append if keep else None)
         sums[path] = sha
         hashed.update(parts)
-        if e is not None and (oid, sha) != (e.id, e.sha256):
+        if e is None:
+            continue
+        if (oid, sha) != (e.id, e.sha256):
             raise InvalidBundle(where, path, f"bytes are {oid} (sha256 {sha}); "
                                              f"manifest.json says {e.id} (sha256 {e.sha256})")
+        data = b"".join(kept)
+        if e.kind is not None:
+            values[e.id] = _record(data, e.kind, where, path)
+            records[e.id] = data
+        elif keep and (value := _claimed_record(data, where, path)) is not None:
+            raise InvalidBundle(where, path, f"bytes are a {_shown(value['nscas'])} record; "
+                                             "manifest.json says a blob (kind null)")
     for t, (r, sha) in sorted(m.derived.items()):
         if hashed.get(r) != (t, sha):
             raise InvalidBundle(where, m.paths[r.source], f"bytes {r.offset}..+{r.size} do not "
                                                           f"hash to derived {t} (sha256 {sha})")
+        if r.size <= canonical.MAX_RECORD_BYTES:
+            with _open_plain(root / m.paths[r.source]) as f:
+                f.seek(r.offset)
+                head = f.read(1)
+                data = head + f.read(r.size - 1) if head == b"{" else b""
+            if _claimed_record(data, where, m.paths[r.source]) is not None:
+                raise InvalidBundle(where, m.paths[r.source], f"bytes {r.offset}..+{r.size} "
+                                    f"(derived {t}) are a record; derived objects are blobs")
     if SUMS in on_disk:
-        _check_sums(root, where, sums)
-    records: dict[Digest, bytes] = {}
-    values: dict[Digest, dict[str, Any]] = {}
-    for path, e in sorted(m.objects.items()):
-        if e.kind is not None:
-            records[e.id] = (root / path).read_bytes()
-            try:
-                values[e.id] = canonical.decode(records[e.id])
-                kind = kinds.validate(values[e.id])
-            except NscasError as exc:
-                raise InvalidBundle(where, path, exc.message) from None
-            if kind != e.kind:
-                raise InvalidBundle(where, path, f"is a {kind} record; manifest.json says {e.kind}")
+        _check_sums(root, where, sums, limits)
     order, children = _check_closure(m, values, where)
     return _Bundle(root=root, manifest=m, records=records, order=order, children=children)
+
+
+def _record(data: bytes, kind: str, where: str, path: str) -> dict[str, Any]:
+    """The value of a file the manifest labels a record of ``kind``; its bytes must be one."""
+    try:
+        # Depth first: nothing recursive (the canonical re-encoding, the schema, the links)
+        # may see a value nested deeper than records are.
+        canonical.loads_strict(data, max_depth=RECORD_MAX_DEPTH, jcs_numbers=True)
+        value = canonical.decode(data)
+        got = kinds.validate(value)
+    except NscasError as exc:
+        raise InvalidBundle(where, path, exc.message) from None
+    if got != kind:
+        raise InvalidBundle(where, path, f"is a {got} record; manifest.json says {kind}")
+    return value
+
+
+def _claimed_record(data: bytes, where: str, path: str) -> dict[str, Any] | None:
+    """The value of bytes that claim to be a record (docs/format.md §1.5: a JSON object with a
+    string ``nscas`` member, at most 16 MiB), else None; the bytes decide, never a label.
+    Bytes that are not strict JSON claim nothing; an object nested too deeply to tell is
+    refused."""
+    if len(data) > canonical.MAX_RECORD_BYTES or not data.startswith(b"{") \
+            or b'"nscas"' not in data:
+        return None
+    try:
+        value = canonical.loads_strict(data, max_depth=RECORD_MAX_DEPTH, jcs_numbers=True)
+    except StrictJSONError:
+        text = data.decode("utf-8", "replace")
+        if canonical.nesting_depth(text) > RECORD_MAX_DEPTH:
+            raise InvalidBundle(where, path, f"nests deeper than {RECORD_MAX_DEPTH} levels "
+                                             "(records nest at most that deep)") from None
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("nscas"), str) else None
 
 
 def _check_closure(m: _Manifest, values: Mapping[Digest, dict[str, Any]], where: str,
@@ -244,28 +484,52 @@ def _open_plain(path: Path) -> BinaryIO:
     return os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb")
 
 
-def _scan(root: Path, where: str) -> set[str]:
-    """Relative paths of the regular files under ``root``; refuses links and special files."""
+def _scan(root: Path, where: str, limits: ImportLimits) -> set[str]:
+    """Relative paths of the regular files under ``root``; refuses links (symbolic, or a file
+    with another name elsewhere), special files, and more than ``limits.members`` entries."""
     found: set[str] = set()
+    count = 0
     for directory, dirs, names in os.walk(root):
         for name in sorted(dirs) + sorted(names):
+            count += 1
+            if count > limits.members:
+                raise InvalidBundle(where, None, f"holds more than {limits.members} files and "
+                                                 "directories (--max-members)")
             path = Path(directory) / name
             rel = path.relative_to(root).as_posix()
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                raise InvalidBundle(where, rel, "is a symbolic link; "
-                                                "bundles hold regular files only")
-            if stat.S_ISREG(mode):
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                raise InvalidBundle(where, _shown(rel), "is a symbolic link; "
+                                                        "bundles hold regular files only")
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                raise InvalidBundle(where, _shown(rel), f"is a hard link ({st.st_nlink} names); "
+                                    "bundles hold files of their own (copy it, do not link it)")
+            if stat.S_ISREG(st.st_mode):
                 found.add(rel)
-            elif not stat.S_ISDIR(mode):
-                raise InvalidBundle(where, rel, "is a device, FIFO or socket; "
-                                                "bundles hold regular files only")
+            elif not stat.S_ISDIR(st.st_mode):
+                raise InvalidBundle(where, _shown(rel), "is a device, FIFO or socket; "
+                                                        "bundles hold regular files only")
     return found
 
 
-def _check_sums(root: Path, where: str, sums: Mapping[str, str]) -> None:
+def _read_bounded(path: Path, limit: int, where: str, name: str, flag: str) -> bytes:
+    """A regular file's bytes, refused unread if its size is over ``limit``, and never more
+    than ``limit`` + 1 bytes read (a file that grows meanwhile is refused too)."""
+    with _open_plain(path) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidBundle(where, name, "missing or not a regular file")
+        if st.st_size > limit:
+            raise InvalidBundle(where, name, f"is {st.st_size} bytes; at most {limit} ({flag})")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InvalidBundle(where, name, f"is more than {limit} bytes ({flag})")
+    return data
+
+
+def _check_sums(root: Path, where: str, sums: Mapping[str, str], limits: ImportLimits) -> None:
     """SHA256SUMS must be exactly the lines the bundle's files give, byte for byte."""
-    data = (root / SUMS).read_bytes()
+    data = _read_bounded(root / SUMS, limits.manifest_bytes, where, SUMS, "--max-manifest-bytes")
     if data == sha256sums({p: sha for p, sha in sums.items() if p != SUMS}):
         return
     listed: dict[str, str] = {}
@@ -284,16 +548,25 @@ def _check_sums(root: Path, where: str, sums: Mapping[str, str]) -> None:
     raise InvalidBundle(where, SUMS, "lines are not sorted by path or repeat a path")
 
 
-def _read_manifest(root: Path, where: str) -> _Manifest:
+def _read_manifest(root: Path, where: str, limits: ImportLimits) -> _Manifest:
     path = root / MANIFEST
     if path.is_symlink() or not path.is_file():
         raise InvalidBundle(where, MANIFEST, "missing or not a regular file")
-    data = path.read_bytes()
+    return _parse_manifest(_read_bounded(path, limits.manifest_bytes, where, MANIFEST,
+                                         "--max-manifest-bytes"), where)
+
+
+def _parse_manifest(data: bytes, where: str) -> _Manifest:
+    """manifest.json's bytes (already within their size limit) as a checked manifest."""
     try:
-        value = canonical.loads_strict(data)
+        value = canonical.loads_strict(data, max_depth=MANIFEST_MAX_DEPTH)
     except StrictJSONError as exc:
         raise InvalidBundle(where, MANIFEST, f"not valid JSON ({exc.reason})") from None
-    if not isinstance(value, dict) or rfc8785.dumps(value) != data:
+    try:
+        canonical_form = isinstance(value, dict) and rfc8785.dumps(value) == data
+    except (rfc8785.CanonicalizationError, TypeError, ValueError):  # lone surrogates, say
+        canonical_form = False
+    if not canonical_form:
         raise InvalidBundle(where, MANIFEST, "not a JSON object in RFC 8785 canonical form")
     return _ManifestReader(where).read(value)
 
