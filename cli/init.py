@@ -9,6 +9,7 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, state
+from nscas.locating import store_writable
 from nscas.opening import open_store
 from nscas.store import DB_NAME, STORE_DIR, init_store
 
@@ -36,8 +37,11 @@ def init(
     root = target if target.name == STORE_DIR else target / STORE_DIR
     existed = (root / DB_NAME).is_file()
     if existed and not upgrade:
-        open_store(root).close()  # refuses an unknown schema before alembic would touch it
-    init_store(root).close()
+        # Refuses another schema version before alembic would touch it; a store at this
+        # version has nothing to change, so a read-only one is fine as it is.
+        open_store(root, readonly=True).close()
+    if upgrade or not existed or store_writable(root):
+        init_store(root).close()  # a read-only store to upgrade it refuses in one line
     where = str(root.resolve())
     if as_json:
         render.json_out({"store": where})

@@ -40,7 +40,7 @@ def set_(
             old = store.ref_get(name)  # for the message only; the update itself is unconditional
             store.ref_set(name, target, message=message)
         else:
-            old = None if expect.strip().lower() == "none" else store.resolve(expect)
+            old = None if expect.lower() == "none" else store.resolve(expect)
             store.ref_set(name, target, expect=old, message=message)
     if as_json:
         render.json_out({"name": name, "old": str(old) if old else None, "new": str(target)})

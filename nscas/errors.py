@@ -105,6 +105,31 @@ class StoreError(NscasError):
     """The store itself is missing, unreadable or of an unknown schema version."""
 
 
+class ReadOnlyStore(StoreError):
+    """A write was asked of a store on a read-only mount (or one this user may not write)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(f"the store at {root} is read-only")
+        self.root = root
+
+
+class NoSpace(StoreError):
+    """The filesystem holding ``path`` is full (ENOSPC, SQLITE_FULL)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"no space left on device at {path}")
+        self.path = path
+
+
+class DamagedStore(StoreError):
+    """The store's database lacks a table, column or trigger it must have, or is corrupt."""
+
+    def __init__(self, root: str, problem: str) -> None:
+        super().__init__(f"the store database at {root} is damaged ({problem}); run 'nscas fsck'")
+        self.root = root
+        self.problem = problem
+
+
 class DestinationExists(InvalidInput):
     def __init__(self, path: str) -> None:
         super().__init__(f"destination {path} already exists; nscas never overwrites")

@@ -6,6 +6,11 @@ fsck has three depths, each proving more than the one before:
   file exists with its recorded stored size, every parts list tiles its object (no gap, no
   overlap, every part present, sizes summing to the object's), every record is canonical, valid
   for its kind, with its links indexed and present, and every ref names a present object.
+  Always also: the schema is the one the migrations create (every table, column, index and
+  insert-only trigger, no trigger of anyone else's, no row left in ``gc_session``), and every
+  ref agrees with its ref log: it exists exactly when the log says it was set, points where the
+  log's last entry does, each entry moves on from the one before, and no tag ever moved. A
+  table or trigger dropped by hand, or a ref changed by a direct ``UPDATE``, is a finding.
 - deep: also every stored leaf (chunk file, zstd decoded, or inline row) read once and hashed
   with BLAKE3 against its ID, its plain size against the row. Every stored byte belongs to
   exactly one leaf, so any change to what a leaf holds is found, at about one BLAKE3 pass over
@@ -33,10 +38,11 @@ import blake3
 
 from nscas import canonical, kinds
 from nscas.digests import Digest, blake3_hex
-from nscas.errors import IntegrityError, InvalidInput, NscasError
+from nscas.errors import DamagedStore, IntegrityError, InvalidInput, NscasError
+from nscas.locating import is_tag
 
 if TYPE_CHECKING:
-    from nscas.reading import ObjectInfo, StoreReader
+    from nscas.reading import ObjectInfo, RefEntry, StoreReader
     from nscas.store import Store
     from nscas.workarea import AreaVerdict
 
@@ -46,6 +52,7 @@ Mode = Literal["rows", "deep", "full"]
 DEFAULT_MIN_AGE = 3600.0  # seconds; gc keeps anything younger (see gc)
 _THREADS = 2  # leaves hashed at once: blake3 and hashlib release the GIL on large inputs
 _IN_FLIGHT = 4  # leaves submitted but not yet checked: bounds memory and the --max-seconds overrun
+_OBJECT_TABLES = ("objects", "object_sha256", "parts", "links")  # what the object walk reads
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,13 +102,28 @@ def fsck(store: StoreReader, *, deep: bool = False, full: bool = False, sample: 
     ``full`` (implies deep): every top-level object re-read whole (BLAKE3, SHA-256, size)."""
     t0 = time.monotonic()
     mode: Mode = "full" if full else "deep" if deep else "rows"
-    findings: list[Finding] = []
+    diffs = store.schema_differences()
+    findings: list[Finding] = [
+        Finding(object=d.name, problem=d.problem, detail=d.detail,
+                severity="error" if d.harmful else "note") for d in diffs]
+    damaged = {d.name.partition(".")[0] for d in diffs
+               if d.problem in ("missing-table", "missing-column")}
+
+    def unusable(what: str, tables: tuple[str, ...]) -> bool:
+        gone = sorted(damaged.intersection(tables))
+        if gone:
+            findings.append(Finding(object=None, problem="check-skipped", severity="note",
+                                    detail=f"{what} not checked: table(s) {', '.join(gone)} "
+                                           "damaged (reported above)"))
+        return bool(gone)
+
     rng = random.Random(seed)
     infos: dict[str, ObjectInfo] = {}
     file_leaves: set[str] = set()
     checked = checked_bytes = 0
     complete = True
-    for info in store.iter_objects():
+    objects_ok = not unusable("objects, records and links", _OBJECT_TABLES)
+    for info in store.iter_objects() if objects_ok else ():
         infos[info.id.hex] = info
         if info.storage == "file":
             file_leaves.add(info.id.hex)
@@ -110,7 +132,7 @@ def fsck(store: StoreReader, *, deep: bool = False, full: bool = False, sample: 
             findings.extend(_check_record(store, info))
         if on_object is not None:
             on_object(1)
-    if mode != "rows":
+    if mode != "rows" and objects_ok:
         if mode == "full":
             targets = _top_level(store, infos)
         else:
@@ -143,20 +165,60 @@ def fsck(store: StoreReader, *, deep: bool = False, full: bool = False, sample: 
             findings.append(Finding(object=None, problem="incomplete", severity="note",
                                     detail=f"--max-seconds {max_seconds:g} reached after {checked} "
                                            f"of {len(targets)} objects"))
-    for name, target in store.ref_list():
-        if target.hex not in infos:
-            findings.append(Finding(object=name, problem="dangling-ref", detail=f"ref points at absent {target}"))
+    if not unusable("refs", ("refs",)):
+        current = store.ref_list()
+        if objects_ok:
+            findings.extend(Finding(object=name, problem="dangling-ref",
+                                    detail=f"ref points at absent {target}")
+                            for name, target in current if target.hex not in infos)
+        if not unusable("refs against the ref log", ("ref_log",)):
+            findings.extend(_check_ref_log(dict(current), store.ref_log()))
     for path in store.chunks.temporary_files():
         findings.append(Finding(object=str(path), problem="temporary-file", severity="note",
                                 detail="left by a write in progress or one a crash interrupted; "
                                        "'nscas gc' removes it once older than --min-age"))
-    orphans = [h for h in store.chunks.iter_ids() if h not in file_leaves]
+    orphans = [h for h in store.chunks.iter_ids() if h not in file_leaves] if objects_ok else []
     if orphans:
         findings.append(Finding(object=None, problem="orphan-chunks", severity="note",
                                 detail=f"{len(orphans)} chunk file(s) no object uses; 'nscas gc' "
                                        "removes those older than --min-age"))
     return FsckReport(findings=tuple(findings), objects=len(infos), mode=mode, deep_checked=checked,
                       deep_bytes=checked_bytes, complete=complete, seconds=time.monotonic() - t0)
+
+
+def _check_ref_log(current: dict[str, Digest], log: list[RefEntry]) -> list[Finding]:
+    """Every ref against its ref log (given newest first): the log is insert-only, the refs
+    table is not, so a ref moved or removed by hand disagrees with its log's last entry."""
+    out: list[Finding] = []
+    by_name: dict[str, list[RefEntry]] = {}
+    for entry in reversed(log):
+        by_name.setdefault(entry.name, []).append(entry)
+    for name in sorted(current.keys() | by_name.keys()):
+        entries = by_name.get(name, [])
+        target = current.get(name)
+        before: Digest | None = None
+        for entry in entries:
+            if entry.old != before:
+                out.append(Finding(object=name, problem="ref-log-chain",
+                                   detail=f"a ref log entry moves it from {entry.old or 'unset'}, "
+                                          f"but the entry before left it at {before or 'unset'}"))
+            if is_tag(name) and entry.old is not None:
+                out.append(Finding(object=name, problem="tag-moved",
+                                   detail=f"the ref log moves the tag from {entry.old} to "
+                                          f"{entry.new}; tags never move"))
+            before = entry.new
+        if not entries:
+            out.append(Finding(object=name, problem="unlogged-ref",
+                               detail=f"ref points at {target}, but the ref log never set it"))
+        elif target is None:
+            out.append(Finding(object=name, problem="missing-ref",
+                               detail=f"the ref log last set it to {before}, but no such ref exists"))
+        elif target != before:
+            tag = "; tags never move" if is_tag(name) else ""
+            out.append(Finding(object=name, problem="ref-log-mismatch",
+                               detail=f"ref points at {target}, but its ref log last set it to "
+                                      f"{before}{tag}"))
+    return out
 
 
 def _two_at_a_time(targets: Iterable[ObjectInfo], check: Callable[[ObjectInfo], list[Finding]],
@@ -321,6 +383,12 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE)
 
     if min_age < 0:
         raise InvalidInput(f"gc minimum age must be at least 0 seconds, not {min_age:g}")
+    # What gc keeps depends on every table and guard being the migrations' own (an index
+    # only makes it faster).
+    harm = [d for d in store.schema_differences() if d.harmful and d.problem != "missing-index"]
+    if harm:
+        more = f", and {len(harm) - 1} more difference(s)" if len(harm) > 1 else ""
+        raise DamagedStore(str(store.root), harm[0].detail + more)
 
     def succeeded_since(action: Digest, since: str) -> bool:
         # Through the reader's own API: a dry run stays a read that never loads SQLAlchemy.

@@ -18,6 +18,11 @@ ENV_VAR = "NSCAS_STORE"
 BUSY_TIMEOUT_MS = 60_000
 REF_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 HEXISH = re.compile(r"(blake3:)?[0-9a-f]{8,}")
+TAG_PREFIX = "tags/"  # refs named so never move once set
+
+
+def is_tag(name: str) -> bool:
+    return name.startswith(TAG_PREFIX)
 
 
 def find_store(start: Path | None = None) -> Path:
@@ -39,6 +44,13 @@ def store_dir_of(path: Path) -> Path:
     if (path / STORE_DIR / DB_NAME).is_file():
         return path / STORE_DIR
     raise StoreError(f"{path} is not an nscas store (no {DB_NAME} in it or in {path / STORE_DIR})")
+
+
+def store_writable(root: Path) -> bool:
+    """Whether this process may write the store at ``root``: its directory (chunk files, and
+    SQLite's ``-wal`` and ``-shm`` files) and its database. False on a read-only mount, for
+    root too (``access`` reports EROFS whatever the permissions)."""
+    return os.access(root, os.W_OK) and os.access(root / DB_NAME, os.W_OK)
 
 
 def check_ref_name(name: str) -> None:

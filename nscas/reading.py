@@ -9,6 +9,7 @@ never imports the writer: nscas.opening picks one or the other.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -30,11 +31,12 @@ from nscas.errors import (
     DestinationExists,
     IntegrityError,
     InvalidInput,
+    NoSpace,
     NotFound,
     StoreError,
 )
-from nscas.locating import BUSY_TIMEOUT_MS, DB_NAME, HEXISH, REF_NAME
-from nscas.revision import check_revision
+from nscas.locating import BUSY_TIMEOUT_MS, DB_NAME, HEXISH, REF_NAME, store_writable
+from nscas.revision import SchemaDifference, check_revision, database_error, schema_differences
 
 # ObjectInfo's columns: a SHA-256 left out at put time comes from object_sha256 once recorded.
 _INFO = ("id, size, COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE s.id = objects.id)),"
@@ -95,15 +97,50 @@ class StoreReader:
         self._pool_lock = threading.Lock()
         self._closed = False
         self.chunks = ChunkFiles(root)
+        self.immutable = False
+        """True when the database was opened ``immutable=1``: a read-only store without the
+        ``-shm`` file that a WAL-mode read needs (see :func:`_immutable_open`)."""
         try:
-            with self._read() as c:
-                check_revision(c, root)
-        except sqlite3.DatabaseError as exc:
-            self._close_reads()
-            raise StoreError(f"cannot read the store database {db}: {exc}") from None
+            try:
+                self._check_revision()
+            except sqlite3.Error as exc:
+                if not _immutable_open(root, exc):
+                    raise database_error(exc, root) from None
+                self._uri += "&immutable=1"
+                self.immutable = True
+                try:
+                    self._check_revision()
+                except sqlite3.Error as again:
+                    raise database_error(again, root) from None
         except BaseException:
             self._close_reads()  # not close(): a subclass's own resources do not exist yet
             raise
+
+    def _share(self) -> None:
+        """Read through the ``-shm`` file from now on (a writer of this process has created
+        it): ``immutable=1`` is right only while nothing can write."""
+        if self.immutable:
+            self._uri = self._uri.removesuffix("&immutable=1")
+            self.immutable = False
+            with self._pool_lock:
+                idle, self._idle = self._idle, []
+            for c in idle:
+                c.close()
+
+    def _check_revision(self) -> None:
+        """Refuse another schema version; raises SQLite's own error, for the caller to judge."""
+        c = self._connect()
+        try:
+            c.execute("BEGIN")
+            check_revision(c, self.root)
+        finally:
+            c.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        # Autocommit mode, so that BEGIN is the transaction; the timeout is SQLite's busy
+        # timeout (a reader waits only for a WAL checkpoint or recovery, if at all).
+        return sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                               isolation_level=None, check_same_thread=False)
 
     def close(self) -> None:
         self._close_reads()
@@ -132,26 +169,31 @@ class StoreReader:
 
         A pool rather than one connection per thread: a generator (``leaves``) may hold its
         transaction open while the same thread runs other reads.
+
+        SQLite's errors (a table dropped by hand, a full disk) become the store's, in one line.
         """
         with self._pool_lock:
             c = self._idle.pop() if self._idle else None
-        if c is None:
-            # Autocommit mode, so that BEGIN below is the transaction; the timeout is SQLite's
-            # busy timeout (a reader waits only for a WAL checkpoint or recovery, if at all).
-            c = sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
-                                isolation_level=None, check_same_thread=False)
         try:
+            if c is None:
+                c = self._connect()
             c.execute("BEGIN")
             yield c
+        except sqlite3.Error as exc:
+            raise database_error(exc, self.root) from None
         finally:
-            if c.in_transaction:
-                c.rollback()
-            with self._pool_lock:
-                keep = not self._closed
-                if keep:
-                    self._idle.append(c)
-            if not keep:
-                c.close()
+            if c is not None:
+                self._release(c)
+
+    def _release(self, c: sqlite3.Connection) -> None:
+        if c.in_transaction:
+            c.rollback()
+        with self._pool_lock:
+            keep = not self._closed
+            if keep:
+                self._idle.append(c)
+        if not keep:
+            c.close()
 
     # ----------------------------------------------------------------- lookups
 
@@ -192,8 +234,11 @@ class StoreReader:
             yield from ((Digest(h), sha) for h, sha in rows)
 
     def resolve(self, text_: str) -> Digest:
-        """A full ID, a ref name, or a unique prefix of at least 8 hex digits."""
-        text_ = text_.strip()
+        """A full ID, a ref name, or a unique prefix of at least 8 hex digits, exactly as given:
+        surrounding whitespace is refused, as everywhere IDs are parsed."""
+        if text_ != text_.strip() or not text_:
+            raise InvalidInput(f"invalid object ID or ref name {text_!r}: "
+                               + ("empty" if not text_.strip() else "surrounding whitespace"))
         if text_.startswith("blake3:") and len(text_) == 71:
             oid = Digest.parse(text_)
             if not self.has(oid):
@@ -261,8 +306,16 @@ class StoreReader:
         """Write a blob to a new file, or a tree/1 to a new directory; never overwrite."""
         if dest.exists() or dest.is_symlink():
             raise DestinationExists(str(dest))
-        dest.parent.mkdir(parents=True, exist_ok=True)
         info = self.info(oid)
+        try:
+            self._materialise(oid, info, dest)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise NoSpace(str(dest.parent)) from None
+            raise
+
+    def _materialise(self, oid: Digest, info: ObjectInfo, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".nscas-get-", dir=dest.parent))
         try:
             if info.kind == "tree/1":
@@ -414,6 +467,11 @@ class StoreReader:
                              "ORDER BY idx", (oid.hex,)).fetchall()
         return [(idx, off, Digest(part)) for idx, off, part in rows]
 
+    def schema_differences(self) -> list[SchemaDifference]:
+        """How the store's tables, indexes and triggers differ from what the migrations create."""
+        with self._read() as c:
+            return schema_differences(c)
+
     def counts(self) -> dict[str, int]:
         with self._read() as c:
             n = c.execute("SELECT count(*) FROM objects").fetchone()[0]
@@ -451,6 +509,30 @@ class _LeafReader(io.RawIOBase):
         b[:n] = self._buf[self._pos:self._pos + n]
         self._pos += n
         return n
+
+
+def _immutable_open(root: Path, exc: sqlite3.Error) -> bool:
+    """Whether a read-only open that failed with ``exc`` may be retried ``immutable=1``.
+
+    A WAL-mode database is read through its ``-shm`` file, which SQLite creates when missing;
+    on a read-only mount (or a full disk) it cannot. ``immutable=1`` reads the database file
+    alone, with no locks: right only when no commit waits in the ``-wal`` file, and when no
+    writer has it open (every writer holds the ``-shm`` file, so none exists). A ``-wal`` with
+    commits in it is refused: read without them, the store would look older than it is.
+    """
+    if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_CANTOPEN", "SQLITE_IOERR_SHMSIZE"):
+        return False
+    db = root / DB_NAME
+    if Path(f"{db}-shm").exists():
+        return False
+    if getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN" and store_writable(root):
+        return False  # not for want of a -shm file
+    wal = Path(f"{db}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise StoreError(f"the store at {root} is read-only and commits wait in {wal.name}, which "
+                         f"SQLite cannot read without {db.name}-shm; open the store once where it "
+                         "is writable")
+    return True
 
 
 def _leaves(c: sqlite3.Connection, hex_id: str) -> Iterator[tuple[str, str, bytes | None]]:

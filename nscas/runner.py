@@ -13,11 +13,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from nscas.codetree import CodeChanges, code_changes, code_tree
+from nscas import canonical
+from nscas.codetree import CodeChanges, code_changes, code_tree, recipe_files
 from nscas.compare import Verdict, compare_outputs
 from nscas.config import StepConfig, load_run_file, params_to_json, parse_params, step_reference
-from nscas.digests import Digest
-from nscas.errors import ConfigError, NscasError, RecipeError, RefConflict
+from nscas.digests import Digest, sha256_hex
+from nscas.errors import ConfigError, NscasError, RecipeError, RecordError, RefConflict
+from nscas.locating import is_tag
+from nscas.objectstore import tree_record
+from nscas.reading import ObjectInfo
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
 from nscas.registry import available_recipes, registered_recipe
 from nscas.store import Store, check_ref_name
@@ -157,10 +161,71 @@ def _plan(store: Store, steps: tuple[StepConfig, ...], where: str, *,
     plan = []
     for s in steps:
         inputs = _direct_inputs(store, s, recipes[s.name], where, labels[s.name])
-        plan.append(_Planned(step=s, recipe=recipes[s.name], params=params[s.name],
-                             label=labels[s.name], inputs=inputs,
-                             expected_refs={ref: store.ref_get(ref) for ref in s.outputs.values()}))
+        item = _Planned(step=s, recipe=recipes[s.name], params=params[s.name],
+                        label=labels[s.name], inputs=inputs,
+                        expected_refs={ref: store.ref_get(ref) for ref in s.outputs.values()})
+        if len(inputs) == len(s.inputs) and _set_tags(s, item.expected_refs):
+            # Every input known now: the action's ID, and so its cached receipt, without a write.
+            action = _action_id(item.recipe, _code_id(item.recipe), inputs, item.params)
+            _check_tags(store, s, item.expected_refs, find_receipt(store, action), where,
+                        item.label)
+        plan.append(item)
     return plan
+
+
+def _set_tags(step: StepConfig, refs: Mapping[str, Digest | None]) -> bool:
+    """Whether an output ref of ``step`` is a tag that is already set."""
+    return any(is_tag(ref) and refs.get(ref) is not None for ref in step.outputs.values())
+
+
+def _check_tags(store: Store, step: StepConfig, refs: Mapping[str, Digest | None],
+                previous: Digest | None, where: str, label: str) -> None:
+    """Before a step runs: refuse it if an output ref is a tag already set to something other
+    than what the step's cached receipt gave (``previous``). Tags never move; a run that could
+    only end by trying to move one would write its outputs and receipt for nothing."""
+    if not _set_tags(step, refs):
+        return
+    before = store.get_record(previous)["outputs"] if previous is not None else {}
+    for output, ref in step.outputs.items():
+        current = refs.get(ref)
+        if is_tag(ref) and current is not None and before.get(output) != str(current):
+            raise ConfigError(where, f"{label}outputs.{output}: tag {ref!r} is already set to "
+                                     f"{current}, and no earlier run of this step gave that "
+                                     "output; tags never move (name another ref)")
+
+
+def _code_id(recipe: Recipe) -> Digest:
+    """The ID ``code_tree`` gives the recipe's code, computed without storing anything."""
+    files = {name: path.read_bytes() for name, path in recipe_files(recipe).items()}
+    hashed = _Hashed({Digest.of(data): data for data in files.values()})
+    tree = tree_record(hashed, {name: Digest.of(data) for name, data in files.items()})
+    return Digest.of(canonical.encode(tree))
+
+
+class _Hashed:
+    """Bytes not (yet) stored, answering what ``tree_record`` asks of a store about them."""
+
+    def __init__(self, blobs: Mapping[Digest, bytes]) -> None:
+        self._blobs = blobs
+
+    def info(self, oid: Digest) -> ObjectInfo:
+        data = self._blobs[oid]
+        return ObjectInfo(id=oid, size=len(data), sha256=sha256_hex(data), kind=None,
+                          storage="inline", codec="raw", stored_size=len(data), created=0.0)
+
+    def sha256(self, oid: Digest) -> str:
+        return sha256_hex(self._blobs[oid])
+
+
+def _action(recipe: Recipe, code: Digest, inputs: Mapping[str, Digest], params: Any) -> dict[str, Any]:
+    """The action/1 record of a step: the one place it is built."""
+    return {"nscas": "action/1", "recipe": f"{recipe.name}@{recipe.version}", "code": str(code),
+            "inputs": {k: str(v) for k, v in sorted(inputs.items())},
+            "params": params_to_json(params)}
+
+
+def _action_id(recipe: Recipe, code: Digest, inputs: Mapping[str, Digest], params: Any) -> Digest:
+    return Digest.of(canonical.encode(_action(recipe, code, inputs, params)))
 
 
 def _load_recipe_for(step: StepConfig, where: str, label: str) -> Recipe:
@@ -205,11 +270,41 @@ def _check_step(step: StepConfig, recipe: Recipe, recipes: Mapping[str, Recipe],
 def _parse_step_params(recipe: Recipe, step: StepConfig, where: str, label: str) -> Any:
     """The step's params table as the recipe's params dataclass: the only place it is parsed."""
     try:
-        return parse_params(recipe.params, step.params, where, "params")
+        params = parse_params(recipe.params, step.params, where, "params")
+        _check_json_values(params_to_json(params), where, "params")
+        return params
     except ConfigError as exc:
         if not label:
             raise
         raise ConfigError(where, label + exc.message.removeprefix(f"{where}: ")) from None
+
+
+def _check_json_values(value: Any, where: str, path: str) -> None:
+    """Refuse, naming the key, a param the action record cannot hold as it is: an integer
+    beyond +-(2^53 - 1) (records are RFC 8785 JSON, whose numbers are doubles) or a NaN or
+    infinity. Checked while planning, so that nothing (not even the code tree) is written."""
+    stack = [(value, path)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}") for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+        else:
+            try:
+                canonical.encode({"value": item})
+            except RecordError:
+                if isinstance(item, float):
+                    why = "a record holds finite numbers only"
+                elif isinstance(item, int):
+                    why = "a record holds integers of at most 2^53 - 1 in size exactly"
+                else:
+                    why = "not a JSON value"
+                raise ConfigError(where, f"{at} is {item!r}: {why}") from None
+    try:
+        canonical.encode({"params": value})
+    except RecordError as exc:
+        raise ConfigError(where, f"{path}: {exc.message}") from None
 
 
 def _direct_inputs(store: Store, step: StepConfig, recipe: Recipe, where: str,
@@ -262,13 +357,13 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
     """
     if params is None:
         params = _parse_step_params(recipe, step, where, "")
-    code = code_tree(store, recipe)
-    action = store.put_record({
-        "nscas": "action/1", "recipe": f"{recipe.name}@{recipe.version}", "code": str(code),
-        "inputs": {k: str(v) for k, v in sorted(inputs.items())}, "params": params_to_json(params),
-    })
     if expected_refs is None:
         expected_refs = {ref: store.ref_get(ref) for ref in step.outputs.values()}
+    if _set_tags(step, expected_refs):  # before any write: the action's ID, computed
+        action = _action_id(recipe, _code_id(recipe), inputs, params)
+        _check_tags(store, step, expected_refs, find_receipt(store, action), where, "")
+    code = code_tree(store, recipe)
+    action = store.put_record(_action(recipe, code, inputs, params))
     previous = find_receipt(store, action)
     if previous is not None and not rerun:
         rec = store.get_record(previous)

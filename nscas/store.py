@@ -5,15 +5,19 @@ Its reads it inherits from nscas.reading; these two are the only modules with qu
 
 from __future__ import annotations
 
+import errno
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from sqlalchemy import Connection, delete, insert, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
 
 from nscas import canonical, kinds
 from nscas.chunks import ChunkFiles, Segment, plan_segments
@@ -22,16 +26,18 @@ from nscas.digests import Digest, blake3_hex, sha256_hex
 from nscas.errors import (
     ClosureError,
     InvalidInput,
+    NoSpace,
     NotFound,
+    ReadOnlyStore,
     RefConflict,
     StoreError,
     TagImmutable,
 )
-from nscas.locating import DB_NAME, STORE_DIR, check_ref_name
+from nscas.locating import DB_NAME, STORE_DIR, check_ref_name, is_tag, store_writable
 from nscas.objectstore import tree_record
 from nscas.putting import Leaf, Putter
 from nscas.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches
-from nscas.revision import refuse_newer
+from nscas.revision import database_error, refuse_newer
 from nscas.schema import gc_session, links, object_sha256, objects, parts, ref_log, refs
 from nscas.workarea import WorkArea, WorkAreas
 
@@ -56,11 +62,19 @@ class _LeavesVanished(StoreError):
 def init_store(path: Path) -> Store:
     """Create (or upgrade) a store at ``path/.nscas``, or at ``path`` if it ends in ``.nscas``."""
     root = path if path.name == STORE_DIR else path / STORE_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    if (root / DB_NAME).is_file():
-        refuse_newer(root / DB_NAME, root)
-    ChunkFiles(root).ensure()
-    upgrade(root / DB_NAME)
+    if (root / DB_NAME).is_file() and not store_writable(root):
+        raise ReadOnlyStore(str(root))
+    with _faults(root):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise
+            raise StoreError(f"cannot create a store at {root}: {exc.strerror}") from None
+        if (root / DB_NAME).is_file():
+            refuse_newer(root / DB_NAME, root)
+        ChunkFiles(root).ensure()
+        upgrade(root / DB_NAME)
     return Store(root)
 
 
@@ -73,12 +87,26 @@ class Store(StoreReader):
     def __init__(self, root: Path, *, readonly: bool = False) -> None:
         super().__init__(root)
         self.readonly = readonly
+        if not readonly and not store_writable(root):
+            self._close_reads()
+            raise ReadOnlyStore(str(root))
         db = root / DB_NAME
         self._writer = make_engine(db, readonly=readonly, writer=True)
         self._lock = threading.Lock()
         if not readonly:
-            with self._writer.connect():  # its first connection puts the database in WAL mode
-                pass
+            try:
+                with _faults(root), self._writer.connect():  # puts the database in WAL mode
+                    pass
+            except BaseException:
+                self.close()
+                raise
+            self._share()  # a reader opened immutable (a disk full a moment ago) reads shared now
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE); SQLite's errors become the store's."""
+        with _faults(self.root), self._writer.begin() as c:
+            yield c
 
     def close(self) -> None:
         super().close()  # read-only connections first: the writer's last close checkpoints the WAL
@@ -91,7 +119,8 @@ class Store(StoreReader):
 
     def put_bytes(self, data: bytes | bytearray | memoryview) -> Digest:
         view = memoryview(data)
-        return _retry_vanished(lambda: self._put_leaf(view), lambda: None)
+        with _faults(self.root):
+            return _retry_vanished(lambda: self._put_leaf(view), lambda: None)
 
     def _put_leaf(self, data: memoryview) -> Digest:
         leaf = self._putter().leaf(data)
@@ -125,7 +154,8 @@ class Store(StoreReader):
                 link_rows.append({"parent": hex_id, "path": path, "child": d.hex})
                 require.add(d.hex)
         if leaves:
-            self._insert(leaves, [], link_rows, require=require)
+            with _faults(self.root):
+                self._insert(leaves, [], link_rows, require=require)
         return [Digest(leaf.hex) for leaf in leaves]
 
     def put_file(self, path: Path) -> Digest:
@@ -144,7 +174,8 @@ class Store(StoreReader):
             if segments is None:
                 data = f.read()
                 return self.put_bytes(data)
-            return _retry_vanished(lambda: self._put_segments(f, segments), lambda: f.seek(0))
+            with _faults(self.root):
+                return _retry_vanished(lambda: self._put_segments(f, segments), lambda: f.seek(0))
 
     def _put_segments(self, f: BinaryIO, segments: list[Segment]) -> Digest:
         made = self._putter().segments(f, segments)
@@ -182,7 +213,7 @@ class Store(StoreReader):
             return known
         sha = self._compute_sha256(oid)
         if not self.readonly:
-            with self._writer.begin() as c:
+            with self._begin() as c:
                 # Only while the object is still there: a gc may have removed it meanwhile.
                 if c.execute(select(objects.c.seq).where(objects.c.id == oid.hex)).first():
                     c.execute(sqlite_insert(object_sha256).on_conflict_do_nothing(),
@@ -197,7 +228,7 @@ class Store(StoreReader):
         rows = [{"id": lf.hex, "size": lf.size, "sha256": lf.sha256, "kind": lf.kind,
                  "storage": lf.storage, "codec": lf.codec, "stored_size": lf.stored_size,
                  "data": lf.data, "created": now} for lf in leaves]
-        with self._writer.begin() as c:
+        with self._begin() as c:
             needed = set(require) - {lf.hex for lf in leaves}
             if needed:
                 missing = sorted(needed - _present(c, needed))
@@ -234,7 +265,7 @@ class Store(StoreReader):
         """Point ``name`` at ``target``; with ``expect``, only if it still holds that value."""
         check_ref_name(name)
         now = time.time()
-        with self._writer.begin() as c:
+        with self._begin() as c:
             if c.execute(select(objects.c.seq).where(objects.c.id == target.hex)).first() is None:
                 raise NotFound(str(target))
             old_hex = c.execute(select(refs.c.target).where(refs.c.name == name)).scalar()
@@ -243,7 +274,7 @@ class Store(StoreReader):
                 raise RefConflict(name, str(expect) if expect else None, str(old) if old else None)
             if old == target:
                 return
-            if name.startswith("tags/") and old is not None:
+            if is_tag(name) and old is not None:
                 raise TagImmutable(name, str(old))
             if old is None:
                 c.execute(insert(refs).values(name=name, target=target.hex, updated=now))
@@ -259,7 +290,8 @@ class Store(StoreReader):
         directory starts empty. Raises ``WorkAreaBusy`` while a live process holds it."""
         if self.readonly:
             raise StoreError("store opened read-only")
-        return WorkAreas(self.root).claim(action)
+        with _faults(self.root):
+            return WorkAreas(self.root).claim(action)
 
     def release_work_area(self, area: WorkArea, *, keep: bool) -> None:
         """End the hold: scratch goes; the persistent directory stays only with ``keep``."""
@@ -277,7 +309,7 @@ class Store(StoreReader):
         (a put may be writing the same bytes afresh). Returns the IDs actually removed.
         """
         doomed = {d.hex for d in ids}
-        with self._writer.begin() as c:
+        with self._begin() as c:
             doomed -= _rescued(c, doomed)
             gone = sorted(doomed)
             c.execute(insert(gc_session).values(token=1))
@@ -294,9 +326,27 @@ class Store(StoreReader):
         return [Digest(h) for h in gone]
 
     def execute_raw(self, sql: str) -> None:
-        """For tests of the database's own guards only."""
+        """For tests of the database's own guards only (SQLAlchemy's own errors come out)."""
         with self._writer.begin() as c:
             c.execute(text(sql))
+
+
+@contextmanager
+def _faults(root: Path) -> Iterator[None]:
+    """The store's own errors for a full disk, a read-only mount and SQLite's errors (a table
+    dropped by hand, a lock held too long), each one line naming the store."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if isinstance(exc.orig, sqlite3.Error):
+            raise database_error(exc.orig, root) from None
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise NoSpace(str(root)) from None
+        if exc.errno == errno.EROFS:
+            raise ReadOnlyStore(str(root)) from None
+        raise
 
 
 def _retry_vanished(put: Callable[[], Digest], rewind: Callable[[], object]) -> Digest:

@@ -3,7 +3,8 @@
 Two readers, one interface (``Source``), written from docs/format.md §1, docs/format.md §5 and docs/bundle.md and
 sharing no code with the store:
 
-- ``StoreSource`` opens ``<store>/nscas.db`` with stdlib ``sqlite3`` in ``mode=ro`` and reads
+- ``StoreSource`` opens ``<store>/nscas.db`` with stdlib ``sqlite3`` in ``mode=ro`` (on a
+  read-only mount without a ``-shm`` file, ``immutable=1``) and reads
   an object's bytes from its row (``inline``), from its chunk file ``data/<2 hex>/<62 hex>``
   (``file``, raw or zstd) or by concatenating its ``parts`` in order (recursively).
 - ``BundleSource`` reads ``manifest.json`` and the files it names; ``derived`` objects are byte
@@ -146,6 +147,30 @@ def find_store_dir(path: Path | None = None) -> Path:
                                "or a bundle directory")
 
 
+def _open_read_only(db: Path) -> sqlite3.Connection:
+    """The store's database opened ``mode=ro``; on a read-only mount, where SQLite cannot
+    create the ``-shm`` file a WAL database is read through, ``immutable=1`` instead, but only
+    while no ``-shm`` exists (no writer has it open) and no commit waits in the ``-wal``."""
+    uri = f"{db.resolve().as_uri()}?mode=ro"
+    con = sqlite3.connect(uri, uri=True)
+    try:
+        con.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
+        return con
+    except sqlite3.OperationalError as exc:
+        con.close()
+        wal, shm = Path(f"{db}-wal"), Path(f"{db}-shm")
+        if (getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or shm.exists()
+                or os.access(db.parent, os.W_OK) or (wal.exists() and wal.stat().st_size)):
+            raise
+    con = sqlite3.connect(uri + "&immutable=1", uri=True)
+    try:
+        con.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
+    except sqlite3.Error:
+        con.close()
+        raise
+    return con
+
+
 class StoreSource:
     """An nscas store read through ``sqlite3`` (read-only) and its chunk files."""
 
@@ -156,8 +181,7 @@ class StoreSource:
         if not db.is_file():
             raise SourceError(str(root), f"not an nscas store (no {DB_NAME})")
         try:
-            self._db = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-            self._db.execute("SELECT 1 FROM objects LIMIT 1").fetchall()
+            self._db = _open_read_only(db)
             # Since schema 0003 a SHA-256 computed after the put is in object_sha256.
             lazy = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                                     "name = 'object_sha256'").fetchone() is not None

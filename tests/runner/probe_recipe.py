@@ -15,6 +15,10 @@ class ProbeParams:
     """"" succeeds; "error" refuses the input (RecipeError path); "crash" raises ValueError."""
     label: str = ""
     """Changes the action without changing anything else."""
+    count: int = 0
+    """Unused: an integer param, for the tests of values a record cannot hold."""
+    scale: float = 1.0
+    """Unused: a float param, likewise."""
 
 
 def run(ctx: RunContext) -> RecipeResult:
