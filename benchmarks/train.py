@@ -171,7 +171,7 @@ def main() -> None:
                                       tokenizer=tokenizer, documents=documents, setting=setting,
                                       label_bucket=len(buckets) > 1)
                         runs.setdefault(m.label, []).append(m)
-                    if args.fast is not None and setting == "off":
+                    if args.fast is not None and setting == settings[-1]:
                         for compiled in (False, True):
                             m = run_nscas(root / f"fast-{world}-{compiled}-{repeat}", args,
                                           world=world, bucket_mb=buckets[0], base=base,

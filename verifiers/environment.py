@@ -11,7 +11,9 @@ agree; every disagreement is one problem of the single check ``<run>.environment
   CPU build sees no GPU;
 - a version with a local tag ``+cpu`` is a CPU build (``torch.cuda`` null); ``+cuNNN`` is the
   CUDA build ``torch.cuda`` names (``+cu124`` is ``12.4``);
-- ``packages.torch`` is ``torch.version`` (one installed distribution);
+- ``packages.torch`` is ``torch.version`` (one installed distribution), or its release
+  without the local tag: some images install a build whose metadata says ``2.11.0`` while
+  ``torch.__version__`` says ``2.11.0+cu130``; two different local tags disagree;
 - params ``device`` ``cuda`` or ``cuda:N`` needs a CUDA build and that CUDA device listed;
 - for a single-node run on CUDA, the world size (train) or the replicas (serve, one GPU
   each) are at most the CUDA devices listed; on every
@@ -87,7 +89,7 @@ def environment_problems(env: Any, params: Mapping[str, Any] | None = None,
     if packages is not None and not isinstance(packages, Mapping):
         problems.append("packages is not an object")
     elif (isinstance(packages, Mapping) and torch is not None and isinstance(version, str)
-          and packages.get("torch") != version):
+          and not _same_build(packages.get("torch"), version)):
         problems.append(f"packages.torch is {packages.get('torch')!r}, torch.version is "
                             f"{version!r}")
     problems += _device_problems(params, cuda, torch, build_cuda)
@@ -159,3 +161,14 @@ def environment_check(env: Any, params: Mapping[str, Any] | None, name: str,
     more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
     return Check.failed(check, f"{len(problems)} problem(s): " + "; ".join(problems[:_SHOWN])
                         + more)
+
+
+def _same_build(distribution: Any, version: str) -> bool:
+    """A distribution version and ``torch.__version__`` name one build: equal, or equal once
+    the local tag (``+cu130``) that only one of them carries is set aside."""
+    if not isinstance(distribution, str):
+        return False
+    if distribution == version:
+        return True
+    one, other = distribution.partition("+"), version.partition("+")
+    return one[0] == other[0] and not (one[2] and other[2])

@@ -25,6 +25,15 @@ OWNER_ENV = "NSCAS_OWNER_PID"
 ORPHANED = 137
 
 
+def child_env() -> dict[str, str]:
+    """The environment entries of every child process nscas starts: its owner, and
+    ``PYTHONSAFEPATH``, so that ``python -m`` run in a directory holding a checkout of nscas
+    imports the installed package and not the checkout's ``nscas/`` folder (which has no
+    ``nscas.recipes``: that lives in ``recipes/``). The flag is inherited by the processes a
+    child starts in turn (torchrun's ranks)."""
+    return {**owner_env(), "PYTHONSAFEPATH": "1"}
+
+
 def owner_env() -> dict[str, str]:
     """The environment entry that ties a child started now to this process."""
     return {OWNER_ENV: str(os.getpid())}

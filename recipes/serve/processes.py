@@ -24,7 +24,7 @@ from typing import IO
 import httpx
 
 from nscas.errors import RecipeError
-from nscas.recipes.common.lifetime import owner_env
+from nscas.recipes.common.lifetime import child_env
 
 REPLICA_MODULE = "nscas.recipes.serve.replica_main"
 """What a replica process runs (``python -m``)."""
@@ -125,7 +125,7 @@ class ReplicaGroup:
         with log_path.open("w", encoding="utf-8") as log_file:
             process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
-                text=True, env={**os.environ, **owner_env(), **(env or {})})
+                text=True, env={**os.environ, **child_env(), **(env or {})})
         replica = ReplicaProcess(index=index, process=process, log_path=log_path)
         self.replicas.append(replica)
         assert process.stdout is not None

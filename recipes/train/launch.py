@@ -25,7 +25,7 @@ from typing import IO
 import torch
 
 from nscas.errors import InvalidInput, RecipeError
-from nscas.recipes.common.lifetime import owner_env
+from nscas.recipes.common.lifetime import child_env
 from nscas.recipes.train.checkpoints import CheckpointPaths, completed_checkpoints
 from nscas.recipes.train.config import TrainParams, WorkerSpec
 from nscas.recipes.train.events import CheckpointReady, StepProgress, parse_event_line
@@ -119,15 +119,15 @@ def run_training(
     spec_file = spec_path(output_dir)
     spec.write(spec_file)
 
-    child_env = {
+    environment = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_SHUTDOWN_SECONDS),
-        **owner_env(),  # every rank ends with this process, even when it is SIGKILLed
+        **child_env(),  # every rank ends with this process, even when it is SIGKILLed
         **(env or {}),
     }
     if params.deterministic and params.device == "cuda":
-        child_env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        environment.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     seen: set[int] = set()
 
     def dispatch(line: str) -> None:
@@ -140,7 +140,7 @@ def run_training(
                 on_checkpoint(event)
 
     returncode, stderr_tail = _supervise(
-        launcher_command(spec_file, params), env=child_env, dispatch=dispatch,
+        launcher_command(spec_file, params), env=environment, dispatch=dispatch,
         output_dir=output_dir, world=params.world, timeout=params.timeout_seconds,
     )
     if returncode != 0:

@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec, tiny  # noqa: F401
 
 LAUNCHER = textwrap.dedent("""
@@ -65,3 +67,22 @@ def test_no_rank_outlives_a_sigkilled_launcher(tiny: tuple[Path, Path, Path]) ->
         launcher.kill()
         for pid in _processes_naming(spec.output_dir):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_training_runs_from_a_directory_holding_a_checkout(
+        tiny: tuple[Path, Path, Path], tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `python -m` puts the working directory first on sys.path: a checkout's nscas/ (which has
+    # no nscas.recipes) would shadow the installed package in every rank.
+    from nscas.recipes.train.launch import run_training
+
+    root, tokenizer, base = tiny
+    (tmp_path / "nscas").mkdir()
+    (tmp_path / "nscas" / "__init__.py").write_text(
+        'raise ImportError("a checkout\'s nscas/ shadowed the installed package")\n')
+    monkeypatch.chdir(tmp_path)
+    docs = make_documents(4, seed=6, lengths=(20, 30))
+    spec = make_spec(root, docs=docs, base=base, tokenizer=tokenizer, out="from-checkout",
+                     steps=1, batch=2, world=1, warmup=0, checkpoint_steps=(1,))
+    outcome = run_training(spec, env=THREADS)
+    assert [c.step for c in outcome.checkpoints] == [1]

@@ -154,11 +154,24 @@ def test_an_honest_cpu_environment_passes() -> None:
     ({}, {"device": "cpu", "nnodes": 1}, [{"rank": 0, "host": "elsewhere"}]),
     ({"devices": "cpu"}, {}, []),
     ({"torch": "2.13"}, {}, []),
+    # one release, two different local tags: two builds
+    ({"torch": {"version": "2.11.0+cu130", "cuda": "13.0"}, "packages": {"torch": "2.11.0+cu128"},
+      "devices": [gpu(0)]}, {"device": "cuda"}, []),
+    ({"torch": {"version": "2.11.0+cu130", "cuda": "13.0"}, "packages": {"torch": "2.11.1"},
+      "devices": [gpu(0)]}, {"device": "cuda"}, []),
 ])
 def test_environment_contradictions_fail(change: dict[str, Any], params: dict[str, Any],
                                          journals: list[dict[str, Any]]) -> None:
     env = {**CPU_ENV, **change}
     assert environment_check(env, params, "t", journals).status == "failed"
+
+
+def test_a_build_whose_metadata_drops_the_local_tag_passes() -> None:
+    # as on the GPU image the 135M experiment ran on: metadata 2.11.0, torch 2.11.0+cu130
+    env = {**CPU_ENV, "torch": {"version": "2.11.0+cu130", "cuda": "13.0"},
+           "packages": {"torch": "2.11.0"}, "devices": [CPU_ENV["devices"][0], gpu(0)]}
+    assert environment_check(env, {"device": "cuda", "world": 1, "nnodes": 1}, "t",
+                             [{"rank": 0, "host": "vm"}]).status == "passed"
 
 
 def test_a_cuda_run_on_enough_gpus_passes() -> None:
