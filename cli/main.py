@@ -128,6 +128,10 @@ class _Group(TyperGroup):
         except OSError as exc:
             if exc.errno == errno.EPIPE:
                 raise  # typer quietens a closed pipe (``nscas cat ID | head``)
+            if exc.errno == errno.ENOSPC:  # as the store says it: one line, exit 2
+                where = f" at {exc.filename}" if exc.filename else ""
+                render.error(f"no space left on device{where}")
+                raise typer.Exit(2) from None
             where = f": {exc.filename}" if exc.filename else ""
             render.error(f"{exc.strerror or exc}{where}")
             raise typer.Exit(1) from None

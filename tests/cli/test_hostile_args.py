@@ -61,3 +61,21 @@ def test_add_names_a_fifo_as_what_it_is(nscas: Nscas, store: Path, tmp_path: Pat
     before = snapshot(store)
     assert_user_error(nscas("add", str(fifo)), "not a regular file or directory", str(fifo))
     assert snapshot(store) == before
+
+
+def test_a_full_disk_outside_the_store_is_one_line_exit_2(
+        nscas: Nscas, store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # export and import write outside the store, where no store error maps the errno
+    import errno
+
+    import nscas.cli.export as export_command
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "bundle"))
+
+    monkeypatch.setattr(export_command, "export_bundle", full)
+    blob = tmp_path / "x.txt"
+    blob.write_text("x\n")
+    assert nscas("add", str(blob), "--ref", "x").exit_code == 0
+    assert_user_error(nscas("export", "x", str(tmp_path / "bundle")),
+                      f"no space left on device at {tmp_path / 'bundle'}")
