@@ -13,6 +13,9 @@ from nscas.digests import Digest, is_digest_text
 from nscas.errors import RecordError, StrictJSONError
 
 MAX_RECORD_BYTES = 16 << 20
+# Objects and arrays nest at most this deep in a record (docs/format.md §2.3): deeper is no
+# record a recipe writes, and recursive readers (the verifiers' among them) stop there.
+MAX_RECORD_DEPTH = 64
 _SAFE_INT = 2**53 - 1  # the integers rfc8785 accepts as Python ints
 
 
@@ -121,10 +124,26 @@ def _check_finite(value: Any, path: str = "$") -> None:
             _check_finite(v, f"{path}[{i}]")
 
 
+def value_depth(value: Any) -> int:
+    """How deeply objects and arrays nest in a parsed value (1 for ``{}``), without recursing."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
 def encode(value: dict[str, Any]) -> bytes:
     """The canonical bytes of a record value (RFC 8785 via ``rfc8785``)."""
     if not isinstance(value, dict):
         raise RecordError("a record must be a JSON object")
+    if value_depth(value) > MAX_RECORD_DEPTH:
+        raise RecordError(f"a record nests at most {MAX_RECORD_DEPTH} levels deep")
     _check_finite(value)
     try:
         data = rfc8785.dumps(value)
@@ -140,7 +159,7 @@ def decode(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_RECORD_BYTES:
         raise RecordError(f"record is {len(data)} bytes; records stay under {MAX_RECORD_BYTES} bytes")
     try:
-        value = loads_strict(bytes(data), jcs_numbers=True)
+        value = loads_strict(bytes(data), jcs_numbers=True, max_depth=MAX_RECORD_DEPTH)
     except StrictJSONError as exc:
         raise RecordError(exc.reason) from None
     if not isinstance(value, dict):
