@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nscas import canonical
 from nscas.errors import ConfigError, NscasError
 
 STEP_PREFIX = "step."
@@ -39,22 +40,7 @@ _STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs"}
 
 # A recipe or pipeline file is a few kilobytes; anything near this is not one.
 RUN_FILE_MAX_BYTES = 1 << 20
-
-
 RUN_FILE_MAX_DEPTH = 32
-
-
-def _depth(value: object) -> int:
-    """How deeply tables and arrays nest in ``value``, without recursing."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-        deepest = max(deepest, depth)
-    return deepest
 
 
 def load_run_file(path: Path) -> RunFile:
@@ -79,7 +65,8 @@ def load_run_file(path: Path) -> RunFile:
         raise ConfigError(str(path), f"malformed TOML: {exc}") from None
     except RecursionError:  # tomllib recurses per nested array or table
         raise ConfigError(str(path), "nested too deeply to be a run file") from None
-    if _depth(raw) > RUN_FILE_MAX_DEPTH:  # records nest at most 64 deep (docs/format.md)
+    # The file's own table is the first level; records nest at most 64 (docs/format.md §2.3).
+    if canonical.value_depth(raw) - 1 > RUN_FILE_MAX_DEPTH:
         raise ConfigError(str(path), f"nested more than {RUN_FILE_MAX_DEPTH} deep")
     where = str(path)
     if "step" in raw:
