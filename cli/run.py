@@ -26,25 +26,41 @@ def run(
         metavar="FILE", show_default=False,
         help="A recipe file (recipe = ...) or a pipeline file ([[step]] tables).")],
     rerun: Annotated[bool, typer.Option(
-        "--rerun", help="Run again even if a receipt exists, and compare the outputs with it.")]
+        "--rerun", help="Run again even if a receipt exists, and compare the outputs with the "
+                        "step's previous run.")]
         = False,
+    sets: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="STEP.PARAM=VALUE", show_default=False,
+        help="Set a param as if the file said it (repeatable); VALUE is TOML (3e-5, \"cuda\", "
+             "[1, 2]) or else a bare string. In a recipe file PARAM=VALUE is enough.")] = None,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", metavar="STEP", show_default=False,
+        help="Run only this step (repeatable); the others' outputs come from their previous "
+             "runs in this pipeline.")] = None,
+    start: Annotated[str | None, typer.Option(
+        "--from", metavar="STEP", show_default=False,
+        help="Run this step and every step downstream of it; earlier steps' outputs come from "
+             "their previous runs in this pipeline.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run a recipe or pipeline file and print each step's receipt, outputs and claims.
 
-    A step whose action already has a receipt is not run again (it is shown as cached); one
-    that runs says what changed since the step's last run (code files, params, inputs);
-    --rerun runs it anyway and reports per output: identical, within-tolerance (with the
-    distance) or different. A failed step exits 1, naming its receipt; bad input exits 2
-    and writes nothing.
+    A step whose action already has a receipt is not run again (it is shown as cached, one
+    line per step in a pipeline); one that runs says what changed since the step's last run
+    (code files, params, inputs); --rerun runs it anyway and reports per output, against the
+    step's previous run: identical, within-tolerance (with the distance), reproduced (timings
+    differ) for a measurement, or different. A failed step exits 1, naming its receipt; bad
+    input exits 2 and writes nothing.
 
-    Example: nscas run examples/pipeline.toml --rerun
+    Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
-    from nscas.config import load_run_file
-    from nscas.runner import run_file
+    from nscas.runner import load_plan_file, run_file, select_steps
 
-    pipeline = load_run_file(file).pipeline  # checked before the store is opened
+    set_texts, only_steps = tuple(sets or ()), tuple(only or ())
+    spec = load_plan_file(file, set_texts)  # checked before the store is opened
+    select_steps(spec, only_steps, start)
+    pipeline = spec.pipeline
     results: list[StepResult] = []
 
     def on_step(result: StepResult) -> None:
@@ -54,7 +70,8 @@ def run(
 
     with open_cli_store(ctx) as store:
         try:
-            run_file(store, file, rerun=rerun, progress=progress_for, on_step=on_step)
+            run_file(store, file, rerun=rerun, progress=progress_for, on_step=on_step,
+                     sets=set_texts, only=only_steps, start=start)
         except NscasError:
             if as_json and results:  # what did run is still reported; the error goes to stderr
                 render.json_out(results_json(results, pipeline=pipeline))
@@ -110,7 +127,8 @@ def miss_rows(miss: CacheMiss) -> list[list[str]]:
 
 
 def verdict_text(verdict: Verdict) -> str:
-    """``identical``, ``within-tolerance (relative L2 3.1e-07, max |Δ| 2.4e-08)``, ``different``."""
+    """``identical``, ``within-tolerance (relative L2 3.1e-07, max |Δ| 2.4e-08)``,
+    ``reproduced (timings differ)``, ``different``."""
     text = verdict.status
     details = []
     if verdict.relative_l2 is not None:
@@ -121,6 +139,9 @@ def verdict_text(verdict: Verdict) -> str:
 
 
 def render_step(result: StepResult, *, pipeline: bool) -> None:
+    if pipeline and result.cached:  # one line: `nscas show` or --json give the rest
+        render.text(f"step {result.step}: cached, receipt {result.receipt.short}")
+        return
     how = "cached" if result.cached else "ran" if result.status == "succeeded" else "failed"
     who = f"step {result.step} (recipe {result.recipe})" if pipeline else f"recipe {result.recipe}"
     rows = (miss_rows(result.miss)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,7 +15,10 @@ from nscas.dtypes import DTYPES
 if TYPE_CHECKING:
     from nscas.objectstore import ObjectReader
 
-Status = Literal["identical", "within-tolerance", "different"]
+Status = Literal["identical", "within-tolerance", "reproduced", "different"]
+"""``reproduced``: a measurement output (``Recipe.measurements``) whose reproducible part is
+the same while its measured values (timings) differ (docs/format.md §6.6)."""
+TIMINGS_DIFFER = "timings differ"
 # Relative L2 distance below which two checkpoints count as the same computation up to rounding.
 CHECKPOINT_TOLERANCE = 1e-3
 
@@ -40,7 +43,11 @@ class Verdict:
         return out
 
 
-def compare_outputs(store: ObjectReader, before: Mapping[str, Digest], after: Mapping[str, Digest]) -> dict[str, Verdict]:
+def compare_outputs(store: ObjectReader, before: Mapping[str, Digest], after: Mapping[str, Digest],
+                    *, measurements: Mapping[str, Callable[[ObjectReader, Digest], Any]] | None = None
+                    ) -> dict[str, Verdict]:
+    """A verdict per output; ``measurements`` maps the outputs that hold measurements to the
+    function giving the part of them that must reproduce (``nscas.recipe.Reproducible``)."""
     out: dict[str, Verdict] = {}
     for name in sorted(set(before) | set(after)):
         a, b = before.get(name), after.get(name)
@@ -48,9 +55,28 @@ def compare_outputs(store: ObjectReader, before: Mapping[str, Digest], after: Ma
             out[name] = Verdict(status="different", before=a, after=b, note="present in only one run")
         elif a == b:
             out[name] = Verdict(status="identical", before=a, after=b)
+        elif measurements and name in measurements:
+            out[name] = _compare_measurement(store, a, b, measurements[name])
         else:
             out[name] = _compare_different(store, a, b)
     return out
+
+
+def _compare_measurement(store: ObjectReader, a: Digest, b: Digest,
+                         reproducible: Callable[[ObjectReader, Digest], Any]) -> Verdict:
+    """``reproduced`` if the reproducible parts of two measurement outputs agree."""
+    if store.info(a).kind != store.info(b).kind:
+        return Verdict(status="different", before=a, after=b,
+                       note=f"a {store.info(a).kind or 'blob'} and a {store.info(b).kind or 'blob'}")
+    try:
+        same = reproducible(store, a) == reproducible(store, b)
+    except Exception as exc:  # a recipe's reader refusing an output: that one does not reproduce
+        return Verdict(status="different", before=a, after=b,
+                       note=f"not a readable measurement ({type(exc).__name__}: {exc})")
+    if same:
+        return Verdict(status="reproduced", before=a, after=b, note=TIMINGS_DIFFER)
+    return Verdict(status="different", before=a, after=b,
+                   note="the part a rerun must reproduce differs")
 
 
 def _compare_different(store: ObjectReader, a: Digest, b: Digest) -> Verdict:

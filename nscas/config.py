@@ -28,14 +28,38 @@ class StepConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunFile:
-    """A parsed recipe file (one step) or pipeline file (several)."""
+    """A parsed recipe file (one step) or pipeline file (several).
+
+    ``name`` is the pipeline's name (its ``name``, else its ``refs``, else the file's stem;
+    None for a recipe file); ``refs`` the ref prefix its steps' outputs get, if it declares one;
+    ``step_named`` whether a recipe file names its step (``name``). The runner records the
+    pipeline and step names in each receipt (docs/format.md §3.9)."""
 
     path: Path
     steps: tuple[StepConfig, ...]
     pipeline: bool
+    name: str | None = None
+    refs: str | None = None
+    step_named: bool = False
+
+    def receipt_names(self) -> tuple[str | None, bool]:
+        """(the pipeline name to record, whether to record the step name)."""
+        return self.name, self.pipeline or self.step_named
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Override:
+    """One ``--set STEP.PARAM=VALUE``: ``step`` None where a recipe file's param was named
+    without its step; ``path`` the param's dotted key path; ``value`` parsed as TOML."""
+
+    text: str
+    step: str | None
+    path: tuple[str, ...]
+    value: Any
 
 
 _STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs"}
+_PIPELINE_KEYS = {"step", "name", "refs"}
 
 
 # A recipe or pipeline file is a few kilobytes; anything near this is not one.
@@ -70,9 +94,12 @@ def load_run_file(path: Path) -> RunFile:
         raise ConfigError(str(path), f"nested more than {RUN_FILE_MAX_DEPTH} deep")
     where = str(path)
     if "step" in raw:
-        extra = sorted(set(raw) - {"step"})
+        extra = sorted(set(raw) - _PIPELINE_KEYS)
         if extra:
             raise ConfigError(where, f"unknown top-level key(s) in a pipeline file: {', '.join(extra)}")
+        for key in ("name", "refs"):
+            if key in raw and (not isinstance(raw[key], str) or not raw[key]):
+                raise ConfigError(where, f"'{key}' of a pipeline file must be a non-empty string")
         if not isinstance(raw["step"], list) or not raw["step"]:
             raise ConfigError(where, "'step' must be one or more [[step]] tables")
         steps = tuple(_step(s, where, i) for i, s in enumerate(raw["step"]))
@@ -80,9 +107,61 @@ def load_run_file(path: Path) -> RunFile:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError(where, f"step name(s) used twice: {', '.join(dupes)}")
-        return RunFile(path=path, steps=_ordered(steps, where), pipeline=True)
+        return RunFile(path=path, steps=_ordered(steps, where), pipeline=True,
+                       name=raw.get("name") or raw.get("refs") or path.stem, refs=raw.get("refs"))
     step = _step({"name": raw.get("recipe", "step"), **raw}, where, None)
-    return RunFile(path=path, steps=(step,), pipeline=False)
+    return RunFile(path=path, steps=(step,), pipeline=False, step_named="name" in raw)
+
+
+def parse_override(text: str) -> Override:
+    """``STEP.PARAM=VALUE`` (or ``PARAM=VALUE``): VALUE read as a TOML value, else as a bare
+    string (``device=cuda``). Which part names the step is settled against the file
+    (``apply_overrides``)."""
+    key, sep, value = text.partition("=")
+    path = tuple(key.strip().split("."))
+    if not sep or not all(path):
+        raise ConfigError("--set", f"{text!r} is not STEP.PARAM=VALUE")
+    try:
+        parsed = tomllib.loads(f"value = {value}")["value"]
+    except (tomllib.TOMLDecodeError, RecursionError):
+        parsed = value
+    return Override(text=text, step=None, path=path, value=parsed)
+
+
+def apply_overrides(spec: RunFile, overrides: tuple[Override, ...]) -> RunFile:
+    """The run file with each ``--set`` written into its step's params table, as if the file
+    said it. In a pipeline the first part names the step; in a recipe file it may (its name),
+    or the whole key is the param. An unknown step is an error naming it; unknown params are
+    found where the params are parsed, like the file's."""
+    by_name = {s.name: s for s in spec.steps}
+    params = {s.name: _copy_table(s.params) for s in spec.steps}
+    for item in overrides:
+        head, rest = item.path[0], item.path[1:]
+        if spec.pipeline:
+            if head not in by_name:
+                raise ConfigError("--set", f"{item.text!r} names step {head!r}, but the file has "
+                                           f"no such step (steps: {', '.join(by_name)})")
+            if not rest:
+                raise ConfigError("--set", f"{item.text!r} names no param of step {head!r} "
+                                           "(STEP.PARAM=VALUE)")
+            step, path = head, rest
+        else:
+            step = spec.steps[0].name
+            path = rest if rest and head == step else item.path
+        table = params[step]
+        for depth, part in enumerate(path[:-1]):
+            inner = table.setdefault(part, {})
+            if not isinstance(inner, dict):
+                raise ConfigError("--set", f"{item.text!r}: params.{'.'.join(path[:depth + 1])} "
+                                           f"of step {step!r} is not a table")
+            table = inner
+        table[path[-1]] = item.value
+    steps = tuple(dataclasses.replace(s, params=params[s.name]) for s in spec.steps)
+    return dataclasses.replace(spec, steps=steps)
+
+
+def _copy_table(table: dict[str, Any]) -> dict[str, Any]:
+    return {k: _copy_table(v) if isinstance(v, dict) else v for k, v in table.items()}
 
 
 def _step(raw: Any, where: str, index: int | None) -> StepConfig:
@@ -118,6 +197,18 @@ def step_reference(value: str) -> tuple[str, str] | None:
     if not sep or not name or not output:
         return None
     return name, output
+
+
+def downstream(steps: tuple[StepConfig, ...], name: str) -> set[str]:
+    """The steps that depend on step ``name``, directly or through others."""
+    found: set[str] = set()
+    frontier = {name}
+    while frontier:
+        frontier = {s.name for s in steps if s.name not in found and any(
+            (ref := step_reference(v)) is not None and ref[0] in frontier
+            for v in s.inputs.values())}
+        found |= frontier
+    return found - {name}
 
 
 def _ordered(steps: tuple[StepConfig, ...], where: str) -> tuple[StepConfig, ...]:

@@ -220,6 +220,9 @@ def _receipt(rec: dict[str, Any], kind: str) -> None:
         c.fail("$.status", "expected 'succeeded' or 'failed'")
     if rec["status"] == "failed":
         c.string(rec.get("error"), "$.error")
+    for name in ("pipeline", "step"):  # optional: where the run came from (§3.9)
+        if name in rec:
+            c.string(rec[name], f"$.{name}")
 
 
 VALIDATORS: dict[str, Validator] = {

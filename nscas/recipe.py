@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nscas.digests import Digest
-from nscas.objectstore import ObjectStore
+from nscas.objectstore import ObjectReader, ObjectStore
 
 BUNDLE_RESERVED = frozenset({"blobs", "code", "models", "outputs", "receipts", "records", "tasks"})
 """Top-level folders of an export bundle that the exporter lays out itself (docs/bundle.md)."""
@@ -120,12 +120,27 @@ class BundleRole:
             raise ValueError("plain_role needs role_input")
 
 
+Reproducible = Callable[[ObjectReader, Digest], Any]
+"""``(store, output ID) -> the part of that output a rerun must reproduce`` (equal parts:
+the verdict ``reproduced``)."""
+
+
+def blob_part(part: Callable[[bytes], Any]) -> Reproducible:
+    """A ``Reproducible`` for a blob output whose part comes from its bytes alone."""
+
+    def reproducible(store: ObjectReader, oid: Digest) -> Any:
+        return part(store.get_bytes(oid))
+
+    return reproducible
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recipe:
     """A registered recipe. ``params`` is a frozen dataclass whose fields have defaults and
     whose docstring documents each field; ``extra_inputs`` lets any other input name through
     (e.g. ``commit``'s arm names) with ``extra_kind`` as their kind; ``bundle`` says where an
-    export bundle puts its runs' outputs (None: ``outputs/<receipt name>/``)."""
+    export bundle puts its runs' outputs (None: ``outputs/<receipt name>/``); ``measurements``
+    names the outputs that hold measurements."""
 
     name: str
     version: str
@@ -136,4 +151,9 @@ class Recipe:
     extra_inputs: bool = False
     extra_kind: str | None = None
     bundle: BundleRole | None = None
+    measurements: Mapping[str, Reproducible] = field(default_factory=dict)
+    """Outputs that hold measurements, such as timings, which no rerun reproduces: output
+    name -> the function giving the part of it a rerun must reproduce (serve's request log:
+    each attempt's ids and output tokens; the report: everything but its timings and the
+    receipt IDs it cites). ``--rerun`` compares those parts (docs/format.md §6.6)."""
     doc: str = ""

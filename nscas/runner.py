@@ -16,14 +16,24 @@ from typing import Any
 from nscas import canonical
 from nscas.codetree import CodeChanges, code_changes, code_tree, recipe_files
 from nscas.compare import Verdict, compare_outputs
-from nscas.config import StepConfig, load_run_file, params_to_json, parse_params, step_reference
+from nscas.config import (
+    RunFile,
+    StepConfig,
+    apply_overrides,
+    downstream,
+    load_run_file,
+    params_to_json,
+    parse_override,
+    parse_params,
+    step_reference,
+)
 from nscas.digests import Digest, sha256_hex
 from nscas.errors import ConfigError, NscasError, RecipeError, RecordError, RefConflict
 from nscas.locating import is_tag
 from nscas.objectstore import tree_record
 from nscas.reading import ObjectInfo
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
-from nscas.registry import available_recipes, registered_recipe
+from nscas.registry import available_recipes, registered_recipe, unknown_recipe
 from nscas.store import Store, check_ref_name
 
 _ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy",
@@ -44,7 +54,9 @@ class StepResult:
     outputs: Mapping[str, Digest]
     claims: Mapping[str, Any]
     verdicts: Mapping[str, Verdict] = field(default_factory=dict)
-    miss: CacheMiss | None = None  # why a step that was not asked to rerun ran
+    miss: CacheMiss | None = None
+    """How the action differs from the step's previous run: why a step that was not asked to
+    rerun ran, or, for a rerun compared with a run of another action, what changed."""
     error: str | None = None
 
 
@@ -96,46 +108,98 @@ class OutputRefConflict(RefConflict):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunNames:
+    """What a receipt records of where its run came from (docs/format.md §3.9): the pipeline's
+    name and the step's; None where not recorded. Not part of the action."""
+
+    pipeline: str | None = None
+    step: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Source:
+    """A step's results as later steps read them: from this run, or an earlier one."""
+
+    receipt: Digest
+    outputs: Mapping[str, Digest]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Planned:
-    """A step checked before anything runs: its recipe, parsed params, direct inputs and output
-    refs' values."""
+    """A step checked before anything runs: its recipe, parsed params, direct inputs, the refs
+    it moves (output name or ``receipt``, ref) and their values at start, and the pipeline and
+    step names its receipt records."""
 
     step: StepConfig
     recipe: Recipe
     params: Any
     inputs: Mapping[str, Digest]
+    refs: tuple[tuple[str, str], ...]
     expected_refs: Mapping[str, Digest | None]
     label: str
+    names: RunNames
 
 
 def load_recipe(name: str) -> Recipe:
     """Import one registered recipe (lazily: only the one that runs)."""
     recipe = registered_recipe(name)
     if recipe is None:
-        raise ConfigError("recipe", f"unknown recipe {name!r} (known: {', '.join(available_recipes())})")
+        raise ConfigError("recipe", unknown_recipe(name))
     return recipe
 
 
 def run_file(store: Store, path: Path, *, rerun: bool = False,
              progress: ProgressFactory | None = None,
-             on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+             on_step: Callable[[StepResult], None] | None = None,
+             sets: tuple[str, ...] = (), only: tuple[str, ...] = (),
+             start: str | None = None) -> list[StepResult]:
     """Run a recipe or pipeline file; step results in run order.
 
-    Everything that can be checked without running (the file, recipes, params, inputs given
-    by ID or ref, output ref names) is checked first, so bad input writes nothing. Refs are
-    resolved once, at start; output refs move by compare-and-swap against their values then.
-    A failed step raises ``StepFailed`` after ``on_step`` has seen its result.
+    ``sets`` are ``STEP.PARAM=VALUE`` overrides, written into the params as if the file said
+    them; ``only`` runs just those steps and ``start`` that step and every step downstream of
+    it, the other steps' outputs taken from their previous runs (by pipeline and step name).
+    Everything that can be checked without running (the file, the overrides, recipes, params,
+    inputs given by ID or ref, output ref names, the previous runs a partial run reads) is
+    checked first, so bad input writes nothing. Refs are resolved once, at start; output refs
+    move by compare-and-swap against their values then. A failed step raises ``StepFailed``
+    after ``on_step`` has seen its result.
     """
-    spec = load_run_file(path)
-    plan = _plan(store, spec.steps, str(path), pipeline=spec.pipeline)
+    spec = load_plan_file(path, sets)
+    where = str(path)
+    chosen = select_steps(spec, only, start)
+    runs = _StepRuns(store, spec)
+    plan = _plan(store, spec, where, runs)
+    sources: dict[str, _Source] = {}
+    for name in _read_from_earlier(spec, chosen):
+        found = runs.latest(name)
+        if found is None:
+            raise ConfigError(where, f"step {name!r} is not run here and has no earlier "
+                                     f"succeeded run in pipeline {spec.name!r} to take its "
+                                     "outputs from (run it too)")
+        record = store.get_record(found)
+        sources[name] = _Source(receipt=found, outputs={
+            k: Digest.parse(v) for k, v in record["outputs"].items()})
+    for item in plan:
+        if item.step.name not in chosen:
+            continue
+        for value in item.step.inputs.values():
+            ref = step_reference(value)
+            if (ref is not None and ref[0] in sources and ref[1] != "receipt"
+                    and ref[1] not in sources[ref[0]].outputs):
+                raise ConfigError(where, f"{item.label}the earlier run of step {ref[0]!r} "
+                                         f"({sources[ref[0]].receipt}) has no output {ref[1]!r}")
     results: dict[str, StepResult] = {}
     for item in plan:
-        inputs = {**item.inputs, **_step_inputs(store, item, results, str(path))}
-        result = run_step(store, item.recipe, item.step, inputs, where=str(path), rerun=rerun,
+        if item.step.name not in chosen:
+            continue
+        inputs = {**item.inputs, **_step_inputs(store, item, sources, where)}
+        result = run_step(store, item.recipe, item.step, inputs, where=where, rerun=rerun,
                           params=item.params,
                           progress=progress(item.step.name) if progress else NullProgress(),
-                          expected_refs=item.expected_refs)
+                          expected_refs=item.expected_refs, refs=item.refs, names=item.names,
+                          previous_run=runs.latest(item.step.name) if rerun else None)
         results[item.step.name] = result
+        sources[item.step.name] = _Source(receipt=result.receipt, outputs=result.outputs)
         if on_step is not None:
             on_step(result)
         if result.status != "succeeded":
@@ -144,26 +208,129 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     return list(results.values())
 
 
-def _plan(store: Store, steps: tuple[StepConfig, ...], where: str, *,
-          pipeline: bool) -> list[_Planned]:
-    labels = {s.name: f"step {s.name!r}: " if pipeline else "" for s in steps}
+def load_plan_file(path: Path, sets: tuple[str, ...] = ()) -> RunFile:
+    """The run file with its ``--set`` overrides applied (each checked to name a step)."""
+    spec = load_run_file(path)
+    return apply_overrides(spec, tuple(parse_override(text) for text in sets)) if sets else spec
+
+
+def select_steps(spec: RunFile, only: tuple[str, ...], start: str | None) -> set[str]:
+    """The names of the steps to run: every step, or ``only`` those, or ``start`` and what
+    depends on it; an unknown name is an error naming it."""
+    names = [s.name for s in spec.steps]
+    if only and start is not None:
+        raise ConfigError("--only", "give --only or --from, not both")
+    for name in (*only, *([start] if start is not None else [])):
+        if name not in names:
+            what = "--only" if name in only else "--from"
+            raise ConfigError(what, f"no step {name!r} in {spec.path} (steps: {', '.join(names)})")
+    if only:
+        return set(only)
+    if start is not None:
+        return {start, *downstream(spec.steps, start)}
+    return set(names)
+
+
+def _read_from_earlier(spec: RunFile, chosen: set[str]) -> list[str]:
+    """Steps not run whose outputs or receipts a chosen step reads, in file order."""
+    needed = {ref[0] for s in spec.steps if s.name in chosen for v in s.inputs.values()
+              if (ref := step_reference(v)) is not None and ref[0] not in chosen}
+    return [s.name for s in spec.steps if s.name in needed]
+
+
+class _StepRuns:
+    """The succeeded receipts that record a pipeline and step name (docs/format.md §3.9),
+    read once, on first use: a step's previous run is the receipt its ``<refs>/<step>/receipt``
+    ref names, where the pipeline declares refs and that receipt records this pipeline and
+    step, else the newest (by ``finished``, then ID) that records them."""
+
+    def __init__(self, store: Store, spec: RunFile) -> None:
+        self._store = store
+        self._spec = spec
+        self._latest: dict[tuple[str | None, str], tuple[str, Digest]] | None = None
+
+    def names(self, step: StepConfig) -> RunNames:
+        pipeline, record_step = self._spec.receipt_names()
+        return RunNames(pipeline=pipeline, step=step.name if record_step else None)
+
+    def latest(self, step: str) -> Digest | None:
+        pipeline, record_step = self._spec.receipt_names()
+        if not record_step:
+            return None
+        if self._spec.refs is not None:
+            held = self._store.ref_get(f"{self._spec.refs}/{step}/receipt")
+            if held is not None and self._store.info(held).kind == "receipt/1":
+                rec = self._store.get_record(held)
+                if (rec.get("status") == "succeeded" and rec.get("pipeline") == pipeline
+                        and rec.get("step") == step):
+                    return held
+        if self._latest is None:
+            self._latest = {}
+            for info in self._store.log(kind="receipt/1", limit=1 << 62):
+                rec = self._store.get_record(info.id)
+                if rec.get("status") != "succeeded" or not isinstance(rec.get("step"), str):
+                    continue
+                key = (rec.get("pipeline"), rec["step"])
+                mark = (rec["finished"], info.id)
+                if key not in self._latest or mark > self._latest[key]:
+                    self._latest[key] = mark
+        found = self._latest.get((pipeline, step))
+        return found[1] if found else None
+
+
+def _output_refs(spec: RunFile, step: StepConfig, recipe: Recipe,
+                 label: str) -> tuple[tuple[str, str], ...]:
+    """The refs a step moves: the ones it declares, then those of the pipeline's ``refs``
+    prefix: ``<refs>/<step>/<output>`` for each output, ``<refs>/<step>/receipt``."""
+    refs = list(step.outputs.items())
+    if spec.refs is not None:
+        for output in (*recipe.outputs, "receipt"):
+            ref = f"{spec.refs}/{step.name}/{output}"
+            try:
+                check_ref_name(ref)
+            except NscasError as exc:
+                raise ConfigError(str(spec.path), f"{label}refs: {exc.message}") from None
+            if (output, ref) not in refs:
+                refs.append((output, ref))
+    return tuple(refs)
+
+
+def _plan(store: Store, spec: RunFile, where: str, runs: _StepRuns) -> list[_Planned]:
+    steps = spec.steps
+    labels = {s.name: f"step {s.name!r}: " if spec.pipeline else "" for s in steps}
+    if spec.refs is not None:
+        try:
+            check_ref_name(spec.refs)
+        except NscasError as exc:
+            raise ConfigError(where, f"refs: {exc.message}") from None
+        if is_tag(spec.refs):
+            raise ConfigError(where, f"refs: {spec.refs!r} is under tags/, and tags never move; "
+                                     "a pipeline's refs move with every run")
     recipes = {s.name: _load_recipe_for(s, where, labels[s.name]) for s in steps}
-    owners: dict[str, str] = {}
+    for s in steps:  # outputs named in the file, checked before the prefix refs are built
+        for name in s.outputs:
+            if name not in recipes[s.name].outputs:
+                raise ConfigError(where, f"{labels[s.name]}outputs.{name}: recipe "
+                                         f"{recipes[s.name].name!r} has no output {name!r} "
+                                         f"(outputs: {', '.join(recipes[s.name].outputs)})")
+    refs = {s.name: _output_refs(spec, s, recipes[s.name], labels[s.name]) for s in steps}
+    owners: dict[str, tuple[str, str, str]] = {}
     for s in steps:
-        for output, ref in s.outputs.items():
+        for output, ref in refs[s.name]:
             here = f"{labels[s.name]}outputs.{output}"
-            if ref in owners:
+            if ref in owners and owners[ref][:2] != (s.name, output):
                 raise ConfigError(where, f"{here}: ref {ref!r} is already the target of "
-                                         f"{owners[ref]}; one ref, one output")
-            owners[ref] = here
+                                         f"{owners[ref][2]}; one ref, one output")
+            owners.setdefault(ref, (s.name, output, here))
     params = {s.name: _check_step(s, recipes[s.name], recipes, where, labels[s.name])
               for s in steps}
     plan = []
     for s in steps:
         inputs = _direct_inputs(store, s, recipes[s.name], where, labels[s.name])
+        names = runs.names(s)
         item = _Planned(step=s, recipe=recipes[s.name], params=params[s.name],
-                        label=labels[s.name], inputs=inputs,
-                        expected_refs={ref: store.ref_get(ref) for ref in s.outputs.values()})
+                        label=labels[s.name], inputs=inputs, refs=refs[s.name], names=names,
+                        expected_refs={ref: store.ref_get(ref) for _, ref in refs[s.name]})
         if len(inputs) == len(s.inputs) and _set_tags(s, item.expected_refs):
             # Every input known now: the action's ID, and so its cached receipt, without a write.
             action = _action_id(item.recipe, _code_id(item.recipe), inputs, item.params)
@@ -322,7 +489,7 @@ def _direct_inputs(store: Store, step: StepConfig, recipe: Recipe, where: str,
     return out
 
 
-def _step_inputs(store: Store, item: _Planned, done: Mapping[str, StepResult],
+def _step_inputs(store: Store, item: _Planned, done: Mapping[str, _Source],
                  where: str) -> dict[str, Digest]:
     """Inputs named ``step.<name>.<output>``: known only once that step has run."""
     out: dict[str, Digest] = {}
@@ -349,16 +516,24 @@ def _check_kind(store: Store, recipe: Recipe, name: str, oid: Digest, where: str
 def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str, Digest], *,
              where: str, rerun: bool = False, params: Any = None,
              progress: Progress | None = None,
-             expected_refs: Mapping[str, Digest | None] | None = None) -> StepResult:
+             expected_refs: Mapping[str, Digest | None] | None = None,
+             refs: tuple[tuple[str, str], ...] | None = None,
+             names: RunNames | None = None,
+             previous_run: Digest | None = None) -> StepResult:
     """Run one checked step: reuse the receipt of its action, or execute it (``rerun``: always).
 
     ``params`` is the step's parsed params (as ``run_file`` checked them); when not given,
-    ``step.params`` is parsed here.
+    ``step.params`` is parsed here. ``refs`` are the (output or ``receipt``, ref) pairs to move
+    (default: the step's declared outputs); ``names`` what the receipt records of the run's
+    pipeline and step. A rerun compares its outputs with ``previous_run`` (the step's previous
+    run by pipeline and step name), else with the cached receipt of its action.
     """
     if params is None:
         params = _parse_step_params(recipe, step, where, "")
+    if refs is None:
+        refs = tuple(step.outputs.items())
     if expected_refs is None:
-        expected_refs = {ref: store.ref_get(ref) for ref in step.outputs.values()}
+        expected_refs = {ref: store.ref_get(ref) for _, ref in refs}
     if _set_tags(step, expected_refs):  # before any write: the action's ID, computed
         action = _action_id(recipe, _code_id(recipe), inputs, params)
         _check_tags(store, step, expected_refs, find_receipt(store, action), where, "")
@@ -368,22 +543,30 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
     if previous is not None and not rerun:
         rec = store.get_record(previous)
         outputs = {k: Digest.parse(v) for k, v in rec["outputs"].items()}
-        _set_refs(store, step, outputs, expected_refs, previous)
+        _set_refs(store, step, refs, outputs, expected_refs, previous)
         return StepResult(step=step.name, recipe=recipe.name, receipt=previous, action=action,
                           cached=True, status="succeeded", outputs=outputs,
                           claims=_claim_values(rec["claims"]))
-    miss = None if previous is not None else explain_miss(store, action, step, expected_refs)
+    compared = previous_run if rerun and previous_run is not None else previous
+    if previous is None and not rerun:
+        miss: CacheMiss | None = explain_miss(store, action, step, expected_refs)
+    elif (compared is not None
+          and store.get_record(compared)["action"] != str(action)):  # an upstream run changed
+        miss = _since(store, compared, store.get_record(action))
+    else:
+        miss = None
     receipt, result, error = _execute(store, recipe, step.name, params, inputs, action,
-                                      progress or NullProgress(), rerun)
+                                      progress or NullProgress(), rerun, names or RunNames())
     if result is None:
         return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action,
                           cached=False, status="failed", outputs={}, claims={}, miss=miss,
                           error=error)
     verdicts: dict[str, Verdict] = {}
-    if previous is not None:
-        before = {k: Digest.parse(v) for k, v in store.get_record(previous)["outputs"].items()}
-        verdicts = compare_outputs(store, before, dict(result.outputs))
-    _set_refs(store, step, dict(result.outputs), expected_refs, receipt)
+    if rerun and compared is not None:
+        before = {k: Digest.parse(v) for k, v in store.get_record(compared)["outputs"].items()}
+        verdicts = compare_outputs(store, before, dict(result.outputs),
+                                   measurements=recipe.measurements)
+    _set_refs(store, step, refs, dict(result.outputs), expected_refs, receipt)
     return StepResult(step=step.name, recipe=recipe.name, receipt=receipt, action=action,
                       cached=False, status="succeeded", outputs=dict(result.outputs),
                       claims={k: c.value for k, c in result.claims.items()}, verdicts=verdicts,
@@ -391,8 +574,8 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
 
 
 def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mapping[str, Digest],
-             action: Digest, progress: Progress,
-             rerun: bool) -> tuple[Digest, RecipeResult | None, str | None]:
+             action: Digest, progress: Progress, rerun: bool,
+             names: RunNames) -> tuple[Digest, RecipeResult | None, str | None]:
     started = _now()
     area = store.work_area(action)
     ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=area.scratch,
@@ -412,15 +595,15 @@ def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mappi
             error = exc.message
         except BaseException as exc:  # recorded as a failed receipt, then raised
             message = _crash_message(exc)
-            receipt = _receipt(store, action, started, None, message)
+            receipt = _receipt(store, action, started, None, message, names)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
             raise StepFailed(step=step, recipe=recipe.name, receipt=receipt, error=message) from exc
         finally:
             progress.finish()
         if error is not None:
-            return _receipt(store, action, started, None, error), None, error
-        receipt = _receipt(store, action, started, result, None)
+            return _receipt(store, action, started, None, error, names), None, error
+        receipt = _receipt(store, action, started, result, None, names)
         succeeded = True
         return receipt, result, None
     finally:
@@ -429,7 +612,8 @@ def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mappi
         store.release_work_area(area, keep=not succeeded)
 
 
-def _receipt(store: Store, action: Digest, started: str, result: RecipeResult | None, error: str | None) -> Digest:
+def _receipt(store: Store, action: Digest, started: str, result: RecipeResult | None,
+             error: str | None, names: RunNames) -> Digest:
     record: dict[str, Any] = {
         "nscas": "receipt/1", "action": str(action), "environment": str(store.put_record(environment())),
         "outputs": {k: str(v) for k, v in (result.outputs if result else {}).items()},
@@ -439,15 +623,21 @@ def _receipt(store: Store, action: Digest, started: str, result: RecipeResult | 
     }
     if error is not None:
         record["error"] = error
+    if names.pipeline is not None:  # where the run came from; not part of the action
+        record["pipeline"] = names.pipeline
+    if names.step is not None:
+        record["step"] = names.step
     return store.put_record(record)
 
 
-def _set_refs(store: Store, step: StepConfig, outputs: Mapping[str, Digest],
-              expected: Mapping[str, Digest | None], receipt: Digest) -> None:
-    for output, ref in step.outputs.items():
-        if output in outputs:
+def _set_refs(store: Store, step: StepConfig, refs: tuple[tuple[str, str], ...],
+              outputs: Mapping[str, Digest], expected: Mapping[str, Digest | None],
+              receipt: Digest) -> None:
+    targets = {**outputs, "receipt": receipt}
+    for output, ref in refs:
+        if output in targets:
             try:
-                store.ref_set(ref, outputs[output], expect=expected[ref], message=f"run {receipt}")
+                store.ref_set(ref, targets[output], expect=expected[ref], message=f"run {receipt}")
             except RefConflict as exc:
                 raise OutputRefConflict(exc, step=step.name, receipt=receipt) from None
 
@@ -471,6 +661,17 @@ def explain_miss(store: Store, action: Digest, step: StepConfig,
     if last is None:
         return CacheMiss(previous=None)
     receipt, old = last
+    return _difference(store, receipt, old, new)
+
+
+def _since(store: Store, receipt: Digest, new: Mapping[str, Any]) -> CacheMiss:
+    """How the action ``new`` differs from that of the run ``receipt``."""
+    old = store.get_record(Digest.parse(store.get_record(receipt)["action"]))
+    return _difference(store, receipt, old, new)
+
+
+def _difference(store: Store, receipt: Digest, old: Mapping[str, Any],
+                new: Mapping[str, Any]) -> CacheMiss:
     before = store.get_record(Digest.parse(old["code"]))["entries"]
     after = store.get_record(Digest.parse(new["code"]))["entries"]
     return CacheMiss(
@@ -589,13 +790,16 @@ def _now() -> str:
 __all__ = [
     "CacheMiss",
     "OutputRefConflict",
+    "RunNames",
     "StepFailed",
     "StepResult",
     "available_recipes",
     "code_tree",
     "explain_miss",
     "find_receipt",
+    "load_plan_file",
     "load_recipe",
     "run_file",
     "run_step",
+    "select_steps",
 ]

@@ -88,6 +88,12 @@ def _rerun(valid: Validator) -> Param:
     return Param(valid, False)
 
 
+_EVALUATE: dict[str, Param] = {
+    "max_new_tokens": _r(_int(1)), "device": _r(_device),
+    "batch_size": _rerun(_int(1)), "precision": _rerun(_one_of("bf16", "fp32")),
+    "threads": _rerun(_int()),
+}
+
 PARAMS: dict[str, dict[str, Param]] = {
     "prepare@1": {
         "counts": _r(_counts), "seed": _r(_int()), "grounded_weight": _r(_int(1)),
@@ -116,11 +122,8 @@ PARAMS: dict[str, dict[str, Param]] = {
         "micro_batch": _rerun(_int(1)), "compile": _rerun(_bool),
         "rdzv_endpoint": _rerun(_endpoint), "timeout_seconds": _rerun(_int(1)), "checkpoint_timeout_seconds": _rerun(_int(1)),
     },
-    "evaluate@1": {
-        "max_new_tokens": _r(_int(1)), "device": _r(_device),
-        "batch_size": _rerun(_int(1)), "precision": _rerun(_one_of("bf16", "fp32")),
-        "threads": _rerun(_int()),
-    },
+    "evaluate@1": _EVALUATE,
+    "evaluate@2": _EVALUATE,  # the same params; its timings moved to an output of their own
     "serve@1": {
         "replicas": _r(_int(1)), "requests": _r(_int(1)), "attempts": _r(_int(1, 2)),
         "device": _r(_device), "max_new_tokens": _rerun(_int(1)),

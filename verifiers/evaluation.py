@@ -33,8 +33,20 @@ from .stats import (
 )
 from .taskchecks import Task, expected_target, read_lines, task_lines
 
-GENERATION_KEYS = frozenset({"id", "prompt_ids", "output_ids", "text", "seconds",
-                             "tokens_per_second", "ended_with_eos", "hit_token_limit"})
+GENERATION_KEYS = frozenset({"id", "prompt_ids", "output_ids", "text", "ended_with_eos",
+                             "hit_token_limit"})
+"""The members of an evaluate ``generations`` line (its timing is a ``timings`` line)."""
+TIMING_KEYS = frozenset({"seconds", "tokens_per_second"})
+TIMING_LINE_KEYS = frozenset({"id"}) | TIMING_KEYS
+"""The members of an evaluate ``timings`` line: what the run measured, per task."""
+TIMED_GENERATION_KEYS = GENERATION_KEYS | TIMING_KEYS
+"""The members of a ``probes`` generation line, and of an ``evaluate@1`` one: it carries its
+timing itself (``evaluate@1`` had no ``timings`` output)."""
+
+
+def generation_keys(action: Mapping[str, Any]) -> frozenset[str]:
+    """The members of a generation line of the evaluate run of ``action``, by its version."""
+    return TIMED_GENERATION_KEYS if action.get("recipe") == "evaluate@1" else GENERATION_KEYS
 _SHOWN = 5
 
 
@@ -76,12 +88,13 @@ def rescore(objects: Objects, receipt: Mapping[str, Any],
                         "(or another order)")
     results, families, variants = [], [], []
     by_id = {g.get("id"): g for g in gens}
+    keys = generation_keys(action)
     for number, line in enumerate(lines, start=1):
         g = by_id.get(line["id"])
         case = line["task"]
         families.append(case.get("family"))
         variants.append(case.get("variant"))
-        if g is None or set(g) != GENERATION_KEYS or not isinstance(g["text"], str):
+        if g is None or set(g) != keys or not isinstance(g["text"], str):
             problems.append(f"task {number}: no well-formed generation line")
             results.append(check_answer("", "{}"))
             continue
@@ -134,13 +147,51 @@ def check_lines(objects: Objects, checks_id: str, scored: Scored, name: str) -> 
     return _problems(name, problems, recomputed=sum(r.correct for r in scored.results))
 
 
+def _rate_problem(number: int, tokens: int, timing: Mapping[str, Any]) -> str | None:
+    """Why a line's ``tokens_per_second`` is not its ``tokens / seconds``, if it is not."""
+    seconds, rate = timing["seconds"], timing["tokens_per_second"]
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+            or not math.isfinite(seconds) or seconds < 0:
+        return f"line {number}: seconds is not a finite number of seconds"
+    expected_rate = tokens / seconds if seconds > 0 else 0.0
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isclose(
+            rate, expected_rate, rel_tol=1e-9, abs_tol=1e-12):
+        return f"line {number}: tokens_per_second is not tokens / seconds"
+    return None
+
+
+def timing_checks(objects: Objects, timings_id: str, scored: Scored, name: str) -> Check:
+    """``<name>.timings``: one ``{id, seconds, tokens_per_second}`` line per generation, in
+    task order, its rate the generation's output tokens over its seconds. The seconds
+    themselves are self-reported (docs/verify.md)."""
+    try:
+        lines = read_lines(objects.bytes(timings_id), "timings")
+    except RecordParseError as exc:
+        return Check.failed(name, exc.message)
+    problems = []
+    if [line.get("id") for line in lines] != scored.ids:
+        problems.append(f"{len(lines)} lines that are not the {len(scored.ids)} task ids in "
+                        "order")
+    for number, (line, g) in enumerate(zip(lines, scored.generations, strict=False), start=1):
+        if set(line) != TIMING_LINE_KEYS:
+            problems.append(f"line {number}: members {sorted(line)} are not "
+                            f"{sorted(TIMING_LINE_KEYS)}")
+            continue
+        out = g.get("output_ids")
+        if isinstance(out, list) and (why := _rate_problem(number, len(out), line)):
+            problems.append(why)
+    return _problems(name, problems, recomputed=len(lines))
+
+
 def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eos: set[int],
-                      name: str, prompt_ids: Callable[[str], list[int]] | None = None
-                      ) -> list[Check]:
-    """Each generation is internally consistent and, with a tokenizer, decodes to its text."""
+                      name: str, prompt_ids: Callable[[str], list[int]] | None = None,
+                      keys: frozenset[str] = GENERATION_KEYS) -> list[Check]:
+    """Each generation is internally consistent and, with a tokenizer, decodes to its text.
+    ``keys`` are a line's members (``TIMED_GENERATION_KEYS``: it carries its timing, whose
+    rate is then checked too)."""
     problems = []
     for number, g in enumerate(scored.generations, start=1):
-        if set(g) != GENERATION_KEYS:
+        if set(g) != keys:
             continue  # reported by the re-scoring
         out = g["output_ids"]
         if not (isinstance(out, list) and all(isinstance(t, int) for t in out)):
@@ -155,12 +206,8 @@ def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eo
             problems.append(f"line {number}: hit_token_limit contradicts {len(out)} tokens")
         if isinstance(max_new_tokens, int) and len(out) > max_new_tokens:
             problems.append(f"line {number}: {len(out)} tokens exceed max_new_tokens")
-        seconds, rate = g["seconds"], g["tokens_per_second"]
-        expected_rate = len(out) / seconds if isinstance(seconds, int | float) and seconds > 0 \
-            else 0.0
-        if not isinstance(rate, int | float) or not math.isclose(rate, expected_rate,
-                                                                 rel_tol=1e-9, abs_tol=1e-12):
-            problems.append(f"line {number}: tokens_per_second is not tokens / seconds")
+        if keys >= TIMING_KEYS and (why := _rate_problem(number, len(out), g)):
+            problems.append(why)
     checks = [_problems(f"{name}.generations", problems, recomputed=len(scored.generations))]
     if tokenizer is None:
         reason = ("the model's tokenizer.json is not available or not readable, so the texts "
@@ -170,7 +217,7 @@ def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eo
     decoded, prompts = [], []
     for number, (g, prompt) in enumerate(zip(scored.generations, scored.prompts, strict=True),
                                          start=1):
-        if set(g) != GENERATION_KEYS:
+        if set(g) != keys:
             continue
         try:
             visible = g["output_ids"][:-1] if g["ended_with_eos"] else g["output_ids"]

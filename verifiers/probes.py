@@ -17,7 +17,13 @@ from typing import Any
 
 from .closure import Objects
 from .errors import VerifierError
-from .evaluation import Scored, generation_checks, load_tokenizer, prompt_encoder
+from .evaluation import (
+    TIMED_GENERATION_KEYS,
+    Scored,
+    generation_checks,
+    load_tokenizer,
+    prompt_encoder,
+)
 from .report import Check
 
 PROMPTS_SHA256 = "3a9f3be2c07a8b03a3935aa62292fbe502679f72b3b96f35527838f38d9fc0d2"
@@ -77,7 +83,8 @@ def check_probes(objects: Objects, *, name: str, params: Mapping[str, Any],
                     prompts=[p for _, p in prompts])
     checks.extend(generation_checks(
         scored, max_new_tokens=params.get("max_new_tokens"), tokenizer=tokenizer, eos=eos,
-        name=f"{name}.answers", prompt_ids=prompt_encoder(objects, inputs["model"], tokenizer)))
+        name=f"{name}.answers", prompt_ids=prompt_encoder(objects, inputs["model"], tokenizer),
+        keys=TIMED_GENERATION_KEYS))
     texts = [g.get("text") for g in generations]
     if not all(isinstance(t, str) for t in texts):
         raise ProbesError("a generation's text is not a string")

@@ -19,16 +19,19 @@ from .compare import Exact, Tolerance, compare
 from .environment import environment_check
 from .errors import InvalidArgument, LogFormatError, RecordParseError, VerifierError
 from .evaluation import (
+    TIMED_GENERATION_KEYS,
     answer_claims,
     check_lines,
     contract_claim,
     generation_checks,
+    generation_keys,
     load_tokenizer,
     losses_of,
     paired_claims,
     prompt_encoder,
     rescore,
     retention_claims,
+    timing_checks,
 )
 from .gguf import checkpoint_end_of_turn, convert_checks
 from .ordering import ordering_checks, test_evaluations_behind
@@ -219,10 +222,19 @@ def _evaluate(objects: Objects, run: Run, found: Findings) -> None:
         found.checks.append(check_lines(objects, run.outputs["checks"], scored,
                                         f"{name}.answers.checks"))
         tokenizer, eos = load_tokenizer(objects, run.inputs["model"])
+        keys = generation_keys(run.action)
         found.checks.extend(generation_checks(
             scored, max_new_tokens=run.params.get("max_new_tokens"), tokenizer=tokenizer,
             eos=eos, name=f"{name}.answers",
-            prompt_ids=prompt_encoder(objects, run.inputs["model"], tokenizer)))
+            prompt_ids=prompt_encoder(objects, run.inputs["model"], tokenizer), keys=keys))
+        if keys == TIMED_GENERATION_KEYS:
+            return  # evaluate@1: each generation line carries its timing; no timings output
+        if "timings" not in run.outputs:
+            found.checks.append(Check.failed(f"{name}.answers.timings",
+                                             "the run has no timings output"))
+            return
+        found.checks.append(timing_checks(objects, run.outputs["timings"], scored,
+                                          f"{name}.answers.timings"))
 
     found.section(f"{name}.answers", ("documents", "correct", "valid_json_objects",
                                       "correct_by_family", "correct_by_variant", "wins",

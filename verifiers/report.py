@@ -30,7 +30,7 @@ SELF_REPORTED: tuple[str, ...] = (
     "journal/1 records: loop_seconds, peak_memory_bytes",
     "request log lines: start, end, wall_start, wall_end",
     "receipts: started, finished",
-    "generation lines: seconds, tokens_per_second",
+    "evaluate timing lines and probes generation lines: seconds, tokens_per_second",
     "environment/1 records: every member but those cross-checked against the run",
 )
 """The fixed list of facts that only the run itself measured (docs/verify.md): no retained

@@ -253,6 +253,9 @@ def _receipt(s: _Schema, r: dict[str, Any]) -> None:
     s.member(r, "", "started", moment)
     s.member(r, "", "finished", moment)
     s.member(r, "", "status", status)
+    for name in ("pipeline", "step"):  # optional: the pipeline and step a run came from
+        if name in r:
+            s.string(r[name], f"/{name}")
 
 
 KINDS: dict[str, Callable[[_Schema, dict[str, Any]], None]] = {

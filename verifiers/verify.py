@@ -107,8 +107,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def producing_receipt(objects: Objects, oid: str) -> str | None:
-    """The earliest succeeded receipt (by its ``finished`` time, then ID) that names ``oid``
-    among its outputs, judged by the receipts' bytes."""
+    """The earliest succeeded receipt (by its ``started`` time, then ID: the rule by which the
+    cache picks, docs/format.md §6.5) that names ``oid`` among its outputs, judged by the
+    receipts' bytes."""
     found = []
     for parent in objects.source.parents(oid) or []:
         if objects.kind(parent) != "receipt/1":
@@ -118,8 +119,8 @@ def producing_receipt(objects: Objects, oid: str) -> str | None:
         except Unusable:
             continue
         if receipt.get("status") == "succeeded" and oid in receipt["outputs"].values():
-            finished = parse_time(receipt.get("finished"))
-            found.append((finished if finished is not None else float("inf"), parent))
+            started = parse_time(receipt.get("started"))
+            found.append((started if started is not None else float("inf"), parent))
     return min(found)[1] if found else None
 
 

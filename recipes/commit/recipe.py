@@ -77,9 +77,15 @@ def run(ctx: RunContext) -> RecipeResult:
                               f"({tainted[0]}); candidates must be fixed before final-test scoring")
     prepared = ctx.inputs["prepared"]
     previous = previous_commitment(store, prepared, ctx.params.experiment)
+    subjects = {"prepared": str(prepared), **{k: str(v) for k, v in sorted(arms.items())}}
+    if previous is not None and store.get_record(previous)["subjects"] == subjects:
+        # The latest commitment already fixes exactly these candidates (a rerun): it is the
+        # commitment, rather than a new one that names it as previous.
+        previous = store.get_record(previous)["previous"]
+        previous = Digest.parse(previous) if previous else None
     commitment = store.put_record({
         "nscas": "commitment/1", "purpose": PURPOSE, "experiment": ctx.params.experiment,
-        "subjects": {"prepared": str(prepared), **{k: str(v) for k, v in sorted(arms.items())}},
+        "subjects": subjects,
         "previous": str(previous) if previous else None,
     })
     return RecipeResult(outputs={"commitment": commitment}, claims={

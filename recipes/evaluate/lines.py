@@ -1,8 +1,11 @@
-"""The lines of evaluate's retained blobs: ``generations``, ``checks`` and ``retention``.
+"""The lines of evaluate's retained blobs: ``generations``, ``checks``, ``retention`` and
+``timings``.
 
 Each blob is JSONL, one line per task (or probe) in the task set's order, with its members in
 the order written here. These types are the only writers of those lines, and a baseline's
-``checks`` and ``retention`` lines are read back through them.
+``checks`` and ``retention`` lines are read back through them. What a run measured rather than
+computed (wall-clock seconds) is in ``timings`` alone, so that a rerun reproduces the other
+three byte for byte (docs/format.md §6.6).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Answer:
-    """One ``generations`` line: a task's greedy answer, retained whole."""
+    """One ``generations`` line: a task's greedy answer, retained whole (its timing is a
+    ``Timing`` line)."""
 
     id: str
     """The task's ID."""
@@ -30,9 +34,25 @@ class Answer:
     def to_json(self) -> dict[str, Any]:
         g = self.generation
         return {"id": self.id, "prompt_ids": list(g.prompt_ids),
-                "output_ids": list(g.output_ids), "text": g.text, "seconds": g.seconds,
-                "tokens_per_second": g.tokens_per_second, "ended_with_eos": g.ended_with_eos,
-                "hit_token_limit": g.hit_token_limit}
+                "output_ids": list(g.output_ids), "text": g.text,
+                "ended_with_eos": g.ended_with_eos, "hit_token_limit": g.hit_token_limit}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """One ``timings`` line: how long a task's answer took, as this run measured it."""
+
+    id: str
+    generation: Generation
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.generation
+        return {"id": self.id, "seconds": g.seconds, "tokens_per_second": g.tokens_per_second}
+
+
+def timing_ids(data: bytes) -> list[str]:
+    """What a rerun must reproduce of a ``timings`` blob: its task ids, in order."""
+    return [json.loads(line)["id"] for line in data.decode("utf-8").splitlines()]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +91,7 @@ class ProbeLoss:
         return cls(id=value["id"], loss=value["loss"])
 
 
-Line = Answer | Checked | ProbeLoss
+Line = Answer | Checked | ProbeLoss | Timing
 _Read = TypeVar("_Read", Checked, ProbeLoss)
 
 

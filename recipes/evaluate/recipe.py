@@ -8,8 +8,24 @@ from typing import Any, Literal
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
-from nscas.recipes.evaluate.lines import Answer, Checked, ProbeLoss, dump_lines, read_lines
+from nscas.recipe import (
+    BundleRole,
+    Claim,
+    InputSpec,
+    Recipe,
+    RecipeResult,
+    RunContext,
+    blob_part,
+)
+from nscas.recipes.evaluate.lines import (
+    Answer,
+    Checked,
+    ProbeLoss,
+    Timing,
+    dump_lines,
+    read_lines,
+    timing_ids,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,7 +164,9 @@ def run(ctx: RunContext) -> RecipeResult:
                       result=check(g.text, r["target"])) for r, g in zip(records, gens, strict=True)]
     outcomes = [(c.id, c.result.correct) for c in checks]
     outputs = {"generations": store.put_bytes(dump_lines(answers)),
-               "checks": store.put_bytes(dump_lines(checks))}
+               "checks": store.put_bytes(dump_lines(checks)),
+               "timings": store.put_bytes(dump_lines(
+                   Timing(id=r["id"], generation=g) for r, g in zip(records, gens, strict=True)))}
     claims = _score_claims(checks)
     losses: list[ProbeLoss] = []
     if probes is not None:
@@ -205,7 +223,7 @@ def _score_claims(checks: list[Checked]) -> dict[str, Claim]:
 
 RECIPE = Recipe(
     name="evaluate",
-    version="1",
+    version="2",
     params=EvaluateParams,
     inputs={
         "model": InputSpec(kind="checkpoint/1", doc="the checkpoint to evaluate"),
@@ -214,8 +232,9 @@ RECIPE = Recipe(
         "baseline": InputSpec(kind="receipt/1", required=False, doc="an earlier evaluation of the same ids"),
         "retention": InputSpec(kind="tasks/1", required=False, doc="retention probes (loss only)"),
     },
-    outputs=("generations", "checks", "retention"),
+    outputs=("generations", "checks", "retention", "timings"),
     run=run,
+    measurements={"timings": blob_part(timing_ids)},
     bundle=BundleRole(folder="evaluations", arm_input="model", role_input="tasks",
                       plain_role="test"),
     doc="Greedy answers to every task, retained and scored; paired statistics against a baseline.",

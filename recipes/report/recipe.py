@@ -16,12 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nscas.digests import Digest
 from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 if TYPE_CHECKING:
+    from nscas.objectstore import ObjectReader
+
     from .compute import Report
 
 VERSION = "1"
+REPORT_FILE = "report.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,7 +94,7 @@ def run(ctx: RunContext) -> RecipeResult:
     out = ctx.workdir / "report"
     out.mkdir()
     report = computed.report
-    write_json(out / "report.json", report.to_json())
+    write_json(out / REPORT_FILE, report.to_json())
     write_json(out / "resources.json", report.resources.to_json())
     page = render_page(p.title, report.learning.arms, computed.tests, computed.scored)
     (out / "generations.html").write_text(page, encoding="utf-8")
@@ -98,6 +102,37 @@ def run(ctx: RunContext) -> RecipeResult:
     write_figures(report.figures, out)
     tree = ctx.store.put_tree(out)
     return RecipeResult(outputs={"report": tree}, claims=headline_claims(report))
+
+
+MEASURED_SECTIONS = frozenset({"resources", "figures"})
+"""Members of ``report.json`` that are measurements through and through: the runs' wall and
+device time, and the figures' data (drawn from the rest, the timing panels included)."""
+MEASURED_NAMES = frozenset({"throughput_ratio", "claimed_only"})
+"""Members measured wherever they sit, besides every ``*seconds`` and ``*_per_second``:
+the serving speed-up, and what a train run says of its own loop time and memory."""
+RECEIPT = "<receipt>"
+
+
+def _measured(name: str) -> bool:
+    return name.endswith(("seconds", "_per_second")) or name in MEASURED_NAMES
+
+
+def reproducible_report(store: ObjectReader, oid: Digest) -> Any:
+    """What a rerun of ``report`` must reproduce: ``report.json`` without its measurements
+    and with every input receipt's ID replaced by ``<receipt>`` (a rerun's receipts differ in
+    their times, so their IDs do). Figures and pages are drawn from ``report.json``."""
+    tree = store.get_record(oid)
+    report = json.loads(store.get_bytes(Digest.parse(tree["entries"][REPORT_FILE]["id"])))
+    receipts = set(report["inputs"].values())
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if not _measured(k)}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return RECEIPT if isinstance(value, str) and value in receipts else value
+
+    return strip({k: v for k, v in report.items() if k not in MEASURED_SECTIONS})
 
 
 RECIPE = Recipe(
@@ -112,6 +147,7 @@ RECIPE = Recipe(
     },
     outputs=("report",),
     run=run,
+    measurements={"report": reproducible_report},
     bundle=BundleRole(folder="report"),
     extra_inputs=True,
     extra_kind="receipt/1",

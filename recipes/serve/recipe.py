@@ -23,10 +23,18 @@ from typing import Any
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.recipe import (
+    BundleRole,
+    Claim,
+    InputSpec,
+    Recipe,
+    RecipeResult,
+    RunContext,
+    blob_part,
+)
 
 from .client import Attempt, LoadPlan, first_failure, run_phase
-from .metrics import log_jsonl, serving_claims
+from .metrics import log_jsonl, read_log, serving_claims
 from .processes import ReplicaGroup, ReplicaOptions, replica_command
 
 VERSION = "1"
@@ -154,6 +162,18 @@ def _check_commitment(record: dict[str, Any], commitment: Digest, model: Digest)
                           "subjects; serve only a committed candidate")
 
 
+REPRODUCIBLE = ("request_id", "task_id", "phase", "attempt", "ok", "status", "output_ids",
+                "cached")
+"""The members of a request log line that a rerun must reproduce: not the times, nor the
+endpoint (a port the system picks) or the error text that names it."""
+
+
+def reproducible_log(data: bytes) -> list[list[Any]]:
+    """A request log's reproducible part: those members of each attempt, in request order."""
+    lines = [[a.get(k) for k in REPRODUCIBLE] for a in read_log(data)]
+    return sorted(lines, key=lambda line: (str(line[0]), str(line[3])))
+
+
 def _device_env(device: str, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": str(index)} if device == "cuda" else {}
 
@@ -170,6 +190,7 @@ RECIPE = Recipe(
     },
     outputs=("requests",),
     run=run,
+    measurements={"requests": blob_part(reproducible_log)},
     bundle=BundleRole(folder="serving"),
     doc="Serve a checkpoint from replicas in three phases (single, pair, failure) and "
         "measure throughput, latency, retries and output identity from the request log.",

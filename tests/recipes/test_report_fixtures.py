@@ -214,9 +214,10 @@ def build(store: Store, tmp: Path, *, override: Mapping[tuple[str, str], Any] | 
             texts[2] = SCRIPT_ANSWER
         results = [check(text, t["target"]) for text, t in zip(texts, tests, strict=True)]
         outcomes[arm] = [(t["id"], r.correct) for t, r in zip(tests, results, strict=True)]
-        gens = [{"id": t["id"], "prompt_ids": [1], "output_ids": [2], "text": text, "seconds": 0.1,
-                 "tokens_per_second": 10.0, "ended_with_eos": True, "hit_token_limit": False}
+        gens = [{"id": t["id"], "prompt_ids": [1], "output_ids": [2], "text": text,
+                 "ended_with_eos": True, "hit_token_limit": False}
                 for t, text in zip(tests, texts, strict=True)]
+        timings = [{"id": t["id"], "seconds": 0.1, "tokens_per_second": 10.0} for t in tests]
         checks = [{"id": t["id"], "family": t["task"]["family"], "variant": t["task"]["variant"],
                    **r.to_dict()} for t, r in zip(tests, results, strict=True)]
         losses = [{"id": p, "loss": x} for p, x in zip(probes, RETENTION[arm], strict=True)]
@@ -230,7 +231,8 @@ def build(store: Store, tmp: Path, *, override: Mapping[tuple[str, str], Any] | 
             store, "evaluate", inputs=arm_inputs, params={"max_new_tokens": 96, "device": "cpu"},
             outputs={"generations": store.put_bytes(_jsonl(gens)),
                      "checks": store.put_bytes(_jsonl(checks)),
-                     "retention": store.put_bytes(_jsonl(losses))},
+                     "retention": store.put_bytes(_jsonl(losses)),
+                     "timings": store.put_bytes(_jsonl(timings))},
             claims=claims_of(f"evaluate.{arm}", claims), verifier="answers")
     log = request_log(store.get_record(out["dev"])["ids"])
     inputs["serve"] = receipt(

@@ -35,7 +35,7 @@ LINK = re.compile(r"^blake3:[0-9a-f]{64}$")
 SELF_REPORTED_LINES = {
     "journal": {"seconds"},
     "requests": {"start", "end", "wall_start", "wall_end"},
-    "generations": {"seconds", "tokens_per_second"},
+    "timings": {"seconds", "tokens_per_second"},
 }
 """Members of log lines that are self-reported (plan14 / docs/verify.md), by log."""
 SELF_REPORTED_RECORDS = {
@@ -165,7 +165,7 @@ def sites(demo: Demo) -> Sites:
 
 def test_every_group_of_evidence_has_values_to_change(sites: dict[str, list[Site]]) -> None:
     for group in ("record:receipt/1", "record:tasks/1", "record:journal/1", "record:action/1",
-                  "report.json", "resources.json", "generations", "checks", "retention",
+                  "report.json", "resources.json", "generations", "checks", "retention", "timings",
                   "requests", "journal", "tasks"):
         assert sites.get(group), (group, sorted(sites))
 

@@ -688,7 +688,7 @@ def _hostile(v: Verdict) -> None:
     ("training/clean-pair/rank-1.journal.jsonl", r'("tokens":)[0-9]+', r"\g<1>" + HUGE),
     (REQUESTS, r'("start":)[-0-9.e]+', r"\g<1>" + HUGE),
     (REQUESTS, r'("attempt":)[0-9]+', r"\g<1>" + HUGE),
-    ("evaluations/seed/generations.jsonl", r'("seconds":)[-0-9.e]+', r"\g<1>" + HUGE),
+    ("evaluations/seed/timings.jsonl", r'("seconds":)[-0-9.e]+', r"\g<1>" + HUGE),
     ("evaluations/seed/generations.jsonl", r'("output_ids":\[)[0-9]+', r"\g<1>" + HUGE),
     ("/seed/retention.jsonl", r'("loss":)[-0-9.e]+', r"\g<1>" + HUGE),
     ("report/report.json", r'("correct": )[0-9]+', r"\g<1>" + HUGE),

@@ -1,0 +1,58 @@
+"""``--rerun`` of a demo-like pipeline (every recipe the demo uses, tiny, CPU) reproduces
+every step: each output is ``identical``, or ``reproduced`` (timings differ) for the outputs
+that hold measurements, compared with the previous run of the same step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nscas.compare import compare_outputs
+from nscas.runner import load_recipe, run_file
+from nscas.store import init_store
+from tests.runner.helpers import write
+from tests.verifiers.conftest import EXPERIMENT
+
+MEASUREMENTS = {("evaluate", "timings"), ("serve", "requests"), ("report", "report")}
+"""Outputs that hold measurements: the report's tree also names its input receipts, whose IDs
+a rerun changes (their times differ)."""
+
+
+@pytest.mark.timeout(900)
+def test_a_rerun_of_every_demo_recipe_reproduces_each_step(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    path = write(tmp_path, "experiment.toml", 'name = "demo-like"\n' + EXPERIMENT)
+    with init_store(tmp_path) as store:
+        first = {r.step: r for r in run_file(store, path)}
+        again = run_file(store, path, rerun=True)
+        assert {r.recipe for r in again} == {"prepare", "tokenizer", "init", "train", "commit",
+                                             "evaluate", "serve", "report"}
+        for result in again:
+            assert not result.cached and result.status == "succeeded"
+            before = first[result.step]
+            assert set(result.verdicts) == set(result.outputs), result.step
+            for output, verdict in result.verdicts.items():
+                assert verdict.before == before.outputs[output], (result.step, output)
+                want = "reproduced" if (result.recipe, output) in MEASUREMENTS else "identical"
+                assert verdict.status == want, (result.step, output, verdict)
+            if result.action != before.action:  # an upstream receipt changed: it is named
+                assert result.miss is not None and result.miss.previous == before.receipt
+                assert result.miss.inputs, result.step
+            rec = store.get_record(result.receipt)
+            assert (rec["pipeline"], rec["step"]) == ("demo-like", result.step)
+
+        # A report whose results (not its timings) differ does not reproduce.
+        report = next(r for r in again if r.recipe == "report")
+        changed = tmp_path / "changed"
+        store.materialise(report.outputs["report"], changed)
+        doc = json.loads((changed / "report.json").read_text())
+        doc["learning"]["arms"]["seed"]["correct"] += 1
+        (changed / "report.json").write_text(json.dumps(doc))
+        forged = store.put_tree(changed)
+        verdict = compare_outputs(store, {"report": report.outputs["report"]},
+                                  {"report": forged},
+                                  measurements=load_recipe("report").measurements)["report"]
+        assert verdict.status == "different", verdict
