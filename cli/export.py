@@ -10,6 +10,7 @@ import typer
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.exporting import export_bundle
+from nscas.provenance import producers
 
 app = command_app()
 
@@ -19,8 +20,8 @@ def export_(
     ctx: typer.Context,
     target: Annotated[str, typer.Argument(
         metavar="TARGET", show_default=False,
-        help="What to publish: a full ID, a ref name, or a unique prefix of at least 8 hex "
-             "digits.")],
+        help="What to publish: a receipt, or an output a run produced (its receipt is "
+             "exported); a full ID, a ref name, or a unique prefix of at least 8 hex digits.")],
     dest: Annotated[Path, typer.Argument(
         metavar="DIR", show_default=False,
         help="The bundle directory to create; it must not exist or be empty.")],
@@ -31,20 +32,37 @@ def export_(
 ) -> None:
     """Write TARGET and everything it links to as a bundle directory (docs/bundle.md).
 
-    Every file is exactly an object's bytes; SHA256SUMS, manifest.json and a deterministic
+    An object that a run produced (an output ref such as a report or a checkpoint) is
+    published with its evidence: the receipt that produced it is exported instead (the
+    earliest succeeded one, as the cache picks), and the first line says so. An object no
+    run produced is exported alone.
+
+    Every file is exactly an object's bytes; each model folder holds all files of its
+    checkpoint, so it loads with transformers. SHA256SUMS, manifest.json and a deterministic
     measurements.tar.gz (everything but the weights) come with them. Exporting the same
     target twice gives byte-identical files; a failed export leaves nothing behind.
 
     Example: nscas export experiments/coop/report ./coop-bundle
-    (then: cd coop-bundle && sha256sum -c SHA256SUMS)
+    (then: cd coop-bundle && sha256sum -c SHA256SUMS && nscas verify .)
     """
     with open_cli_store(ctx, readonly=True) as store:
-        report = export_bundle(store, store.resolve(target), dest, weights=not no_weights)
+        named = store.resolve(target)
+        found = producers(store, named) if store.info(named).kind != "receipt/1" else None
+        producer = found.first if found is not None else None
+        report = export_bundle(store, producer or named, dest, weights=not no_weights)
     if as_json:
-        render.json_out({"target": str(report.target), "dir": str(report.dest),
+        render.json_out({"target": str(report.target), "named": str(named),
+                         "producers": [str(r) for r in found.receipts] if found else [],
+                         "dir": str(report.dest),
                          "files": report.files, "bytes": report.bytes, "derived": report.derived,
                          "weights": report.weights, "omitted": [str(d) for d in report.omitted]})
         return
+    if found is not None and producer is not None:
+        what = named if target == str(named) else f"{target} ({named})"
+        count = len(found.receipts)
+        render.text(f"exporting receipt {producer} which produced {what}" + (
+            f"; the earliest by start of the {count} succeeded receipts that produced it"
+            if count > 1 else ""))
     render.text(f"exported {report.target} to {report.dest}: {report.files} files, "
                 f"{report.bytes} bytes, {report.derived} tensors as ranges of weight files")
     if report.omitted:

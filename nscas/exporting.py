@@ -39,7 +39,12 @@ from nscas.registry import registered_recipe
 if TYPE_CHECKING:
     from nscas.reading import ObjectInfo, StoreReader
 
-FORMAT = "nscas-bundle/1"
+FORMAT = "nscas-bundle/2"
+"""What export writes: model folders hold every file of their checkpoint (paths may repeat an
+object). ``nscas import`` reads this and ``FORMAT_V1``."""
+FORMAT_V1 = "nscas-bundle/1"
+"""The first format: every object in one place only."""
+FORMATS = (FORMAT_V1, FORMAT)
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"
 TARBALL = "measurements.tar.gz"
@@ -137,6 +142,7 @@ class _Closure:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Plan:
     files: Mapping[str, Digest]
+    """Every object file; with format 2 a model file may be at several paths."""
     derived: Mapping[Digest, Range]
     omitted: frozenset[Digest]
 
@@ -147,13 +153,17 @@ class _Layout:
 
     closure: _Closure
     paths: Mapping[Digest, str]
+    """The one path of each object (format 1), its first path (format 2)."""
+    copies: Mapping[Digest, tuple[str, ...]]
+    """Its other paths in format 2: the same file in the folder of every checkpoint that has
+    it (a config.json that two checkpoints share)."""
     weight_only: frozenset[Digest]
     """Objects linked only as weights: checkpoints' safetensors files and tensor blobs."""
     tensors: frozenset[Digest]
     ranges: Mapping[Digest, tuple[Range, ...]]
     """Where each tensor lies in a checkpoint's weight file."""
 
-    def plan(self, *, weights: bool) -> _Plan:
+    def plan(self, *, weights: bool, copies: bool = True) -> _Plan:
         exported = {d for d in self.closure.infos if weights or d not in self.weight_only}
         derived: dict[Digest, Range] = {}
         for t in sorted(self.tensors & self.weight_only):
@@ -162,6 +172,8 @@ class _Layout:
             if options:
                 derived[t] = options[0][1]
         files = {self.paths[d]: d for d in exported if d not in derived}
+        if copies:
+            files.update({p: d for d in files.values() for p in self.copies.get(d, ())})
         omitted = frozenset(self.closure.infos.keys() - set(files.values()) - derived.keys())
         return _Plan(files=files, derived=derived, omitted=omitted)
 
@@ -172,7 +184,9 @@ def _layout(store: StoreReader, target: Digest, recipes: RecipeLookup) -> _Layou
     records = {d: store.get_record(d) for d in ids if infos[d].kind is not None}
     c = _Closure(target=target, infos=infos, records=records)
     weight_only, tensors = _weight_only(c)
-    return _Layout(closure=c, paths=_paths(store, c, _roles(c, recipes)),
+    paths = _paths(store, c, _roles(c, recipes))
+    return _Layout(closure=c, paths={d: p[0] for d, p in paths.items()},
+                   copies={d: p[1:] for d, p in paths.items() if len(p) > 1},
                    weight_only=weight_only, tensors=tensors, ranges=_tensor_ranges(store, c))
 
 
@@ -234,8 +248,9 @@ def _suffix(store: StoreReader, oid: Digest, size: int, name: str) -> str:
 
 
 def _paths(store: StoreReader, c: _Closure,
-           roles: Mapping[Digest, BundleRole | None]) -> dict[Digest, str]:
-    """The path of every object of the closure (docs/bundle.md, "Paths")."""
+           roles: Mapping[Digest, BundleRole | None]) -> dict[Digest, tuple[str, ...]]:
+    """The paths of every object of the closure, its first path first (docs/bundle.md,
+    "Paths"): one path, or a model file's path in each checkpoint folder that holds it."""
     recs = c.records
     named: dict[Digest, list[str]] = defaultdict(list)  # what commitments call their subjects
     for cid in c.of_kind("commitment/1"):
@@ -364,21 +379,24 @@ def _output_arm(c: _Closure, r: Digest, first: str | None,
 
 
 def _settle(c: _Closure, proposals: Mapping[Digest, list[tuple[tuple[int, str], str]]],
-            label: Mapping[Digest, str]) -> dict[Digest, str]:
-    """One path per object: its best proposal, unless another object wants that path (or a
-    directory of that name, or the same path in another case); receipts by label; the rest,
-    and the losers, by ID."""
+            label: Mapping[Digest, str]) -> dict[Digest, tuple[str, ...]]:
+    """The paths of each object: its best proposal and, for a model file, its paths in the
+    other checkpoint folders too, less every path that another object wants (or a directory
+    of that name, or the same path in another case); receipts by label; the rest, and
+    objects left with no path, by ID. The first path is the best one that remains."""
     def by_id(d: Digest) -> str:
         return f"records/{d.hex}.json" if c.infos[d].kind is not None else f"blobs/{d.hex}"
 
-    paths = {d: min(p)[1] for d, p in proposals.items()}
-    paths.update({r: f"receipts/{name}.json" for r, name in label.items()})
-    count = Counter(p.casefold() for p in paths.values())
-    dirs = {p.casefold().rsplit("/", i)[0] for p in paths.values()
-            for i in range(1, p.count("/") + 1)}
-    paths = {d: p for d, p in paths.items()
-             if count[p.casefold()] == 1 and p.casefold() not in dirs}
-    return {d: paths.get(d) or by_id(d) for d in c.infos}
+    wanted = {d: [path for priority, path in sorted(set(p)) if priority == min(p)[0]
+                  and (priority[0] == _MODELS or path == min(p)[1])]
+              for d, p in proposals.items()}
+    wanted.update({r: [f"receipts/{name}.json"] for r, name in label.items()})
+    every = [p for paths in wanted.values() for p in paths]
+    count = Counter(p.casefold() for p in every)
+    dirs = {p.casefold().rsplit("/", i)[0] for p in every for i in range(1, p.count("/") + 1)}
+    kept = {d: tuple(p for p in paths if count[p.casefold()] == 1 and p.casefold() not in dirs)
+            for d, paths in wanted.items()}
+    return {d: kept.get(d) or (by_id(d),) for d in c.infos}
 
 
 def _weight_only(c: _Closure) -> tuple[frozenset[Digest], frozenset[Digest]]:
@@ -444,17 +462,23 @@ def _span(info: Any) -> tuple[int, int] | None:
 # --------------------------------------------------------------------------------- export
 
 def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bool = True,
-                  recipes: RecipeLookup = registered_recipe) -> ExportReport:
+                  recipes: RecipeLookup = registered_recipe,
+                  bundle_format: str = FORMAT) -> ExportReport:
     """Write the closure of ``target`` as a bundle at ``dest`` (absent or an empty directory).
 
     Everything is written into a temporary sibling and renamed into place, so a failed
     export leaves nothing behind. Without ``weights``, checkpoint weight files and their
     tensors are listed as omitted. ``recipes`` finds the recipes whose bundle roles lay out
-    their runs' outputs.
+    their runs' outputs. ``bundle_format`` ``FORMAT_V1`` writes the first format (each object
+    in one place, so model folders may lack shared files), kept for readers' tests.
     """
+    if bundle_format not in FORMATS:
+        raise InvalidInput(f"unknown bundle format {bundle_format!r}; expected one of {FORMATS}")
     _check_dest(dest)
     lay = _layout(store, target, recipes)
-    plan, bare = lay.plan(weights=weights), lay.plan(weights=False)
+    copies = bundle_format != FORMAT_V1
+    plan = lay.plan(weights=weights, copies=copies)
+    bare = lay.plan(weights=False, copies=copies)
     infos = lay.closure.infos
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.nscas-export-", dir=dest.parent))
     try:
@@ -466,8 +490,9 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
         # SHA-256 values as the copies give them: a tensor's not known yet (docs/format.md
         # §1.2) comes from the bytes written here, the rest from the store (computed there).
         sha: dict[Digest, str] = {}
-        for path, oid in sorted(plan.files.items()):
-            sha[oid], ranges = _copy_out(store, oid, infos[oid], tmp / path, wanted[oid])
+        for path, oid in sorted(plan.files.items()):  # each copy read and re-hashed anew
+            sha[oid], ranges = _copy_out(store, oid, infos[oid], tmp / path,
+                                         () if oid in sha else wanted[oid])
             hashed.update(ranges)
         for t, r in derived:  # a range is its tensor before the manifest says so
             if r not in hashed or hashed[r][0] != t or infos[t].sha256 not in (None, hashed[r][1]):
@@ -480,9 +505,9 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
             d: replace(i, sha256=sha.get(d) or store.sha256(d))
             if i.sha256 is None and d in named else i for d, i in infos.items()})
         sums = {p: sha[d] for p, d in plan.files.items()}
-        manifest = _manifest(known, plan)
+        manifest = _manifest(known, plan, bundle_format)
         sums[MANIFEST] = _write_new(tmp / MANIFEST, manifest)
-        inner = _manifest(known, bare) if weights else manifest
+        inner = _manifest(known, bare, bundle_format) if weights else manifest
         sums[TARBALL] = _write_tar(tmp / TARBALL, {p: tmp / p for p in bare.files}, inner)
         _write_new(tmp / SUMS, sha256sums(sums))
         try:
@@ -542,10 +567,10 @@ def _hash_stream(src: BinaryIO, ranges: Iterable[Range], *,
     return (whole.digest(), whole.sha256(), whole.size), done
 
 
-def _manifest(c: _Closure, plan: _Plan) -> bytes:
+def _manifest(c: _Closure, plan: _Plan, bundle_format: str) -> bytes:
     i = c.infos
     return rfc8785.dumps({
-        "format": FORMAT,
+        "format": bundle_format,
         "target": str(c.target),
         "objects": {p: {"id": str(d), "size": i[d].size, "sha256": i[d].sha256, "kind": i[d].kind}
                     for p, d in plan.files.items()},

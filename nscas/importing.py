@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 from nscas.exporting import (
     _SHA256,
     _SUMS_LINE,
-    FORMAT,
+    FORMAT_V1,
+    FORMATS,
     MANIFEST,
     RESERVED,
     SUMS,
@@ -61,7 +62,8 @@ class _Manifest:
     derived: Mapping[Digest, tuple[Range, str]]
     omitted: Mapping[Digest, _Entry]
     paths: Mapping[Digest, str]
-    """The file of each object in ``objects``."""
+    """The file of each object in ``objects`` (its first path, bytewise, where a format 2
+    bundle repeats it: every copy is checked against the same entry)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -603,8 +605,8 @@ class _ManifestReader:
 
     def read(self, value: dict[str, Any]) -> _Manifest:
         top = self.exactly(value, "$", {"format", "target", "objects", "derived", "omitted"})
-        if top["format"] != FORMAT:
-            self.fail("format", f"expected {FORMAT!r}")
+        if top["format"] not in FORMATS:
+            self.fail("format", f"expected one of {', '.join(map(repr, FORMATS))}")
         objects = {path: self.entry(path, e)
                    for path, e in self.mapping(top["objects"], "objects").items()}
         derived: dict[Digest, tuple[Range, str]] = {}
@@ -624,10 +626,20 @@ class _ManifestReader:
             oid = self.digest(key, at)
             omitted[oid] = _Entry(id=oid, size=self.count(e["size"], f"{at}.size"),
                                   sha256=self.sha(e["sha256"], f"{at}.sha256"), kind=None)
-        ids = Counter([e.id for e in objects.values()] + [*derived] + [*omitted])
+        files: dict[Digest, list[str]] = defaultdict(list)
+        for path in sorted(objects, key=str.encode):
+            files[objects[path].id].append(path)
+        if top["format"] == FORMAT_V1:  # version 2 may repeat a file, never a section
+            ids = Counter([e.id for e in objects.values()] + [*derived] + [*omitted])
+        else:
+            ids = Counter([*files, *derived, *omitted])
+            for oid, where in sorted(files.items()):
+                for other in (p for p in where[1:] if objects[p] != objects[where[0]]):
+                    self.fail(f"objects[{other!r}]", f"describes {oid} otherwise than "
+                                                     f"objects[{where[0]!r}]")
         for oid in sorted(d for d, n in ids.items() if n > 1):
             self.fail(str(oid), "is in more than one place (a file, derived, omitted)")
-        paths = {e.id: p for p, e in objects.items()}
+        paths = {oid: where[0] for oid, where in files.items()}
         target = self.digest(top["target"], "target")
         if target not in paths:
             self.fail("target", f"{target} is not a file of the bundle")

@@ -37,6 +37,7 @@ from nscas.errors import (
 )
 from nscas.locating import BUSY_TIMEOUT_MS, DB_NAME, HEXISH, REF_NAME, store_writable
 from nscas.revision import SchemaDifference, check_revision, database_error, schema_differences
+from nscas.suggestions import did_you_mean
 
 # ObjectInfo's columns: a SHA-256 left out at put time comes from object_sha256 once recorded.
 _INFO = ("id, size, COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE s.id = objects.id)),"
@@ -248,7 +249,8 @@ class StoreReader:
             target = self.ref_get(text_)
             if target is None:
                 hint = ("; ID prefixes need at least 8 lowercase hex digits"
-                        if re.fullmatch(r"(blake3:)?[0-9a-fA-F]{1,64}", text_) else "")
+                        if re.fullmatch(r"(blake3:)?[0-9a-fA-F]{1,64}", text_)
+                        else did_you_mean(text_, (name for name, _ in self.ref_list())))
                 raise NotFound(f"ref {text_!r}{hint}")
             return target
         prefix = parse_prefix(text_)
@@ -303,10 +305,14 @@ class StoreReader:
         return self.chunks.read(hex_id, codec)
 
     def materialise(self, oid: Digest, dest: Path) -> None:
-        """Write a blob to a new file, or a tree/1 to a new directory; never overwrite."""
-        if dest.exists() or dest.is_symlink():
-            raise DestinationExists(str(dest))
+        """Write a blob to a new file, or a tree/1 to a new (or empty) directory; never
+        overwrite."""
         info = self.info(oid)
+        if dest.is_symlink() or dest.exists():
+            empty = dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir())
+            if not (empty and info.kind == "tree/1"):
+                raise DestinationExists(str(dest) if empty or not dest.is_dir()
+                                        else f"{dest} (a directory that is not empty)")
         try:
             self._materialise(oid, info, dest)
         except OSError as exc:
@@ -329,7 +335,12 @@ class StoreReader:
             else:
                 out = tmp / "blob"
                 self._write_blob(oid, out)
-            os.replace(out, dest)
+            try:
+                os.replace(out, dest)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):  # filled meanwhile
+                    raise DestinationExists(str(dest)) from None
+                raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,7 +1,9 @@
 """Checks of an export bundle's own files (docs/bundle.md), beyond the objects it holds.
 
 ``bundle.manifest``: canonical RFC 8785 bytes, well-formed sections, each object in one
-section only. ``bundle.files``: every regular file is the manifest, ``SHA256SUMS``, the
+section only (and, in format 1, at one path only; format 2 may repeat a file, with identical
+entries). ``bundle.copies``: every repeated file has its object's bytes, like the one that is
+read. ``bundle.files``: every regular file is the manifest, ``SHA256SUMS``, the
 tarball or a manifest path; no links anywhere. ``bundle.sha256sums``: coreutils lines, sorted
 bytewise by path, naming every file but itself with its SHA-256. ``bundle.measurements``: a
 deterministic tarball whose entries are exactly the bundle without weights, byte for byte.
@@ -20,9 +22,18 @@ from typing import IO
 import rfc8785
 
 from .errors import RecordParseError
+from .objects import file_digests
 from .records import parse_json
 from .report import Check
-from .sources import MANIFEST, MAX_MANIFEST_BYTES, SUMS, TARBALL, BundleSource, safe_relative
+from .sources import (
+    BUNDLE_FORMAT_V1,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    SUMS,
+    TARBALL,
+    BundleSource,
+    safe_relative,
+)
 
 _SUM_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
 _SHOWN = 5
@@ -52,8 +63,8 @@ def _sha256(path: Path) -> str:
 def bundle_checks(bundle: BundleSource) -> list[Check]:
     """Every finding about the bundle's layout files."""
     files = bundle.all_files()
-    return [_manifest(bundle), _files(bundle, files), _sums(bundle, files),
-            _measurements(bundle, files)]
+    return [_manifest(bundle), _copies(bundle, files), _files(bundle, files),
+            _sums(bundle, files), _measurements(bundle, files)]
 
 
 def _manifest(bundle: BundleSource) -> Check:
@@ -64,8 +75,15 @@ def _manifest(bundle: BundleSource) -> Check:
     except rfc8785.CanonicalizationError as exc:
         problems.append(f"manifest.json cannot be canonicalised: {exc}")
     sections: dict[str, list[str]] = {}
+    repeats = bundle.format != BUNDLE_FORMAT_V1  # format 2: a file may repeat an object
+    for oid, where in bundle.copies().items():
+        first = bundle.paths[where[0]]
+        problems += [f"objects[{path}] describes {oid} otherwise than objects[{where[0]}]"
+                     for path in where[1:] if bundle.paths[path] != first]
     for path, entry in bundle.paths.items():
-        sections.setdefault(entry["id"], []).append(f"objects[{path}]")
+        paths = sections.setdefault(entry["id"], [])
+        if not (repeats and paths and paths[0].startswith("objects[")):
+            paths.append(f"objects[{path}]")
     for section in ("derived", "omitted"):
         for oid in bundle.manifest.get(section, {}):
             sections.setdefault(oid, []).append(section)
@@ -73,6 +91,28 @@ def _manifest(bundle: BundleSource) -> Check:
              if len(where) > 1]
     problems += twice
     return _verdict("bundle.manifest", problems, recomputed=len(sections))
+
+
+def _copies(bundle: BundleSource, files: list[str]) -> Check:
+    """Every path of an object that a bundle repeats holds that object's bytes (the integrity
+    checks hash the copy that is read; this hashes the others)."""
+    problems, count = [], 0
+    present = set(files)
+    for oid, where in sorted(bundle.copies().items()):
+        for path in where[1:]:
+            count += 1
+            entry = bundle.paths[path]
+            if path not in present or (bundle.root / path).is_symlink():
+                continue  # bundle.files names it
+            try:
+                got = file_digests(bundle.root / path)
+            except OSError as exc:
+                problems.append(f"{path} cannot be read ({exc.strerror or exc})")
+                continue
+            if (got.id, got.sha256, got.size) != (oid, entry["sha256"], entry["size"]):
+                problems.append(f"{path} is {got.id} ({got.size} bytes); it repeats {oid}, "
+                                f"as {where[0]} holds it")
+    return _verdict("bundle.copies", problems, recomputed=count)
 
 
 def _files(bundle: BundleSource, files: list[str]) -> Check:
@@ -198,6 +238,8 @@ def _tar_manifest(bundle: BundleSource, data: bytes | None, entries: set[str]) -
         if not isinstance(inner, dict) or rfc8785.dumps(inner) != data:
             return [f"the tarball's {MANIFEST} is not a canonical manifest"]
     problems = []
+    if inner.get("format") != bundle.format:
+        problems.append(f"the tarball's {MANIFEST} is of another format")
     if inner.get("target") != bundle.manifest.get("target"):
         problems.append(f"the tarball's {MANIFEST} names another target")
     objects = inner.get("objects") if isinstance(inner.get("objects"), dict) else {}

@@ -37,7 +37,11 @@ ENV_VAR = "NSCAS_STORE"
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"
 TARBALL = "measurements.tar.gz"
-BUNDLE_FORMAT = "nscas-bundle/1"
+BUNDLE_FORMAT_V1 = "nscas-bundle/1"
+"""The first bundle format: every object in one place only."""
+BUNDLE_FORMAT = "nscas-bundle/2"
+"""Model folders hold every file of their checkpoint: a file may repeat an object."""
+BUNDLE_FORMATS = (BUNDLE_FORMAT_V1, BUNDLE_FORMAT)
 MIN_PREFIX = 8
 MAX_MANIFEST_BYTES = 64 << 20
 """Largest manifest.json read (about 200,000 objects' entries)."""
@@ -377,8 +381,10 @@ class BundleSource:
             manifest = parse_json(data, what=MANIFEST)
         except RecordParseError as exc:
             raise SourceError(str(root / MANIFEST), exc.message) from None
-        if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
-            raise SourceError(str(root / MANIFEST), f"not a {BUNDLE_FORMAT} manifest")
+        if not isinstance(manifest, dict) or manifest.get("format") not in BUNDLE_FORMATS:
+            raise SourceError(str(root / MANIFEST), f"not a {' or '.join(BUNDLE_FORMATS)} "
+                                                    "manifest")
+        self.format: str = manifest["format"]
         self.manifest_bytes = data
         self.manifest: dict[str, Any] = manifest
         self.target = manifest.get("target")
@@ -390,6 +396,14 @@ class BundleSource:
         self._omitted: dict[str, dict[str, Any]] = {}
         self._parents: dict[str, list[str]] | None = None
         self._read_sections()
+
+    def copies(self) -> dict[str, list[str]]:
+        """Each object at more than one path (format 2): its paths, the one read first."""
+        paths: dict[str, list[str]] = {}
+        for path, entry in self.paths.items():
+            paths.setdefault(entry["id"], []).append(path)
+        return {oid: sorted(where, key=lambda p: (p != self._by_id[oid], p.encode("utf-8")))
+                for oid, where in paths.items() if len(where) > 1}
 
     def listed_ids(self) -> set[str]:
         """Every object the manifest accounts for: files, derived ranges and omitted ones."""
@@ -423,7 +437,9 @@ class BundleSource:
                 self.problems.append(f"objects[{path!r}]: {why}")
                 continue
             self.paths[path] = entry
-            self._by_id.setdefault(entry["id"], path)
+            first = self._by_id.get(entry["id"])  # a repeated object is read at its first path
+            if first is None or path.encode("utf-8") < first.encode("utf-8"):
+                self._by_id[entry["id"]] = path
         for oid, entry in derived.items():
             if not (is_object_id(oid) and isinstance(entry, dict) and is_object_id(entry.get("from"))
                     and _count(entry.get("offset")) and _count(entry.get("size"))

@@ -14,7 +14,7 @@ import blake3
 import pytest
 
 from nscas.errors import DestinationExists, IntegrityError
-from nscas.exporting import export_bundle
+from nscas.exporting import FORMAT_V1, export_bundle
 from tests.export.conftest import Published, read_tree
 
 
@@ -22,15 +22,25 @@ def _manifest(bundle: Path) -> dict:
     return json.loads((bundle / "manifest.json").read_bytes())
 
 
+@pytest.mark.parametrize("bundle_format", ["nscas-bundle/2", FORMAT_V1])
 def test_every_object_of_the_closure_is_in_exactly_one_place(published: Published,
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path,
+                                                              bundle_format: str) -> None:
+    """One section each; format 1 one file each, format 2 repeats only model files."""
     store = published.store
-    report = export_bundle(store, published.target, tmp_path / "b")
+    report = export_bundle(store, published.target, tmp_path / "b", bundle_format=bundle_format)
     m = _manifest(tmp_path / "b")
-    assert m["format"] == "nscas-bundle/1" and m["target"] == str(published.target)
+    assert m["format"] == bundle_format and m["target"] == str(published.target)
     files = [e["id"] for e in m["objects"].values()]
     closure = {str(d) for d in store.closure([published.target])}
-    assert sorted(files + list(m["derived"]) + list(m["omitted"])) == sorted(closure)
+    assert sorted({*files} | {*m["derived"]} | {*m["omitted"]}) == sorted(closure)
+    assert len(set(files)) + len(m["derived"]) + len(m["omitted"]) == len(closure)
+    repeated = {p for p, e in m["objects"].items() if files.count(e["id"]) > 1}
+    if bundle_format == FORMAT_V1:
+        assert repeated == set()
+    else:  # the config and tokenizer both checkpoints share
+        assert repeated == {f"models/{arm}/{name}" for arm in ("seed", "clean-single")
+                            for name in ("config.json", "tokenizer.json")}
     assert m["omitted"] == {}
     assert set(m["derived"]) == {str(t) for t in published.tensors}
     assert (report.files, report.derived, report.omitted) == (len(files), 3, ())
@@ -63,8 +73,11 @@ def test_paths_follow_roles(published: Published, tmp_path: Path) -> None:
         assert f"evaluations/{arm}/checks.jsonl" in by_path
     assert by_path["models/seed/model.safetensors"] == str(published.weight_files[0])
     assert by_path["models/clean-single/model.safetensors"] == str(published.weight_files[1])
-    # The config is the same object in both checkpoints: one file, at the first path by name.
-    assert "models/clean-single/config.json" in by_path and "models/seed/config.json" not in by_path
+    # The config is the same object in both checkpoints: a copy in each model folder.
+    assert by_path["models/clean-single/config.json"] == by_path["models/seed/config.json"]
+    for arm in ("seed", "clean-single"):
+        assert {p.rpartition("/")[2] for p in by_path if p.startswith(f"models/{arm}/")} == {
+            "config.json", "model.safetensors", "tokenizer.json"}
     assert {"tasks/test.jsonl", "tasks/train.jsonl",
             "code/evaluate@1/nscas/recipes/evaluate/recipe.py"} <= by_path.keys()
     others = [p for p in by_path if p.startswith(("records/", "blobs/"))]
@@ -135,8 +148,7 @@ def test_no_weights_omits_weight_files_and_tensors(published: Published, tmp_pat
         assert (m["omitted"][oid]["size"], m["omitted"][oid]["sha256"]) == (info.size, info.sha256)
     assert m["derived"] == {}
     # Records of the checkpoints stay: only the weights are left out.
-    assert "models/seed/config.json" not in m["objects"]  # config lives under clean-single
-    assert "models/clean-single/config.json" in m["objects"]
+    assert {"models/seed/config.json", "models/clean-single/config.json"} <= m["objects"].keys()
     full = read_tree(tmp_path / "full")
     assert bare["measurements.tar.gz"] == full["measurements.tar.gz"]
     assert (tmp_path / "bare" / "manifest.json").read_bytes() == _inner_manifest(tmp_path / "full")

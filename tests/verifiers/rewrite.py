@@ -190,14 +190,14 @@ class Rewrite:
         return oid
 
     def path_of(self, oid: str) -> str:
+        """The first path of ``oid`` (bytewise): a version 2 bundle repeats shared model files."""
         oid = self.current(oid)
-        (path,) = [p for p, e in self.objects.items() if e["id"] == oid]
-        return path
+        return min((p for p, e in self.objects.items() if e["id"] == oid), key=str.encode)
 
     def find(self, suffix: str) -> str:
         """The one object path ending with ``suffix``."""
-        found = [p for p in self.objects if p.endswith(suffix)]
-        assert len(found) == 1, (suffix, found)
+        found = sorted((p for p in self.objects if p.endswith(suffix)), key=str.encode)
+        assert len({self.objects[p]["id"] for p in found}) == 1, (suffix, found)  # copies: one
         return found[0]
 
     def paths(self, pattern: str) -> list[str]:
@@ -341,6 +341,13 @@ class Rewrite:
         self.objects[path] = {**self.objects[path], "kind": kind}
 
     def _write(self, path: str, data: bytes, *, opaque: bool = False) -> tuple[str, str]:
+        entry = self.objects[path]
+        for copy in sorted(p for p, e in self.objects.items() if e["id"] == entry["id"]
+                           and p != path):  # every copy of a repeated file changes with it
+            self._write_one(copy, data, opaque=opaque)
+        return self._write_one(path, data, opaque=opaque)
+
+    def _write_one(self, path: str, data: bytes, *, opaque: bool = False) -> tuple[str, str]:
         entry = self.objects.pop(path)
         old, new = entry["id"], object_id(data)
         assert old != new, f"{path}: the edit changed nothing"
