@@ -9,7 +9,7 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
-from nscas.lineage import Node, lineage, to_dot
+from nscas.lineage import HIDE_CLASSES, MAX_NODES, Node, describe, lineage, parse_hide, to_dot
 
 app = command_app()
 
@@ -26,21 +26,35 @@ def lineage_(
     id_: IdArgument,
     up: Annotated[bool, typer.Option(
         "--up/--down",
-        help="--up: what ID was made from (its links); --down: what was made from ID.")] = True,
+        help="--up: what ID was made from (its links and the run that produced it); --down: "
+             "what was made from ID.")] = True,
     depth: Annotated[int | None, typer.Option(
         "--depth", min=0, show_default=False, help="Stop this many links away.")] = None,
+    hide: Annotated[str, typer.Option(
+        "--hide", metavar="CLASSES", show_default=False,
+        help="Leave out these classes of object, comma-separated: "
+             + "; ".join(f"{k}: {v}" for k, v in HIDE_CLASSES.items()) + ".")] = "",
+    max_nodes: Annotated[int, typer.Option(
+        "--max-nodes", min=1, max=1_000_000,
+        help="Show at most this many objects, nearest first; the rest are counted.")
+    ] = MAX_NODES,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.tree,
     as_json: JsonFlag = False,
 ) -> None:
     """Show what an object was made from (--up, the default) or what was made from it (--down).
 
-    Objects reached twice are listed again but not expanded ("seen").
+    Going up from an output reaches the receipt of the run that produced it, that run's
+    action, its inputs and their producers in turn. Each object is labelled with its kind,
+    recipe, pipeline step and ref names. Objects reached twice are listed again but not
+    expanded ("seen").
 
-    Example: nscas lineage experiments/coop/best --down --depth 2 --format dot | dot -Tsvg
+    Example: nscas lineage experiments/coop/clean-pair --hide blobs,code,params --format dot | dot -Tsvg
     """
+    hidden = parse_hide(hide)
     direction = "up" if up else "down"
     with open_cli_store(ctx, readonly=True) as store:
-        root = lineage(store, store.resolve(id_), direction=direction, depth=depth)
+        root = lineage(store, store.resolve(id_), direction=direction, depth=depth,
+                       hide=hidden, max_nodes=max_nodes)
     if as_json or fmt is Format.json:
         render.json_out(root.to_json())
     elif fmt is Format.dot:
@@ -50,11 +64,15 @@ def lineage_(
 
 
 def _branch(node: Node) -> render.Branch:
-    label = f"{node.kind or 'blob'} {node.id}"
+    label = " ".join([*describe(node)[:1], str(node.id)])
+    if len(describe(node)) > 1:
+        label += "  [" + ", ".join(describe(node)[1:]) + "]"
     if node.via is not None:
-        label += f"  via {node.via}"
+        label += f"  {'produced it as' if node.linked_from and node.via.startswith('$.outputs.') else 'via'} {node.via}"
     if node.seen:
         label += "  (seen)"
     if node.more:
         label += f"  (+{node.more} more)"
+    if node.hidden:
+        label += f"  ({node.hidden} hidden)"
     return render.Branch(label=label, children=tuple(_branch(c) for c in node.children))

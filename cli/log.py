@@ -1,4 +1,5 @@
-"""``nscas log``: records, newest first; receipts also show their recipe and status."""
+"""``nscas log``: records, newest first; receipts also show their run: recipe, status,
+pipeline and step, and headline claims."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from nscas.digests import Digest
 
 app = command_app()
 
+_CLAIMS_SHOWN = 4  # headline claims per receipt in the table (--json has them all, exact)
+
 
 @app.command()
 def log(
@@ -22,10 +25,13 @@ def log(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=LIMIT_MAX, help="At most this many.")] = 20,
     as_json: JsonFlag = False,
 ) -> None:
-    """List records, newest first: ID, kind, time, size (and recipe and status for receipts).
+    """List records, newest first: ID, kind, time, size; for receipts also the recipe, status,
+    pipeline and step, and headline claims (numbers, rounded here; exact with --json).
 
     Example: nscas log --kind receipt/1 --limit 5
     """
+    from nscas.comparing import headline_claims
+
     entries: list[dict[str, Any]] = []
     with open_cli_store(ctx, readonly=True) as store:
         for info in store.log(kind=kind, limit=limit):
@@ -36,14 +42,42 @@ def log(
                 receipt = store.get_record(info.id)
                 entry["status"] = receipt["status"]
                 entry["recipe"] = store.get_record(Digest.parse(receipt["action"]))["recipe"]
+                for key in ("pipeline", "step"):
+                    value = receipt.get(key)
+                    entry[key] = value if isinstance(value, str) else None
+                entry["claims"] = headline_claims(receipt["claims"])
             entries.append(entry)
     if as_json:
         render.json_out(entries)
         return
     if not entries:
-        render.text("no records" + (f" of kind {kind}" if kind else ""))
+        render.text("No records" + (f" of kind {kind}" if kind else "") + " are stored.")
         return
     columns = ["time", "kind", "size", "id"]
-    if any("recipe" in e for e in entries):
-        columns += ["recipe", "status"]
-    render.table(columns, [[str(e.get(c, "")) for c in columns] for e in entries])
+    receipts = any("recipe" in e for e in entries)
+    if receipts:
+        columns += ["step", "recipe", "status", "claims"]
+    rows = []
+    for e in entries:
+        row = [str(e[c]) for c in ("time", "kind", "size", "id")]
+        if receipts:
+            row += [_step(e), e.get("recipe", ""), e.get("status", ""), _claims(e)]
+        rows.append(row)
+    render.table(columns, rows)
+
+
+def _step(entry: dict[str, Any]) -> str:
+    step, pipeline = entry.get("step"), entry.get("pipeline")
+    if step is None:
+        return "-" if "recipe" in entry else ""
+    return f"{pipeline}/{step}" if pipeline else step
+
+
+def _claims(entry: dict[str, Any]) -> str:
+    if "claims" not in entry:
+        return ""
+    claims = entry["claims"]
+    shown = [f"{k}={render.human(v)}" for k, v in list(claims.items())[:_CLAIMS_SHOWN]]
+    if len(claims) > _CLAIMS_SHOWN:
+        shown.append(f"+{len(claims) - _CLAIMS_SHOWN} more")
+    return ", ".join(shown) or "-"

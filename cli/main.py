@@ -41,11 +41,12 @@ COMMANDS: dict[str, Lazy] = {
     "init": Lazy(module="init", summary="Create a store (.nscas) here or in PATH."),
     "add": Lazy(module="add", summary="Store files (blobs) and directories (tree/1 records)."),
     "cat": Lazy(module="cat", summary="Write an object's bytes to stdout, checked against its ID."),
-    "get": Lazy(module="get", summary="Write a blob to a file or a tree/1 to a new directory."),
+    "get": Lazy(module="get", summary="Write a blob to a file, a tree/1 or checkpoint to a new directory."),
     "show": Lazy(module="show", summary="Show an object: its metadata, record and links."),
     "log": Lazy(module="log", summary="List records, newest first."),
     "ref": Lazy(module="ref", summary="Set, list and trace refs (names for IDs)."),
     "lineage": Lazy(module="lineage", summary="What an object was made from, or what was made from it."),
+    "compare": Lazy(module="compare", summary="Compare runs: differing params and headline claims, one row per run."),
     "fsck": Lazy(module="fsck", summary="Check the store; exit 1 if anything is wrong."),
     "gc": Lazy(module="gc", summary="Remove objects no ref or receipt reaches."),
     "run": Lazy(module="run", summary="Run a recipe or pipeline file, reusing cached receipts."),
@@ -143,7 +144,7 @@ app = typer.Typer(
     help="nscas: a reproducibility-first, content-addressed artifact store.\n\n"
          "Example: nscas init && nscas add model/ --ref experiments/base",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (typer's, for bash, zsh, fish)
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -16,6 +16,7 @@ from typing import Any
 
 ERROR_PREFIX = "nscas: error: "
 _FULL_ID = re.compile(r"blake3:([0-9a-f]{12})[0-9a-f]{52}")
+_SHORT_ID = re.compile(r"(?<![0-9a-z])[0-9a-f]{12}(?![0-9a-z])")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,18 +72,57 @@ def fields(pairs: Sequence[tuple[str, str]]) -> None:
         text(f"{key + ':':<{width}} {value}")
 
 
+_STATUS_STYLE = {"succeeded": "green", "passed": "green", "identical": "green",
+                 "failed": "bold red", "different": "bold red", "skipped": "yellow",
+                 "within-tolerance": "yellow"}
+"""How a status word is coloured on a terminal, wherever a table shows one."""
+
+
+_SHORT_CELL = 24  # table columns no wider than this are never wrapped on a terminal
+
+
+def status_style(word: str) -> str | None:
+    return _STATUS_STYLE.get(word)
+
+
+def human(value: Any) -> str:
+    """A value for people: floats rounded to 4 significant digits (``--json`` keeps them
+    exact), integers and strings as they are, other JSON values compact."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return str(value)
+        if value == 0 or 1e-4 <= abs(value) < 1e6:
+            digits = max(0, 3 - int(f"{abs(value):e}".split("e")[1])) if value else 0
+            return f"{value:.{digits}f}"
+        return f"{value:.3e}"
+    if isinstance(value, int | str):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
 def table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None) -> None:
-    """A rich table on a terminal (IDs abbreviated); otherwise a header line and aligned columns."""
+    """A rich table on a terminal (IDs abbreviated); otherwise a header line and aligned columns.
+
+    On a terminal an ID is never wrapped or cut mid-ID: a column holding IDs keeps its width
+    and the others give way; a status word is coloured."""
     if is_tty():
         from rich.markup import escape
         from rich.table import Table
 
+        cells = [[_abbrev(cell) for cell in row] for row in rows]
         # Cells are data (paths, names): escaped so that "[red]" in a file name stays text.
         t = Table(title=escape(title) if title else None, title_justify="left")
-        for name in columns:
-            t.add_column(escape(name), overflow="fold", no_wrap=name == "time")
-        for row in rows:
-            t.add_row(*(escape(_abbrev(cell)) for cell in row))
+        for i, name in enumerate(columns):
+            ids = any(_SHORT_ID.search(row[i]) for row in cells if i < len(row))
+            width = max((len(row[i]) for row in cells if i < len(row)), default=0)
+            if ids or name == "time" or width <= _SHORT_CELL:  # kept whole; the rest wrap
+                t.add_column(escape(name), no_wrap=True, min_width=min(width, 80))
+            else:
+                t.add_column(escape(name), overflow="fold")
+        for row in cells:
+            t.add_row(*(_styled(cell, escape) for cell in row))
         _console().print(t)
         return
     if title:
@@ -91,6 +131,11 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, title: str |
     for row in (columns, *rows):
         cells = [f"{cell:<{w}}" for cell, w in zip(row[:-1], widths, strict=False)]
         text("  ".join([*cells, str(row[-1])]).rstrip())
+
+
+def _styled(cell: str, escape: Callable[[str], str]) -> str:
+    style = _STATUS_STYLE.get(cell)
+    return f"[{style}]{escape(cell)}[/]" if style else escape(cell)
 
 
 def record(value: Any) -> None:
@@ -111,7 +156,7 @@ def tree(root: Branch) -> None:
 
         def build(node: Branch, into: Any) -> None:
             for child in node.children:
-                build(child, into.add(escape(_abbrev(child.label))))
+                build(child, into.add(escape(_abbrev(child.label)), highlight=False))
 
         top = Tree(escape(_abbrev(root.label)))
         build(root, top)

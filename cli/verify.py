@@ -45,6 +45,9 @@ def verify_(
         "--store", show_default=False, file_okay=False,
         help="The store to read (default: --store of nscas, $NSCAS_STORE, or search upwards).")
     ] = None,
+    failures_only: Annotated[bool, typer.Option(
+        "--failures-only", help="List only the checks that failed (the summary still counts "
+                                "every check).")] = False,
 ) -> None:
     """Recheck a run independently: integrity, every claim, ordering rules.
 
@@ -52,7 +55,7 @@ def verify_(
     names, and checks that test-set scores came after the commitment. An output (such as a
     report ref) is verified through the receipt that produced it. The first line names the
     full receipt ID verified; the summary lists what was not rechecked and which facts are
-    self-reported. Exits 0 if all hold, 1 if a check failed, 2 on bad input, 3 if objects
+    self-reported; it comes first, after the target line. Exits 0 if all hold, 1 if a check failed, 2 on bad input, 3 if objects
     are missing or TARGET has no receipt.
 
     Example: nscas verify experiments/coop/report; offline: nscas verify bundle/ --strict
@@ -66,17 +69,22 @@ def verify_(
     except VerifierError as exc:
         render.error(exc.message)
         raise typer.Exit(error_exit_code(exc)) from None
+    checks = [c for c in report.checks if c.status == "failed"] if failures_only else list(report.checks)
     if as_json:
-        render.json_out(report.to_dict())
+        out = report.to_dict()
+        if failures_only:
+            out["checks"] = [c.to_dict() for c in checks]
+        render.json_out(out)
     else:
         render.text(_first_line(report))
         if render.is_tty():
-            _rich_table(report)
+            _rich_table(report, checks)
         else:
-            render.table(("check", "claimed", "recomputed", "status", "message"),
-                         [(c.name, _cell(c.claimed), _cell(c.recomputed), c.status, c.message)
-                          for c in report.checks])
             render.text(report.summary())
+            if checks:
+                render.table(("check", "claimed", "recomputed", "status", "message"),
+                             [(c.name, _cell(c.claimed), _cell(c.recomputed), c.status,
+                               c.message) for c in checks])
         for note in report.notes():
             render.text(note)
     code = exit_code(report)
@@ -99,7 +107,7 @@ def _cell(value: Any, *, abbreviate: bool = False) -> str:
     return text if len(text) <= _CELL else text[:_CELL - 3] + "..."
 
 
-def _rich_table(report: Any) -> None:
+def _rich_table(report: Any, checks: list[Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -107,15 +115,19 @@ def _rich_table(report: Any) -> None:
     def short(value: Any) -> str:
         return escape(_cell(value, abbreviate=True))
 
+    console = Console(file=sys.stdout, highlight=False)
+    style = "bold green" if report.ok else "bold red"
+    console.print(f"[{style}]{escape(report.summary())}[/]")
+    if not checks:
+        return
     table = Table(title="nscas verify", title_justify="left")
     table.add_column("check", no_wrap=True)
-    for column in ("claimed", "recomputed", "status", "message"):
-        table.add_column(column, overflow="fold")
-    for check in report.checks:
+    table.add_column("claimed", overflow="fold")
+    table.add_column("recomputed", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("message", overflow="fold")
+    for check in checks:
         style = _STATUS_STYLE[check.status]
         table.add_row(escape(check.name), short(check.claimed), short(check.recomputed),
                       f"[{style}]{check.status}[/]", escape(_FULL_ID.sub(r"\1", check.message)))
-    console = Console(file=sys.stdout, highlight=False)
     console.print(table)
-    style = "bold green" if report.ok else "bold red"
-    console.print(f"[{style}]{escape(report.summary())}[/]")

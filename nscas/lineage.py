@@ -1,17 +1,43 @@
-"""Lineage: what an object was made from (up) and what was made from it (down)."""
+"""Lineage: what an object was made from (up) and what was made from it (down).
+
+Up follows a record's links and, for an object a run produced, the receipt that produced it
+(``nscas.provenance``), then that receipt's action, its inputs and their producers in turn,
+so ``lineage --up`` from a checkpoint answers "what made this?", not only "what does it link".
+A receipt's own outputs are what it made, so going up does not follow them back down.
+
+The walk is breadth-first: the objects nearest the root are shown first, and a graph stops
+growing at ``max_nodes`` (the rest are counted, not drawn), so a picture stays legible.
+"""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from nscas.digests import Digest
+from nscas.errors import InvalidInput
+from nscas.provenance import producers
 
 if TYPE_CHECKING:
     from nscas.reading import StoreReader
 
 Direction = Literal["up", "down"]
 _MAX_FANOUT = 200  # children listed per node before the rest are summarised
+MAX_NODES = 200
+"""Objects drawn by default: beyond about this many a picture is no longer readable."""
+
+HIDE_CLASSES: Mapping[str, str] = {
+    "blobs": "objects that are not records (file contents, tensors)",
+    "code": "the recipes' code trees (an action's $.code) and what they hold",
+    "environment": "environment/1 records",
+    "journals": "journal/1 records",
+    "params": "params/1 records (the tensor lists of checkpoints)",
+    "files": "the model directories of checkpoints (a checkpoint's $.files)",
+    "trees": "every tree/1 record",
+}
+"""What ``--hide`` accepts: a class of object, left out together with what only it reaches."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,62 +45,264 @@ class Node:
     id: Digest
     kind: str | None
     via: str | None  # the JSON path of the link that led here
+    linked_from: bool = False
+    """True when this object links to the node above it (going down, and up from an output
+    to the receipt that produced it); False when the node above links to this one."""
     children: tuple[Node, ...] = field(default=())
     seen: bool = False  # already shown elsewhere in this graph: not expanded again
-    more: int = 0  # links not expanded because of the depth limit or fan-out cap
+    more: int = 0  # links not expanded because of the depth limit, node limit or fan-out cap
+    hidden: int = 0  # links left out by ``hide``
+    recipe: str | None = None  # receipts and actions: "<name>@<version>"
+    pipeline: str | None = None  # receipts that record it
+    step: str | None = None  # receipts that record it
+    status: str | None = None  # receipts
+    refs: tuple[str, ...] = ()  # ref names that point at this object
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": str(self.id), "kind": self.kind}
+        for key in ("recipe", "pipeline", "step", "status"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.refs:
+            out["refs"] = list(self.refs)
         if self.via is not None:
             out["via"] = self.via
+        if self.linked_from:
+            out["linked_from"] = True
         if self.seen:
             out["seen"] = True
         if self.more:
             out["more"] = self.more
+        if self.hidden:
+            out["hidden"] = self.hidden
         if self.children:
             out["children"] = [c.to_json() for c in self.children]
         return out
 
 
-def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up", depth: int | None = None) -> Node:
-    """A tree of links from ``oid``: up follows a record's links, down finds records linking to it."""
-    seen: set[Digest] = set()
+def parse_hide(text: str) -> frozenset[str]:
+    """``blobs,code`` -> the classes; an unknown one is bad input naming the known ones."""
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - HIDE_CLASSES.keys())
+    if unknown:
+        raise InvalidInput(f"cannot hide {', '.join(map(repr, unknown))}: the classes are "
+                           f"{', '.join(HIDE_CLASSES)}")
+    return names
 
-    def walk(node_id: Digest, via: str | None, level: int) -> Node:
-        kind = store.info(node_id).kind
-        if node_id in seen:
-            return Node(id=node_id, kind=kind, via=via, seen=True)
-        seen.add(node_id)
-        if direction == "up":
-            edges = [(lk.path, lk.child) for lk in store.links_from(node_id)] if kind else []
-        else:
-            edges = [(lk.path, lk.parent) for lk in store.links_to(node_id, limit=_MAX_FANOUT + 1)]
+
+def _producer(store: StoreReader, oid: Digest) -> tuple[Digest, str] | None:
+    """The receipt that produced ``oid`` (nscas.provenance) and the path of its link to it."""
+    receipt = producers(store, oid).first
+    if receipt is None:
+        return None
+    outputs = store.get_record(receipt)["outputs"]
+    name = min(k for k, v in outputs.items() if v == str(oid))
+    return receipt, f"$.outputs.{name}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Edge:
+    via: str
+    target: Digest
+    linked_from: bool
+
+
+@dataclass(slots=True)
+class _Facts:
+    kind: str | None
+    record: dict[str, Any] | None
+
+
+def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
+            depth: int | None = None, hide: Collection[str] = (),
+            max_nodes: int | None = MAX_NODES) -> Node:
+    """A tree of links from ``oid``, breadth first: up follows a record's links and the
+    receipt that produced an object; down finds the records that link to it.
+
+    ``hide``: classes of ``HIDE_CLASSES`` to leave out (counted in ``hidden``); ``depth``:
+    links from the root; ``max_nodes``: objects shown at most (None: no limit)."""
+    facts: dict[Digest, _Facts] = {}
+
+    def fact(node_id: Digest) -> _Facts:
+        if node_id not in facts:
+            kind = store.info(node_id).kind
+            wanted = kind in {"receipt/1", "action/1"}
+            facts[node_id] = _Facts(kind=kind,
+                                    record=store.get_record(node_id) if wanted else None)
+        return facts[node_id]
+
+    def edges(node_id: Digest) -> list[_Edge]:
+        kind = fact(node_id).kind
+        if direction == "down":
+            return [_Edge(via=lk.path, target=lk.parent, linked_from=True)
+                    for lk in store.links_to(node_id, limit=_MAX_FANOUT + 1)]
+        out: list[_Edge] = []
+        if kind != "receipt/1":
+            producer = _producer(store, node_id)
+            if producer is not None:
+                out.append(_Edge(via=producer[1], target=producer[0], linked_from=True))
+        if kind is not None:
+            out += [_Edge(via=lk.path, target=lk.child, linked_from=False)
+                    for lk in store.links_from(node_id)
+                    if not (kind == "receipt/1" and lk.path.startswith("$.outputs."))]
+        return out
+
+    def prefetch(found: list[_Edge]) -> None:
+        unknown = [e.target for e in found if e.target not in facts]
+        for target, kind in store.kinds_of(unknown).items():
+            if kind not in {"receipt/1", "action/1"}:
+                facts[target] = _Facts(kind=kind, record=None)
+
+    def hidden(edge: _Edge) -> bool:
+        if not hide:
+            return False
+        if "code" in hide and edge.via == "$.code" and not edge.linked_from:
+            return True
+        if "files" in hide and edge.via == "$.files" and not edge.linked_from:
+            return True
+        kind = fact(edge.target).kind
+        return (("blobs" in hide and kind is None)
+                or ("environment" in hide and kind == "environment/1")
+                or ("journals" in hide and kind == "journal/1")
+                or ("params" in hide and kind == "params/1")
+                or ("trees" in hide and kind == "tree/1"))
+
+    # Breadth first: which links each object shows, and who shows an object first.
+    shown: dict[Digest, list[_Edge]] = {}
+    counts: dict[Digest, tuple[int, int]] = {}  # (more, hidden)
+    owner: dict[Digest, Digest | None] = {oid: None}
+    fact(oid)
+    queue: deque[tuple[Digest, int]] = deque([(oid, 0)])
+    while queue:
+        node_id, level = queue.popleft()
+        all_edges = edges(node_id)
+        prefetch(all_edges)
+        visible = [e for e in all_edges if not hidden(e)]
+        n_hidden = len(all_edges) - len(visible)
         if depth is not None and level >= depth:
-            return Node(id=node_id, kind=kind, via=via, more=len(edges))
-        shown = edges[:_MAX_FANOUT]
-        children = tuple(walk(target, path, level + 1) for path, target in shown)
-        return Node(id=node_id, kind=kind, via=via, children=children, more=len(edges) - len(shown))
+            shown[node_id], counts[node_id] = [], (len(visible), n_hidden)
+            continue
+        keep: list[_Edge] = []
+        for edge in visible[:_MAX_FANOUT]:
+            if edge.target not in owner:
+                if max_nodes is not None and len(owner) >= max_nodes:
+                    continue
+                owner[edge.target] = node_id
+                queue.append((edge.target, level + 1))
+            keep.append(edge)
+        shown[node_id], counts[node_id] = keep, (len(visible) - len(keep), n_hidden)
 
-    return walk(oid, None, 0)
+    refs: dict[Digest, list[str]] = {}
+    for name, target in store.ref_list():
+        if target in owner:
+            refs.setdefault(target, []).append(name)
+
+    def build(node_id: Digest, via: str | None, linked_from: bool, parent: Digest | None) -> Node:
+        f = fact(node_id)
+        label = _labels(f, store)
+        base: dict[str, Any] = {"id": node_id, "kind": f.kind, "via": via,
+                                "linked_from": linked_from,
+                                "refs": tuple(sorted(refs.get(node_id, ()))), **label}
+        if owner.get(node_id, "") != parent or node_id not in shown:
+            # shown under another object (or not expanded at all: beyond the node limit)
+            return Node(**base, seen=node_id in shown)
+        more, n_hidden = counts[node_id]
+        children = tuple(build(e.target, e.via, e.linked_from, node_id)
+                         for e in shown[node_id])
+        return Node(**base, children=children, more=more, hidden=n_hidden)
+
+    return build(oid, None, False, None)
+
+
+def _labels(f: _Facts, store: StoreReader) -> dict[str, Any]:
+    rec = f.record
+    if rec is None:
+        return {}
+    if f.kind == "action/1":
+        return {"recipe": rec.get("recipe")}
+    action = rec.get("action")
+    recipe = None
+    if isinstance(action, str):
+        recipe = store.get_record(Digest.parse(action)).get("recipe")
+    return {"recipe": recipe, "status": rec.get("status"),
+            "pipeline": rec.get("pipeline") if isinstance(rec.get("pipeline"), str) else None,
+            "step": rec.get("step") if isinstance(rec.get("step"), str) else None}
+
+
+def describe(node: Node) -> list[str]:
+    """The lines that name a node for people: kind (and status), recipe, step, refs."""
+    head = node.kind or "blob"
+    if node.status is not None:
+        head += f" ({node.status})"
+    lines = [head]
+    if node.recipe is not None:
+        lines.append(node.recipe)
+    if node.step is not None:
+        lines.append(f"step {node.pipeline}/{node.step}" if node.pipeline else f"step {node.step}")
+    lines += [f"ref {r}" for r in node.refs]
+    return lines
+
+
+_STYLE = {
+    "receipt/1": 'shape=box, style="rounded,filled,bold", fillcolor="#d9f2d9"',
+    "action/1": 'shape=box, style="rounded,filled", fillcolor="#dde8f7"',
+    "checkpoint/1": 'shape=box3d, style=filled, fillcolor="#fff2cc"',
+    "tasks/1": 'shape=note, style=filled, fillcolor="#f3e5f5"',
+    "commitment/1": 'shape=octagon, style=filled, fillcolor="#ffe0cc"',
+    None: 'shape=box, fontsize=9, color="#999999", fontcolor="#555555"',
+}
+_BLOBS_DRAWN = 3  # more leaf blobs than this under one object are drawn as one node
+_FAILED = 'shape=box, style="rounded,filled,bold", fillcolor="#f8d0d0"'
 
 
 def to_dot(root: Node, *, direction: Direction = "up") -> str:
-    """Graphviz dot: one node per object, one edge per link, labelled with its JSON path."""
-    lines = ["digraph lineage {", "  rankdir=LR;", '  node [shape=box, fontname="monospace"];']
-    nodes: dict[Digest, str] = {}
+    """Graphviz dot: one node per object, labelled with kind, recipe, step and refs; one edge
+    per link, drawn from the record that holds it to what it names, labelled with its path
+    (``direction`` is kept for callers; edges follow the links either way)."""
+    del direction
+    lines = ["digraph lineage {", "  rankdir=LR;", "  ranksep=0.4; nodesep=0.15;",
+             '  node [shape=box, fontname="Helvetica", fontsize=11, margin="0.12,0.05"];',
+             '  edge [fontname="Helvetica", fontsize=9, color="#666666", fontcolor="#444444"];']
+    nodes: dict[str, str] = {}
     edges: list[str] = []
 
+    def node_line(n: Node) -> None:
+        key = str(n.id)
+        if key in nodes and not n.children:
+            return
+        extra = [f"+{n.more} more"] if n.more else []
+        extra += [f"{n.hidden} hidden"] if n.hidden else []
+        lines = [*describe(n), n.id.short] + ([f"({', '.join(extra)})"] if extra else [])
+        label = "\\n".join(_escape(x) for x in lines)
+        style = _FAILED if n.status == "failed" else _STYLE.get(n.kind, "shape=box")
+        if n is root:
+            style += ", penwidth=3"
+        nodes[key] = f'  "{key}" [label="{label}", {style}];'
+
     def visit(n: Node) -> None:
-        if n.id not in nodes:
-            label = f"{n.kind or 'blob'}\\n{n.id.short}"
-            nodes[n.id] = f'  "{n.id}" [label="{label}"];'
+        node_line(n)
+        leaves = [c for c in n.children if c.kind is None and not c.children and not c.refs]
+        if len(leaves) > _BLOBS_DRAWN:  # one node for many blobs: tensors, a tree's files
+            stub = f"{n.id}/blobs"
+            nodes[stub] = (f'  "{stub}" [label="{len(leaves)} blobs", {_STYLE[None]}, '
+                           'style=dashed];')
+            edges.append(f'  "{n.id}" -> "{stub}" [label="{len(leaves)} links"];')
+        else:
+            leaves = []
         for c in n.children:
-            a, b = (n.id, c.id) if direction == "up" else (c.id, n.id)
-            edges.append(f'  "{a}" -> "{b}" [label="{_escape(c.via or "")}"];')
+            if any(c is leaf for leaf in leaves):
+                continue
+            node_line(c)
+            a, b = (c.id, n.id) if c.linked_from else (n.id, c.id)
+            edges.append(f'  "{a}" -> "{b}" [label="{_escape(_short_path(c.via or ""))}"];')
             visit(c)
 
     visit(root)
     return "\n".join([*lines, *nodes.values(), *dict.fromkeys(edges), "}"]) + "\n"
+
+
+def _short_path(path: str) -> str:
+    return path[2:] if path.startswith("$.") else path
 
 
 def _escape(text: str) -> str:

@@ -11,6 +11,7 @@ import importlib.metadata
 
 from nscas.errors import RecipeError
 from nscas.recipe import Recipe
+from nscas.suggestions import did_you_mean
 
 ENTRY_POINT_GROUP = "nscas.recipes"
 
@@ -18,6 +19,13 @@ ENTRY_POINT_GROUP = "nscas.recipes"
 def available_recipes() -> list[str]:
     """Names of every installed recipe, sorted."""
     return sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def unknown_recipe(name: str) -> str:
+    """What to say of a recipe name nothing registers: the closest known name, if one is
+    close (``unknown recipe 'trian'; did you mean 'train'?``), and every known name."""
+    known = available_recipes()
+    return f"unknown recipe {name!r}{did_you_mean(name, known)} (known: {', '.join(known)})"
 
 
 def registered_recipe(name: str) -> Recipe | None:

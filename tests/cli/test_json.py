@@ -42,8 +42,9 @@ def test_json_shapes(nscas: Nscas, store: Path, checkpoint: Path, tmp_path: Path
     assert entries[0]["time"].endswith("Z") and entries[0]["size"] == tree["size"]
 
     assert nscas("lineage", blob["id"], "--down", "--json").json() == {
-        "id": blob["id"], "kind": None,
-        "children": [{"id": tree["id"], "kind": "tree/1", "via": '$.entries["config.json"].id'}]}
+        "id": blob["id"], "kind": None, "refs": ["experiments/j"],
+        "children": [{"id": tree["id"], "kind": "tree/1", "via": '$.entries["config.json"].id',
+                      "linked_from": True}]}
 
     report = nscas("fsck", "--deep", "--sample", "1", "--json").json()
     assert set(report) == {"ok", "mode", "objects", "deep_checked", "deep_bytes", "complete",

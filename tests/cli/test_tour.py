@@ -63,24 +63,26 @@ def test_tour(nscas: Nscas, store: Path, checkpoint: Path, tmp_path: Path) -> No
 
     # lineage, three formats.
     r = nscas("lineage", "experiments/tour/base", "--format", "json")
-    assert r.json() == {"id": tree_id, "kind": "tree/1", "children": [
+    assert r.json() == {"id": tree_id, "kind": "tree/1", "refs": ["experiments/tour/base"],
+                        "children": [
         {"id": config["id"], "kind": None, "via": '$.entries["config.json"].id'},
         {"id": weights["id"], "kind": None, "via": '$.entries["model.safetensors"].id'},
     ]}
     assert nscas("lineage", "experiments/tour/base", "--json").json() == r.json()
     r = nscas("lineage", "experiments/tour/base")
     assert r.stdout.splitlines() == [
-        f"tree/1 {tree_id}",
+        f"tree/1 {tree_id}  [ref experiments/tour/base]",
         f'|-- blob {config["id"]}  via $.entries["config.json"].id',
         f'`-- blob {weights["id"]}  via $.entries["model.safetensors"].id',
     ]
     r = nscas("lineage", "experiments/tour/base", "--format", "dot")
     assert r.stdout.startswith("digraph lineage {\n") and r.stdout.endswith("}\n")
-    assert f'"{tree_id}" -> "{weights["id"]}" [label="$.entries[\\"model.safetensors\\"].id"];' in r.stdout
+    assert f'"{tree_id}" -> "{weights["id"]}" [label="entries[\\"model.safetensors\\"].id"];' in r.stdout
     assert r.stdout.count(" -> ") == 2
     r = nscas("lineage", weights["id"], "--down", "--json")
     assert r.json() == {"id": weights["id"], "kind": None, "children": [
-        {"id": tree_id, "kind": "tree/1", "via": '$.entries["model.safetensors"].id'}]}
+        {"id": tree_id, "kind": "tree/1", "via": '$.entries["model.safetensors"].id',
+         "linked_from": True, "refs": ["experiments/tour/base"]}]}
 
     # fsck: a healthy store.
     r = nscas("fsck", "--deep")
@@ -139,16 +141,18 @@ def test_log_lists_records_newest_first_with_receipt_status(nscas: Nscas, store:
         (str(receipt), "receipt/1"), (str(env), "environment/1"), (str(action), "action/1"),
         (str(code), "tree/1")]
     first = r.json()[0]
-    assert set(first) == {"id", "kind", "time", "size", "recipe", "status"}
+    assert set(first) == {"id", "kind", "time", "size", "recipe", "status", "pipeline", "step",
+                          "claims"}
     assert (first["recipe"], first["status"]) == ("train@1", "failed")
+    assert (first["pipeline"], first["step"], first["claims"]) == (None, None, {})
     assert set(r.json()[1]) == {"id", "kind", "time", "size"}
     assert [e["id"] for e in nscas("log", "--kind", "action/1", "--json").json()] == [str(action)]
     assert len(nscas("log", "-n", "2", "--json").json()) == 2
     lines = nscas("log").stdout.splitlines()
-    assert lines[0].split() == ["time", "kind", "size", "id", "recipe", "status"]
-    assert lines[1].split()[1:] == ["receipt/1", str(receipt_size), str(receipt),
-                                    "train@1", "failed"]
-    assert nscas("log", "--kind", "params/1").stdout == "no records of kind params/1\n"
+    assert lines[0].split() == ["time", "kind", "size", "id", "step", "recipe", "status", "claims"]
+    assert lines[1].split()[1:] == ["receipt/1", str(receipt_size), str(receipt), "-",
+                                    "train@1", "failed", "-"]
+    assert nscas("log", "--kind", "params/1").stdout == "No records of kind params/1 are stored.\n"
 
 
 def test_lineage_depth_and_seen(nscas: Nscas, store: Path, checkpoint: Path) -> None:

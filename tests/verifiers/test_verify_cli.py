@@ -28,9 +28,9 @@ def test_a_verified_receipt_exits_0_with_a_table(pipeline: Pipeline) -> None:
     lines = out.splitlines()
     # The full ID of what was verified comes first, never cut short.
     assert lines[0] == f"target {pipeline.receipt('eval-again')}"
-    assert lines[1].split() == ["check", "claimed", "recomputed", "status", "message"]
-    summary = next(line for line in lines if line.startswith(("ok: ", "FAILED: ")))
-    assert summary.startswith("ok: ") and " 0 failed" in summary
+    # Then the summary, before the table.
+    assert lines[1].startswith("ok: ") and " 0 failed" in lines[1]
+    assert lines[2].split() == ["check", "claimed", "recomputed", "status", "message"]
     # Then what was not rechecked, by name, and the self-reported facts.
     assert lines[-2].startswith("not rechecked (needs a model run): ")
     assert ".retention.losses" in lines[-2]

@@ -1,0 +1,111 @@
+"""What people read: rounded numbers, IDs whole on a terminal, coloured status words,
+``verify --failures-only`` with its summary first, typo suggestions, shell completion."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from nscas.cli import render
+from nscas.registry import unknown_recipe
+from nscas.suggestions import closest
+from tests.cli.conftest import REPO, Nscas, assert_user_error, run_process
+from tests.cli.example_recipe import wordcount
+
+__all__ = ["wordcount"]
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (0.11681031149964838, "0.1168"), (15.086992987986378, "15.09"), (7834.762042649842, "7835"),
+    (-2.669683040739742, "-2.670"), (1e-7, "1.000e-07"), (123456789.5, "1.235e+08"),
+    (470220800, "470220800"), (True, "true"), (None, "null"), ("1/1", "1/1"),
+    ({"b": 1, "a": 0.5}, '{"a":0.5,"b":1}')])
+def test_numbers_are_rounded_for_people(value: object, shown: str) -> None:
+    assert render.human(value) == shown
+
+
+def test_status_words_are_coloured() -> None:
+    assert render.status_style("passed") == render.status_style("succeeded") == "green"
+    assert render.status_style("failed") == "bold red"
+    assert render.status_style("train@1") is None
+
+
+@pytest.fixture
+def counted(nscas: Nscas, tmp_path: Path, wordcount: str) -> str:
+    """A store with one wordcount run; its receipt ID."""
+    (tmp_path / "t.txt").write_text("a b a\n")
+    nscas("add", str(tmp_path / "t.txt"), "--ref", "texts/t")
+    (tmp_path / "r.toml").write_text('recipe = "wordcount"\nname = "count"\n'
+                                     'inputs = { text = "texts/t" }\n'
+                                     'outputs = { counts = "words/t" }\n')
+    r = nscas("run", str(tmp_path / "r.toml"), "--json")
+    assert r.exit_code == 0, r.stderr
+    return str(r.json()["receipt"])
+
+
+def test_ids_are_never_wrapped_on_a_narrow_terminal(nscas: Nscas, counted: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render, "is_tty", lambda: True)
+    monkeypatch.setenv("COLUMNS", "60")
+    short = counted[7:19]
+    for args in (["log"], ["compare", counted, "words/t"]):
+        out = nscas(*args).stdout
+        assert short in out, (args, out)  # whole, on one line
+        cells = [c.strip() for line in out.splitlines() for c in line.split("│")]
+        # no cell holds a piece of the ID cut off from the rest
+        assert not any(len(c) >= 3 and c != short and (short.startswith(c) or short.endswith(c))
+                       for c in cells), (args, out)
+
+
+def test_verify_failures_only_with_the_summary_first(nscas: Nscas, counted: str) -> None:
+    full = nscas("verify", "words/t")
+    lines = full.stdout.splitlines()
+    assert full.exit_code == 1  # no verifier knows the example recipe: not evidence
+    assert lines[0].startswith(f"target {counted} (the receipt that produced blake3:")
+    assert lines[1].startswith("FAILED: ") and " passed, " in lines[1]
+    only = nscas("verify", "words/t", "--failures-only")
+    rows = only.stdout.splitlines()
+    assert only.exit_code == 1 and rows[:2] == lines[:2]
+    table = [r for r in rows[3:] if not r.startswith(("not rechecked", "self-reported"))]
+    assert table and all(" failed " in r for r in table), rows
+    assert len(table) < len([r for r in lines if " passed " in r]) + len(table)
+    js = nscas("verify", "words/t", "--failures-only", "--json").json()
+    assert js["checks"] and {c["status"] for c in js["checks"]} == {"failed"}
+    assert js["summary"] == lines[1]
+
+
+def test_typos_get_suggestions(nscas: Nscas, counted: str) -> None:
+    assert_user_error(nscas("show", "words/tt"), "not found: ref 'words/tt'",
+                      "did you mean 'words/t'?")
+    assert_user_error(nscas("lineage", "texts/zzz"), "not found: ref 'texts/zzz'")
+    assert "did you mean" not in nscas("show", "texts/zzz").stderr
+    assert unknown_recipe("trian").startswith("unknown recipe 'trian'; did you mean 'train'? "
+                                              "(known: ")
+    assert "did you mean" not in unknown_recipe("zzzzzz")
+    assert closest("experiments/coop/zzz", ["experiments/coop/seed"]) is None
+
+
+def test_shell_completion_installs(tmp_path: Path) -> None:
+    r = run_process("--help", cwd=tmp_path)
+    assert "--install-completion" in r.stdout and "--show-completion" in r.stdout
+    r = run_process("--show-completion", "bash", cwd=tmp_path)
+    assert r.exit_code == 0 and "_NSCAS_COMPLETE=complete_bash" in r.stdout
+    r = run_process(cwd=tmp_path, env={"_NSCAS_COMPLETE": "complete_bash",
+                                       "COMP_WORDS": "nscas comp", "COMP_CWORD": "1"})
+    assert r.stdout.split() == ["compare"]
+    home = tmp_path / "home"
+    home.mkdir()
+    r = run_process("--install-completion", "bash", cwd=tmp_path, env={"HOME": str(home)})
+    assert r.exit_code == 0, r.stderr
+    assert "_NSCAS_COMPLETE" in (home / ".bash_completions" / "nscas.sh").read_text()
+
+
+def test_verify_help_shows_a_ref_the_demo_sets(nscas: Nscas) -> None:
+    ref = re.search(r"Example: nscas verify (\S+)", nscas("verify", "--help").stdout)
+    assert ref is not None
+    demo = tomllib.loads((REPO / "examples" / "cooperative-learning" / "experiment.toml").read_text())
+    outputs = {v for step in demo["step"] for v in step.get("outputs", {}).values()}
+    assert ref.group(1).rstrip(";") in outputs
