@@ -34,13 +34,17 @@ def serve_model(
     tasks: Annotated[str | None, typer.Option(
         show_default=False, help="A tasks/1 set (ID or ref) whose task ids /infer answers.")]
         = None,
+    name: Annotated[str | None, typer.Option(
+        show_default=False,
+        help="The model's name in OpenAI answers ('model') and GET /v1/models (default: ID "
+             "as given).")] = None,
     max_batch: Annotated[int, typer.Option(
         help="Most requests generated as one batch (1: no dynamic batching).")] = 8,
     max_wait_ms: Annotated[float, typer.Option(
         help="How long an open batch waits for its next request, in milliseconds.")] = 5.0,
     threads: Annotated[int, typer.Option(help="torch threads of this replica.")] = 1,
     max_new_tokens: Annotated[int, typer.Option(
-        help="New tokens per /infer answer; the default max_tokens of chat completions.")] = 96,
+        help="New tokens per /infer answer; the default max_tokens of completions.")] = 96,
     cache_size: Annotated[int, typer.Option(
         help="Answers the retry cache keeps, keyed by request id.")] = 1024,
     device: Annotated[str, typer.Option(
@@ -70,16 +74,24 @@ def serve_model(
 
     Prints one line once ready: 'listening http://HOST:PORT' (with --json, an object with
     'url' and 'model_digest'). Routes: GET /health, GET /stats, POST /infer with exactly
-    {"request_id", "task_id"}, POST /v1/chat/completions (OpenAI-compatible, greedy; the
-    Idempotency-Key header is the request id). SIGTERM: accepted requests finish, new ones
-    get 503, then exit 0.
+    {"request_id", "task_id"} (greedy, what the serve recipe measures), and OpenAI-compatible
+    GET /v1/models, POST /v1/chat/completions and POST /v1/completions (a prompt string, no
+    chat template). These decode greedily unless temperature > 0 (up to 2; top_p in (0, 1];
+    a 64-bit integer seed gives the same text again), honour max_tokens and stop (up to 4
+    strings; the text ends before the first), and stream each token as it is generated
+    (stream: true; stream_options.include_usage). Answers name the model by --name, carry
+    the checkpoint ID in system_fingerprint, and the parameter digest and output token ids in
+    'nscas'. Refusals are OpenAI error objects {"error": {"message", "type", "param",
+    "code"}}. The Idempotency-Key header is the request id of a completion: a retry gets the
+    first answer. SIGTERM: accepted requests finish, new ones get 503, then exit 0.
 
     Example: nscas serve-model experiments/coop/clean-pair --tasks experiments/coop/dev
+    --name coop (then: OpenAI(base_url="http://127.0.0.1:PORT/v1", api_key="-"))
     """
     from nscas.recipes.serve.replica_main import ReplicaSettings, ready_line, run_replica
 
     settings = ReplicaSettings(
-        checkpoint=id_, tasks=tasks, host=host, port=port, max_batch=max_batch,
+        checkpoint=id_, tasks=tasks, name=name, host=host, port=port, max_batch=max_batch,
         max_wait_ms=max_wait_ms, threads=threads, max_new_tokens=max_new_tokens,
         cache_size=cache_size, device=device, precision=precision, cuda_graphs=cuda_graphs,
         cpus=cpus, header_timeout=header_timeout, body_timeout=body_timeout,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -54,6 +54,14 @@ class Generation:
     """The row produced ``max_new_tokens`` tokens without an end-of-turn token."""
 
 
+Chooser = Callable[[torch.Tensor, Sequence[int]], torch.Tensor]
+"""(FP32 logits of the live rows [live, vocab], the prompt index of each) -> their next tokens.
+A server's sampling; without one, the next token is the argmax."""
+TokenSink = Callable[[int, int], bool]
+"""(prompt index, the token just chosen for it) -> False to end that row now. Called as each
+token is chosen, so that a server can stream it and stop at a stop string."""
+
+
 def stop_ids(tokenizer: Any) -> set[int]:
     """The ids greedy generation stops at (docs/format.md §6.9): the chat template's
     end-of-turn token (``tokenise.end_of_turn``, which refuses a template without one) and the
@@ -77,6 +85,8 @@ def generate_greedy(
     device: torch.device | str,
     precision: Literal["bf16", "fp32"] = "bf16",
     static: StaticDecoder | None = None,
+    choose: Chooser | None = None,
+    on_token: TokenSink | None = None,
 ) -> list[Generation]:
     """Greedy continuations of ``prompts`` (token ids), in the order given.
 
@@ -87,7 +97,9 @@ def generate_greedy(
     ``max_new_tokens`` tokens. ``precision`` "bf16": BF16 autocast on CUDA; "fp32": FP32 matrix
     products without TF32. On CPU both are FP32. Nothing is truncated. ``static``, a
     ``StaticDecoder`` of this very model, decodes each batch with fixed-shape steps instead
-    (replayed as CUDA graphs on CUDA; the same tokens up to float noise).
+    (replayed as CUDA graphs on CUDA; the same tokens up to float noise). ``choose`` and
+    ``on_token`` (a server's hooks, see their types) leave decoding as it is when absent;
+    ``choose`` needs eager decoding (no ``static``).
     """
     where = torch.device(device)
     _check(model, prompts, max_new_tokens, batch_size, eos_ids, where)
@@ -95,6 +107,8 @@ def generate_greedy(
         raise InvalidInput(f"precision must be 'bf16' or 'fp32', not {precision!r}")
     if static is not None and static.model is not model:
         raise InvalidInput("the static decoder was made for another model")
+    if static is not None and choose is not None:
+        raise InvalidInput("a static decoder chooses argmax tokens only; decode eagerly to sample")
     eos = frozenset(eos_ids)
     # Any valid id will do for padding: padded positions are masked out of every attention.
     pad_id = min(eos)
@@ -104,10 +118,17 @@ def generate_greedy(
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             batch = [tuple(int(t) for t in prompts[i]) for i in rows]
+            # The hooks name prompts by their index in ``prompts``, not by their batch row.
+            local_choose = None if choose is None else (
+                lambda logits, live, rows=rows: choose(logits, [rows[r] for r in live]))
+            local_sink = None if on_token is None else (
+                lambda row, token, rows=rows: on_token(rows[row], token))
             if static is None:
-                outputs = _decode_batch(model, batch, max_new_tokens, eos, pad_id, where)
+                outputs = _decode_batch(model, batch, max_new_tokens, eos, pad_id, where,
+                                        choose=local_choose, on_token=local_sink)
             else:
-                outputs = static.decode_batch(batch, max_new_tokens, eos, pad_id, where)
+                outputs = static.decode_batch(batch, max_new_tokens, eos, pad_id, where,
+                                              on_token=local_sink)
             for i, prompt, (ids, seconds) in zip(rows, batch, outputs, strict=True):
                 results[i] = _generation(tokenizer, prompt, ids, seconds, eos, max_new_tokens)
     return [results[i] for i in range(len(prompts))]
@@ -120,8 +141,12 @@ def _decode_batch(
     eos: frozenset[int],
     pad_id: int,
     device: torch.device,
+    *,
+    choose: Chooser | None = None,
+    on_token: TokenSink | None = None,
 ) -> list[tuple[list[int], float]]:
-    """Greedy-decode one batch with the KV cache; per row, its ids and seconds to finish."""
+    """Greedy-decode one batch with the KV cache; per row, its ids and seconds to finish.
+    The hooks take batch rows here (``generate_greedy`` maps them to prompt indices)."""
     started = time.perf_counter()
     n = len(prompts)
     width = max(len(p) for p in prompts)
@@ -152,12 +177,14 @@ def _decode_batch(
             use_cache=True,
             **{cache_keyword: cache},
         ).last_hidden_state[:, -1]
-        chosen = fp32_logits(head, hidden).argmax(dim=-1)
+        logits = fp32_logits(head, hidden)
+        chosen = logits.argmax(dim=-1) if choose is None else choose(logits, live)
         now = time.perf_counter()
         keep = []
         for index, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):
             generated[row].append(token)
-            if token in eos or step == max_new_tokens - 1:
+            ended = on_token is not None and not on_token(row, token)
+            if token in eos or step == max_new_tokens - 1 or ended:
                 seconds[row] = now - started
             else:
                 keep.append(index)

@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .generate import fp32_logits, reserve
+from .generate import TokenSink, fp32_logits, reserve
 
 ROOM_STEP = 64
 """Reserved cache lengths are rounded up to a multiple of this, so that prompts of nearby
@@ -124,9 +124,12 @@ class StaticDecoder:
         eos: frozenset[int],
         pad_id: int,
         device: torch.device,
+        *,
+        on_token: TokenSink | None = None,
     ) -> list[tuple[list[int], float]]:
         """Greedy-decode one batch; per row, its ids and seconds to finish (as
-        ``generate._decode_batch``, whose checks the caller has already made)."""
+        ``generate._decode_batch``, whose checks the caller has already made, and whose
+        ``on_token`` hook it calls the same way)."""
         started = time.perf_counter()
         n = len(prompts)
         width = max(len(p) for p in prompts)
@@ -163,7 +166,8 @@ class StaticDecoder:
             now = time.perf_counter()
             for row in sorted(live):
                 generated[row].append(chosen[row])
-                if chosen[row] in eos or step == max_new_tokens - 1:
+                ended = on_token is not None and not on_token(row, chosen[row])
+                if chosen[row] in eos or step == max_new_tokens - 1 or ended:
                     seconds[row] = now - started
                     live.discard(row)
             if not live:

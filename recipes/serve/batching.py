@@ -5,7 +5,9 @@ request, then keeps collecting until ``max_batch`` are in hand or no request has
 ``max_wait`` seconds, and runs that batch in its one worker thread while the loop keeps
 accepting requests.
 Greedy batched generation gives each row the tokens it would get alone, so batching changes
-throughput, never answers.
+throughput, never answers. A request may bring a control (``decoding.RowControl``) that steers
+its row token by token: the generation thread calls it as the row's tokens are chosen, so a
+stream hears of each one while the batch is still decoding.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 
 from nscas.errors import InvalidInput
 
-Generate = Callable[[Sequence[Sequence[int]], int], list[Any]]
-"""(prompts, max_new_tokens) -> one generation per prompt, in order; blocking."""
+Generate = Callable[[Sequence[Sequence[int]], int, Sequence[Any]], list[Any]]
+"""(prompts, max_new_tokens, the control of each prompt or None) -> one generation per prompt,
+in order; blocking."""
 
 
 class RequestConflict(InvalidInput):
@@ -63,6 +66,7 @@ class BatchStats:
 class _Pending:
     prompt: tuple[int, ...]
     max_new_tokens: int
+    control: Any
     future: asyncio.Future[Any]
 
 
@@ -92,11 +96,13 @@ class Batcher:
                 await self._task
         self._executor.shutdown(wait=True)
 
-    async def submit(self, prompt: Sequence[int], max_new_tokens: int) -> Any:
-        """The generation of ``prompt``, produced in whatever batch it lands in."""
+    async def submit(self, prompt: Sequence[int], max_new_tokens: int,
+                     control: Any = None) -> Any:
+        """The generation of ``prompt``, produced in whatever batch it lands in (steered by
+        ``control`` if given)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(prompt=tuple(prompt), max_new_tokens=max_new_tokens,
-                                       future=future))
+                                       control=control, future=future))
         return await future
 
     async def _run(self) -> None:
@@ -124,7 +130,8 @@ class Batcher:
         for limit, rows in groups.items():
             try:
                 results, seconds = await loop.run_in_executor(
-                    self._executor, self._timed, [r.prompt for r in rows], limit)
+                    self._executor, self._timed, [r.prompt for r in rows], limit,
+                    [r.control for r in rows])
             except Exception as exc:  # every row learns of it; the batcher serves on
                 self.stats.record(len(rows), 0.0)
                 for row in rows:
@@ -136,9 +143,10 @@ class Batcher:
                 if not row.future.done():
                     row.future.set_result(result)
 
-    def _timed(self, prompts: list[tuple[int, ...]], limit: int) -> tuple[list[Any], float]:
+    def _timed(self, prompts: list[tuple[int, ...]], limit: int,
+               controls: list[Any]) -> tuple[list[Any], float]:
         started = time.perf_counter()
-        results = self._generate(prompts, limit)
+        results = self._generate(prompts, limit, controls)
         return results, time.perf_counter() - started
 
 

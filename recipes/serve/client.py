@@ -154,7 +154,9 @@ def _check_answer(status: int, body: Any, request_id: str, task_id: str,
                   model_digest: str) -> str | None:
     """Why an answer does not count as a success, or None if it does."""
     if status != 200:
-        detail = body.get("error") if isinstance(body, dict) else None
+        # A refusal is OpenAI's error object; the log keeps its message.
+        error = body.get("error") if isinstance(body, dict) else None
+        detail = error.get("message") if isinstance(error, dict) else None
         return f"HTTP {status}" + (f": {detail}" if isinstance(detail, str) else "")
     if not isinstance(body, dict):
         return "the answer is not a JSON object"

@@ -1,32 +1,58 @@
 """The replica's wire formats: strict request parsing and the answers' JSON (pure functions).
 
 ``/infer`` takes exactly ``{"request_id": str (1..128 chars), "task_id": str}``. The
-OpenAI-compatible ``/v1/chat/completions`` takes the usual chat body; sampling controls are
-accepted only at values that mean greedy decoding, since that is all a replica does.
+OpenAI-compatible ``/v1/chat/completions`` and ``/v1/completions`` take the usual bodies:
+greedy decoding unless ``temperature`` is above 0, then sampling with ``top_p`` from a
+generator seeded by ``seed``; ``stop`` strings; ``max_tokens``. Members OpenAI defines that
+this replica does not implement are accepted only at their default values; anything else is
+a 400. Every refusal, on every route, is OpenAI's error object:
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nscas.canonical import loads_strict
 from nscas.errors import InvalidInput, StrictJSONError
 
+if TYPE_CHECKING:
+    from .decoding import Completion
+
 MAX_REQUEST_ID = 128
 """Longest request id (and ``Idempotency-Key``) in characters."""
 CHAT_ROLES = ("system", "user", "assistant")
+MAX_STOP = 4
+"""Stop strings per request at most (as OpenAI)."""
+MAX_STOP_CHARS = 200
+"""Longest stop string in characters."""
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+"""Seeds a torch generator takes: any integer of 64 bits, signed or unsigned."""
+MAX_TEMPERATURE = 2.0
 
 
 class RequestRejected(InvalidInput):
-    """A request the replica refuses, with the HTTP ``status`` to answer (4xx or 503)."""
+    """A request the replica refuses: the HTTP ``status`` (4xx or 503), OpenAI's error
+    ``code`` and the body member at fault (``param``), if one is."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, code: str = "invalid_request",
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
+        self.param = param
+
+
+def error_body(status: int, message: str, *, code: str, param: str | None = None
+               ) -> dict[str, Any]:
+    """OpenAI's error object, which its clients raise with ``message``."""
+    kind = ("invalid_request_error" if status < 500 else
+            "service_unavailable_error" if status == 503 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,18 +64,58 @@ class InferRequest:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ChatRequest:
-    messages: tuple[tuple[str, str], ...]
-    """(role, content) of each message, in order."""
+class Sampling:
+    """How a request's tokens are chosen: the argmax at temperature 0 (the default)."""
+
+    temperature: float = 0.0
+    """0 for greedy decoding; above 0 (at most 2), softmax(logits / temperature) is sampled."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw from the most likely tokens holding this much probability."""
+    seed: int | None = None
+    """The generator's seed; None draws one (the answer names it)."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationParams:
+    """What a completion request asks of generation, common to chat and text completions."""
+
+    model: str | None
+    """The model the client named, if it named one."""
     max_tokens: int
     """New tokens at most (the replica's default where the body gives none)."""
+    stop: tuple[str, ...]
+    """The answer ends before the first of these strings (finish reason ``stop``)."""
+    sampling: Sampling
     stream: bool
-    """Answer as server-sent events."""
+    """Answer as server-sent events, each piece of text as it is generated."""
     include_usage: bool
     """With ``stream``: send a last chunk carrying the token counts."""
 
+    def fingerprint(self) -> list[Any]:
+        """What, besides the prompt, makes two requests the same request (the retry cache)."""
+        s = self.sampling
+        return [self.max_tokens, list(self.stop), s.temperature, s.top_p, s.seed]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatRequest:
+    messages: tuple[tuple[str, str], ...]
+    """(role, content) of each message, in order."""
+    params: GenerationParams
+
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextRequest:
+    prompt: str
+    """The prompt, tokenized as it stands (no chat template)."""
+    params: GenerationParams
 
 
 def parse_json_body(data: bytes) -> Any:
@@ -57,106 +123,175 @@ def parse_json_body(data: bytes) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise RequestRejected(400, "the body is not UTF-8 text") from None
+        raise RequestRejected(400, "the body is not UTF-8 text", code="invalid_json") from None
     try:
         return loads_strict(text)
     except StrictJSONError as exc:
-        raise RequestRejected(400, f"the body is not JSON: {exc.reason}") from None
+        raise RequestRejected(400, f"the body is not JSON: {exc.reason}",
+                              code="invalid_json") from None
 
 
 def parse_infer(value: Any) -> InferRequest:
     """The ``/infer`` body, checked member by member (unknown task ids are checked later)."""
-    if not isinstance(value, dict):
-        raise RequestRejected(400, f"the body must be a JSON object, not {_json_type(value)}")
+    _object(value)
     expected = {"request_id", "task_id"}
     missing, unknown = sorted(expected - set(value)), sorted(set(value) - expected)
     if missing or unknown:
         parts = ([f"missing key(s) {missing}"] if missing else []) + (
             [f"unknown key(s) {[_short(k) for k in unknown]}"] if unknown else [])
-        raise RequestRejected(400, "; ".join(parts) + "; expected exactly request_id, task_id")
+        raise RequestRejected(400, "; ".join(parts) + "; expected exactly request_id, task_id",
+                              code="unknown_parameter" if unknown else "missing_parameter")
     request_id, task_id = value["request_id"], value["task_id"]
     check_request_id(request_id, "request_id")
     if not isinstance(task_id, str):
-        raise RequestRejected(400, f"task_id must be a string, not {_json_type(task_id)}")
+        raise RequestRejected(400, f"task_id must be a string, not {_json_type(task_id)}",
+                              code="invalid_type", param="task_id")
     return InferRequest(request_id=request_id, task_id=task_id)
 
 
 def check_request_id(value: Any, name: str) -> str:
     if not isinstance(value, str):
-        raise RequestRejected(400, f"{name} must be a string, not {_json_type(value)}")
+        raise RequestRejected(400, f"{name} must be a string, not {_json_type(value)}",
+                              code="invalid_type", param=name)
     if not 1 <= len(value) <= MAX_REQUEST_ID:
         raise RequestRejected(
-            400, f"{name} must be 1 to {MAX_REQUEST_ID} characters long, not {len(value)}")
+            400, f"{name} must be 1 to {MAX_REQUEST_ID} characters long, not {len(value)}",
+            code="invalid_value", param=name)
     return value
 
 
-# Members an OpenAI client may send, and the values that leave decoding greedy.
-_GREEDY_DEFAULTS: dict[str, tuple[Any, ...]] = {
-    "temperature": (None, 0, 0.0), "top_p": (None, 1, 1.0), "n": (None, 1),
-    "stop": (None,), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-    "logprobs": (None, False), "top_logprobs": (None,), "logit_bias": (None,),
-    "tools": (None,), "tool_choice": (None, "none"), "response_format": (None,),
+# Members OpenAI defines that this replica does not implement: accepted at these values only.
+_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
 }
-_FREE = {"model", "user", "seed", "metadata", "store", "parallel_tool_calls"}
+_CHAT_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    **_DEFAULT_ONLY, "logprobs": (None, False), "top_logprobs": (None,), "tools": (None, []),
+    "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+    "parallel_tool_calls": (None, True, False), "modalities": (None, ["text"]),
+}
+_TEXT_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    **_DEFAULT_ONLY, "logprobs": (None,), "echo": (None, False), "suffix": (None,),
+    "best_of": (None, 1),
+}
+_FREE = {"user", "metadata", "store"}
+"""Members that only label a request: accepted whatever they hold."""
+_PARAMS = {"model", "max_tokens", "stop", "temperature", "top_p", "seed", "stream",
+           "stream_options"}
 
 
 def parse_chat(value: Any, *, default_max_tokens: int, limit: int) -> ChatRequest:
-    """A chat completion body; anything this greedy replica would not honour is a 400."""
-    if not isinstance(value, dict):
-        raise RequestRejected(400, f"the body must be a JSON object, not {_json_type(value)}")
-    known = {"messages", "max_tokens", "max_completion_tokens", "stream", "stream_options"}
-    unknown = sorted(set(value) - known - set(_GREEDY_DEFAULTS) - _FREE)
+    """A chat completion body; anything this replica would not honour is a 400."""
+    _object(value)
+    _members(value, {"messages", "max_completion_tokens"}, _CHAT_DEFAULT_ONLY)
+    if "max_completion_tokens" in value and value["max_completion_tokens"] is not None:
+        value = {**value, "max_tokens": value["max_completion_tokens"]}
+    return ChatRequest(messages=_messages(value.get("messages")),
+                       params=_params(value, default_max_tokens, limit))
+
+
+def parse_text_completion(value: Any, *, default_max_tokens: int, limit: int) -> TextRequest:
+    """A (legacy) text completion body: one prompt string, no chat template."""
+    _object(value)
+    _members(value, {"prompt"}, _TEXT_DEFAULT_ONLY)
+    prompt = value.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a batch of one prompt is that prompt
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestRejected(400, "prompt must be a non-empty string", code="invalid_value",
+                              param="prompt")
+    return TextRequest(prompt=prompt, params=_params(value, default_max_tokens, limit))
+
+
+def _members(value: dict[str, Any], own: set[str], default_only: Mapping[str, Any]) -> None:
+    unknown = sorted(set(value) - own - _PARAMS - set(default_only) - _FREE)
     if unknown:
-        raise RequestRejected(400, f"unknown key(s) {[_short(k) for k in unknown]}")
-    for key, allowed in _GREEDY_DEFAULTS.items():
+        raise RequestRejected(400, f"unknown key(s) {[_short(k) for k in unknown]}",
+                              code="unknown_parameter", param=_short(unknown[0]))
+    for key, allowed in default_only.items():
         if key in value and not any(_same(value[key], a) for a in allowed):
             raise RequestRejected(
-                400, f"{key}={_short(json.dumps(value[key]))} is not supported: this replica "
-                     "decodes greedily (one choice, no sampling, no stop strings)")
-    if "model" in value and not isinstance(value["model"], str):
-        raise RequestRejected(400, "model must be a string")
-    messages = _messages(value.get("messages"))
-    max_tokens = value.get("max_completion_tokens", value.get("max_tokens"))
+                400, f"{key}={_short(json.dumps(value[key]))} is not supported by this replica "
+                     f"(only {' or '.join(json.dumps(a) for a in allowed)})",
+                code="unsupported_parameter", param=key)
+
+
+def _params(value: dict[str, Any], default_max_tokens: int, limit: int) -> GenerationParams:
+    model = value.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _invalid("model", "must be a string", model)
+    max_tokens = value.get("max_tokens")
     if max_tokens is None:
         max_tokens = default_max_tokens
     if not _is_int(max_tokens) or not 1 <= max_tokens <= limit:
-        raise RequestRejected(400, f"max_tokens must be an integer from 1 to {limit}")
-    stream = value.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise RequestRejected(400, "stream must be true or false")
+        raise _invalid("max_tokens", f"must be an integer from 1 to {limit}", max_tokens)
+    stream = value.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream", "must be true or false", stream)
     options = value.get("stream_options")
     include_usage = False
     if options is not None:
         if (not isinstance(options, dict) or set(options) - {"include_usage"}
                 or not isinstance(options.get("include_usage", False), bool)):
-            raise RequestRejected(400, "stream_options may only hold include_usage (a boolean)")
+            raise _invalid("stream_options", "may only hold include_usage (a boolean)", options)
         include_usage = options.get("include_usage", False)
-    return ChatRequest(messages=messages, max_tokens=max_tokens, stream=stream,
-                       include_usage=include_usage)
+    return GenerationParams(model=model, max_tokens=max_tokens, stop=_stop(value.get("stop")),
+                            sampling=_sampling(value), stream=bool(stream),
+                            include_usage=include_usage)
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else [] if value is None else value
+    if not isinstance(stops, list) or len(stops) > MAX_STOP or not all(
+            isinstance(s, str) and 1 <= len(s) <= MAX_STOP_CHARS for s in stops):
+        raise _invalid("stop", f"must be a string or a list of at most {MAX_STOP} strings, each "
+                               f"of 1 to {MAX_STOP_CHARS} characters", value)
+    return tuple(stops)
+
+
+def _sampling(value: dict[str, Any]) -> Sampling:
+    temperature, top_p, seed = value.get("temperature"), value.get("top_p"), value.get("seed")
+    if temperature is not None and not (_is_number(temperature)
+                                        and 0 <= temperature <= MAX_TEMPERATURE):
+        raise _invalid("temperature", f"must be a number from 0 to {MAX_TEMPERATURE:g}",
+                       temperature)
+    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+        raise _invalid("top_p", "must be a number above 0 and at most 1", top_p)
+    if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise _invalid("seed", "must be an integer of at most 64 bits", seed)
+    return Sampling(temperature=float(temperature or 0), top_p=float(1 if top_p is None
+                                                                      else top_p), seed=seed)
 
 
 def _messages(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
-        raise RequestRejected(400, "messages must be a non-empty array")
+        raise _invalid("messages", "must be a non-empty array", value)
     out = []
     for index, message in enumerate(value):
+        param = f"messages[{index}]"
         if not isinstance(message, dict) or set(message) - {"role", "content", "name"}:
-            raise RequestRejected(400, f"messages[{index}] must be an object with role and "
-                                       "content")
+            raise RequestRejected(400, f"{param} must be an object with role and content",
+                                  code="invalid_value", param=param)
         role, content = message.get("role"), message.get("content")
         if role not in CHAT_ROLES:
-            raise RequestRejected(400, f"messages[{index}].role must be one of {CHAT_ROLES}")
+            raise RequestRejected(400, f"{param}.role must be one of {CHAT_ROLES}",
+                                  code="invalid_value", param=f"{param}.role")
         if isinstance(content, list):  # OpenAI content parts: only text parts mean anything here
             if not all(isinstance(p, dict) and p.get("type") == "text" and set(p) == {"type", "text"}
                        and isinstance(p["text"], str) for p in content):
-                raise RequestRejected(400, f"messages[{index}].content parts must be text parts")
+                raise RequestRejected(400, f"{param}.content parts must be text parts",
+                                      code="invalid_value", param=f"{param}.content")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
-            raise RequestRejected(400, f"messages[{index}].content must be a string")
+            raise RequestRejected(400, f"{param}.content must be a string", code="invalid_type",
+                                  param=f"{param}.content")
         out.append((role, content))
     return tuple(out)
+
+
+def _invalid(param: str, rule: str, value: Any) -> RequestRejected:
+    return RequestRejected(400, f"{param} {rule}, not {_short(json.dumps(value))}",
+                           code="invalid_value", param=param)
 
 
 def infer_answer(*, request_id: str, task_id: str, model_digest: str, generation: Any,
@@ -169,66 +304,124 @@ def infer_answer(*, request_id: str, task_id: str, model_digest: str, generation
             "hit_token_limit": generation.hit_token_limit, "seconds": generation.seconds}
 
 
-def chat_answer(*, completion_id: str, request_id: str | None, model_digest: str,
-                generation: Any, cached: bool) -> dict[str, Any]:
-    """A ``chat.completion`` object; ``nscas`` carries what OpenAI's format has no place for."""
-    return {
-        "id": completion_id, "object": "chat.completion", "created": int(time.time()),
-        "model": model_digest,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": generation.text},
-                     "finish_reason": _finish(generation), "logprobs": None}],
-        "usage": _usage(generation),
-        "nscas": {"request_id": request_id, "model_digest": model_digest,
-                  "output_ids": list(generation.output_ids), "cached": cached},
-    }
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Served:
+    """What every OpenAI-shaped answer names: the served model and what it is in the store."""
+
+    name: str
+    """The served name: OpenAI's ``model`` member, and the id in ``/v1/models``."""
+    checkpoint: str
+    """The checkpoint's ID (``system_fingerprint``)."""
+    model_digest: str
+    """Its checked parameter digest."""
+    created: int
+    """When the replica started (Unix seconds), the model's ``created``."""
+
+    def answers_to(self, model: str | None) -> bool:
+        """Whether a request naming ``model`` is meant for this replica."""
+        return model is None or model in (self.name, self.checkpoint, self.model_digest)
 
 
-def chat_chunks(*, completion_id: str, model_digest: str, generation: Any, tokenizer: Any,
-                include_usage: bool) -> Iterator[dict[str, Any]]:
-    """``chat.completion.chunk`` objects whose content deltas join to the full answer text."""
-    created = int(time.time())
-
-    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                "model": model_digest,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    yield chunk({"role": "assistant", "content": ""}, None)
-    for piece in text_deltas(generation, tokenizer):
-        yield chunk({"content": piece}, None)
-    yield chunk({}, _finish(generation))
-    if include_usage:
-        yield {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-               "model": model_digest, "choices": [], "usage": _usage(generation)}
+def models_list(served: Served) -> dict[str, Any]:
+    """``GET /v1/models``: the one model this replica serves."""
+    return {"object": "list", "data": [model_entry(served)]}
 
 
-def text_deltas(generation: Any, tokenizer: Any) -> Iterator[str]:
-    """One piece per token where the text grows by whole characters; joined, exactly the text.
-
-    Byte-level tokens can split a character, so a piece is sent only once the decoded prefix
-    is a prefix of the final text; what is left goes out last.
-    """
-    ids = list(generation.output_ids)
-    if generation.ended_with_eos:
-        ids = ids[:-1]
-    text, sent = generation.text, ""
-    for end in range(1, len(ids) + 1):
-        prefix = tokenizer.decode(ids[:end], skip_special_tokens=True)
-        if len(prefix) > len(sent) and text.startswith(prefix) and prefix.startswith(sent):
-            yield prefix[len(sent):]
-            sent = prefix
-    if len(text) > len(sent):
-        yield text[len(sent):]
+def model_entry(served: Served) -> dict[str, Any]:
+    return {"id": served.name, "object": "model", "created": served.created,
+            "owned_by": "nscas",
+            "nscas": {"checkpoint": served.checkpoint, "model_digest": served.model_digest}}
 
 
-def _finish(generation: Any) -> str:
-    return "stop" if generation.ended_with_eos else "length"
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnswerHead:
+    """What every object of one answer repeats (a stream's chunks included)."""
+
+    kind: str
+    """``chat`` or ``text``."""
+    completion_id: str
+    created: int
+    served: Served
+
+    def frame(self, *, chunk: bool) -> dict[str, Any]:
+        obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.kind == "chat" \
+            else "text_completion"
+        return {"id": self.completion_id, "object": obj, "created": self.created,
+                "model": self.served.name, "system_fingerprint": self.served.checkpoint}
 
 
-def _usage(generation: Any) -> dict[str, int]:
-    prompt, completion = len(generation.prompt_ids), len(generation.output_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+def new_head(kind: str, completion_id: str, served: Served) -> AnswerHead:
+    return AnswerHead(kind=kind, completion_id=completion_id, created=int(time.time()),
+                      served=served)
+
+
+def nscas_member(head: AnswerHead, completion: Completion, *, request_id: str | None,
+                 cached: bool) -> dict[str, Any]:
+    """What OpenAI's format has no place for: the evidence behind the text."""
+    return {"request_id": request_id, "checkpoint": head.served.checkpoint,
+            "model_digest": head.served.model_digest,
+            "output_ids": list(completion.output_ids), "cached": cached,
+            "seed": completion.seed, "first_token_time": completion.first_token_time,
+            "last_token_time": completion.last_token_time}
+
+
+def completion_answer(head: AnswerHead, completion: Completion, *, request_id: str | None,
+                      cached: bool) -> dict[str, Any]:
+    """A whole ``chat.completion`` or ``text_completion`` object."""
+    if head.kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
+                                                          "content": completion.text}}
+    else:
+        choice = {"index": 0, "text": completion.text}
+    choice.update(finish_reason=completion.finish_reason, logprobs=None)
+    return {**head.frame(chunk=False), "choices": [choice], "usage": usage(completion),
+            "nscas": nscas_member(head, completion, request_id=request_id, cached=cached)}
+
+
+def piece_chunk(head: AnswerHead, piece: str, *, first: bool = False) -> dict[str, Any]:
+    """One chunk of a stream carrying ``piece`` (a chat's first also names the role)."""
+    if head.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": piece} if first else {
+            "content": piece}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+    else:
+        choice = {"index": 0, "text": piece, "finish_reason": None, "logprobs": None}
+    return {**head.frame(chunk=True), "choices": [choice]}
+
+
+def finish_chunk(head: AnswerHead, completion: Completion, *, request_id: str | None,
+                 cached: bool) -> dict[str, Any]:
+    """A stream's chunk with the finish reason and the ``nscas`` member."""
+    choice: dict[str, Any] = ({"index": 0, "delta": {}} if head.kind == "chat"
+                              else {"index": 0, "text": "", "logprobs": None})
+    choice["finish_reason"] = completion.finish_reason
+    return {**head.frame(chunk=True), "choices": [choice],
+            "nscas": nscas_member(head, completion, request_id=request_id, cached=cached)}
+
+
+def usage_chunk(head: AnswerHead, completion: Completion) -> dict[str, Any]:
+    """A stream's last chunk with ``stream_options.include_usage``: no choices, the usage."""
+    return {**head.frame(chunk=True), "choices": [], "usage": usage(completion)}
+
+
+def usage(completion: Completion) -> dict[str, int]:
+    prompt, generated = completion.prompt_tokens, len(completion.output_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": generated,
+            "total_tokens": prompt + generated}
+
+
+def sse(value: Mapping[str, Any]) -> bytes:
+    """One server-sent event carrying ``value``."""
+    return f"data: {json.dumps(value)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _object(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise RequestRejected(400, f"the body must be a JSON object, not {_json_type(value)}",
+                              code="invalid_type")
 
 
 def _same(value: Any, allowed: Any) -> bool:
@@ -238,6 +431,10 @@ def _same(value: Any, allowed: Any) -> bool:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _json_type(value: Any) -> str:

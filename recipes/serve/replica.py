@@ -13,10 +13,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nscas.digests import Digest
 from nscas.errors import IntegrityError, InvalidInput, RecipeError
+
+if TYPE_CHECKING:
+    from .decoding import RowControl
 
 MAX_TOKENS_LIMIT = 4096
 """The most tokens one chat completion may ask for (positions are checked separately)."""
@@ -41,6 +44,8 @@ class Replica:
     """The checkpoint's own tokenizer (it carries the chat template)."""
     model_digest: str
     """The checked parameter digest (a ``params/1`` ID): every answer echoes it."""
+    checkpoint: str
+    """The ID of the checkpoint/1 record served."""
     prompts: Mapping[str, tuple[int, ...]]
     """Task id -> prompt token ids, for the committed tasks this replica answers."""
     eos_ids: frozenset[int]
@@ -60,14 +65,36 @@ class Replica:
         """``cuda-graphs`` or ``eager``: how this replica runs its decoding steps."""
         return "eager" if self.static is None else "cuda-graphs"
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Any]:
-        """Greedy generations of ``prompts`` as one batch (blocking; call it off the loop)."""
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 controls: Sequence[RowControl | None]) -> list[Any]:
+        """Generations of ``prompts`` as one batch (blocking; call it off the loop).
+
+        A row without a control is decoded greedily, exactly as ``evaluate`` decodes (``/infer``
+        rows). A row with one is steered by it as each token is chosen (sampling, streaming,
+        stop strings), and its ``result`` is set before this returns. A batch holding a row
+        that samples is decoded eagerly: a captured CUDA graph only takes the argmax.
+        """
         from nscas.recipes.common.generate import generate_greedy
 
-        return generate_greedy(
+        steered = [(row, c) for row, c in enumerate(controls) if c is not None]
+        hooks: dict[str, Any] = {}
+        if steered:
+            by_row = dict(steered)
+            hooks["on_token"] = lambda row, token: (
+                row not in by_row or by_row[row].on_token(token))
+            if any(c.sampler is not None for _, c in steered):
+                from .decoding import choose_tokens
+
+                hooks["choose"] = lambda logits, rows: choose_tokens(
+                    logits, [by_row.get(r) for r in rows])
+        generations = generate_greedy(
             self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
             batch_size=max(1, len(prompts)), eos_ids=set(self.eos_ids), device=self.device,
-            precision=self.precision, static=self.static)  # type: ignore[arg-type]
+            precision=self.precision,  # type: ignore[arg-type]
+            static=None if "choose" in hooks else self.static, **hooks)
+        for _, control in steered:
+            control.finish(max_new_tokens)
+        return generations
 
     def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a chat rendered with the template and its generation prompt.
@@ -78,6 +105,11 @@ class Replica:
         text = self.tokenizer.apply_chat_template(
             [dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a plain prompt (a text completion): no chat template, the tokenizer's
+        own special tokens added as it adds them by default."""
+        return list(self.tokenizer(text)["input_ids"])
 
     def positions_needed(self, prompt_length: int, max_new_tokens: int) -> str | None:
         """Why a prompt cannot be generated from without truncation, or None if it can."""
@@ -167,7 +199,7 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
         static = StaticDecoder(model, graphs=True)
     prompts = _task_prompts(store, tasks, tokenizer) if tasks is not None else {}
     return Replica(model=model, tokenizer=tokenizer, model_digest=record["params"],
-                   prompts=prompts, eos_ids=eos_ids,
+                   checkpoint=str(checkpoint), prompts=prompts, eos_ids=eos_ids,
                    device=device, precision=precision,
                    max_positions=getattr(model.config, "max_position_embeddings", None),
                    static=static)

@@ -24,6 +24,8 @@ from nscas.errors import InvalidInput, NscasError
 from nscas.recipes.common.lifetime import exit_with_owner
 
 ERROR_PREFIX = "nscas: error: "  # as the CLI writes errors: a replica's log reads the same
+MAX_NAME = 256
+"""Longest served model name in characters."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +36,8 @@ class ReplicaSettings:
     """The checkpoint to serve, by ID or ref."""
     tasks: str | None = None
     """A tasks/1 set (ID or ref) whose task ids ``/infer`` answers."""
+    name: str | None = None
+    """The served model name (OpenAI's ``model``); None: the checkpoint as given."""
     host: str = "127.0.0.1"
     port: int = 0
     max_batch: int = 8
@@ -70,6 +74,15 @@ class ReplicaSettings:
             raise InvalidInput(f"--precision must be bf16 or fp32, got {self.precision!r}")
         if not 0 <= self.port <= 65535:
             raise InvalidInput(f"--port must be from 0 to 65535, got {self.port}")
+        if self.name is not None and not (0 < len(self.name) <= MAX_NAME
+                                          and self.name.isprintable()):
+            raise InvalidInput(f"--name must be 1 to {MAX_NAME} printable characters, got "
+                               f"{self.name[:80]!r}")
+
+    @property
+    def served_name(self) -> str:
+        """What OpenAI answers call the model: ``name``, or the checkpoint as given."""
+        return self.name if self.name is not None else self.checkpoint
 
 
 def run_replica(settings: ReplicaSettings, open_store: Callable[[], AbstractContextManager[Any]],
@@ -92,6 +105,7 @@ def run_replica(settings: ReplicaSettings, open_store: Callable[[], AbstractCont
     config = ServerConfig(host=settings.host, port=settings.port, max_batch=settings.max_batch,
                           max_wait_ms=settings.max_wait_ms,
                           max_new_tokens=settings.max_new_tokens, cache_size=settings.cache_size,
+                          served_name=settings.served_name,
                           header_timeout=settings.header_timeout,
                           body_timeout=settings.body_timeout,
                           max_connections=settings.max_connections)
@@ -122,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("--store", required=True, type=Path)
     defaults = ReplicaSettings(checkpoint="")
-    for name in ("tasks", "host", "cpus", "device", "precision"):
+    for name in ("tasks", "name", "host", "cpus", "device", "precision"):
         parser.add_argument(f"--{name}", default=getattr(defaults, name))
     for name, kind in (("port", int), ("max_batch", int), ("max_wait_ms", float),
                        ("threads", int), ("max_new_tokens", int), ("cache_size", int),

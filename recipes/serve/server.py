@@ -1,9 +1,14 @@
-"""The replica's HTTP server (aiohttp): health, ``/infer``, OpenAI-compatible chat, shutdown.
+"""The replica's HTTP server (aiohttp): health, ``/infer``, OpenAI-compatible routes, shutdown.
 
-Routes: ``GET /health``, ``GET /stats``, ``POST /infer``, ``POST /v1/chat/completions``.
-Every refusal is a JSON ``{"error": "..."}`` with a 4xx status (413 for oversized bodies,
-409 for a request id reused for another request, 404 and 405 for unknown routes and
-methods); an unexpected failure is a 500 of the same shape, and the server serves on.
+Routes: ``GET /health``, ``GET /stats``, ``POST /infer``, ``GET /v1/models`` (and
+``/v1/models/NAME``), ``POST /v1/chat/completions``, ``POST /v1/completions``.
+Every refusal is OpenAI's error object ``{"error": {"message", "type", "param", "code"}}``
+with a 4xx status (400 for bad bodies, 404 for another model or an unknown route, 405 for
+another method, 408 for a stalled body, 409 for a request id reused for another request, 413
+for oversized bodies) or 503 (shutting down, too many connections); an unexpected failure is
+a 500 of the same shape, and the server serves on. A stream sends each piece of text as soon
+as the generation thread has decoded it; a failure after the stream began is one last event
+holding the error object.
 On SIGTERM (or SIGINT) the replica stops taking work (503), lets every accepted request
 finish, then returns, so the process exits 0.
 """
@@ -15,8 +20,9 @@ import hashlib
 import json
 import logging
 import signal
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +30,29 @@ from aiohttp import web
 from jinja2 import TemplateError
 
 from .batching import Batcher, RequestConflict, RetryCache
+from .decoding import Completion, RowControl
 from .protocol import (
+    SSE_DONE,
+    AnswerHead,
+    ChatRequest,
     RequestRejected,
-    chat_answer,
-    chat_chunks,
+    Served,
+    TextRequest,
     check_request_id,
+    completion_answer,
+    error_body,
+    finish_chunk,
     infer_answer,
+    model_entry,
+    models_list,
+    new_head,
     parse_chat,
     parse_infer,
     parse_json_body,
+    parse_text_completion,
+    piece_chunk,
+    sse,
+    usage_chunk,
 )
 from .replica import MAX_TOKENS_LIMIT, Replica
 
@@ -52,13 +72,15 @@ class ServerConfig:
     max_wait_ms: float = 5.0
     """How long an open batch waits for its next request before it is generated."""
     max_new_tokens: int = 96
-    """New tokens per ``/infer`` answer, and the default ``max_tokens`` of a chat completion."""
+    """New tokens per ``/infer`` answer, and the default ``max_tokens`` of a completion."""
+    served_name: str | None = None
+    """The model's name in OpenAI answers and ``/v1/models``; None: the checkpoint's ID."""
     cache_size: int = 1024
     """Answers the retry cache keeps (least recently used first out)."""
     max_body_bytes: int = 4096
     """Largest ``/infer`` body; larger ones get 413."""
     max_chat_body_bytes: int = 1 << 20
-    """Largest chat completion body; larger ones get 413."""
+    """Largest chat or text completion body; larger ones get 413."""
     drain_seconds: float = 300.0
     """After SIGTERM, how long accepted requests may take to finish before the replica exits."""
     header_timeout: float = 10.0
@@ -78,6 +100,7 @@ class _State:
     config: ServerConfig
     batcher: Batcher
     cache: RetryCache
+    served: Served
     in_flight: int = 0
     draining: bool = False
     idle: asyncio.Event | None = None
@@ -85,6 +108,7 @@ class _State:
 
 STATE = web.AppKey("nscas_state", _State)
 LINGER_SECONDS = 2.0
+FAILED = "the replica failed to answer this request"
 
 
 def build_app(replica: Replica, config: ServerConfig) -> web.Application:
@@ -92,12 +116,17 @@ def build_app(replica: Replica, config: ServerConfig) -> web.Application:
     batcher = Batcher(replica.generate, max_batch=config.max_batch,
                       max_wait_s=config.max_wait_ms / 1000)
     app = web.Application(middlewares=[_guard])
+    served = Served(name=config.served_name or replica.checkpoint, checkpoint=replica.checkpoint,
+                    model_digest=replica.model_digest, created=int(time.time()))
     app[STATE] = _State(replica=replica, config=config, batcher=batcher,
-                        cache=RetryCache(config.cache_size))
+                        cache=RetryCache(config.cache_size), served=served)
     app.router.add_get("/health", _health, allow_head=False)
     app.router.add_get("/stats", _stats, allow_head=False)
     app.router.add_post("/infer", _infer)
+    app.router.add_get("/v1/models", _models, allow_head=False)
+    app.router.add_get("/v1/models/{name:.+}", _model, allow_head=False)
     app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _text)
     app.cleanup_ctx.append(_batcher_context)
     return app
 
@@ -111,35 +140,39 @@ async def _batcher_context(app: web.Application) -> Any:
     await state.batcher.close()
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, code: str, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, code=code, param=param), status=status)
+
+
+_ROUTE_CODES = {404: "unknown_route", 405: "method_not_allowed"}
 
 
 @web.middleware
 async def _guard(request: web.Request, handler: Callable[[web.Request], Any]) -> Any:
     state = request.app[STATE]
     if state.draining:
-        return _error(503, "the replica is shutting down")
+        return _error(503, "the replica is shutting down", "shutting_down")
     state.in_flight += 1
     assert state.idle is not None
     state.idle.clear()
     try:
         return await handler(request)
     except RequestRejected as exc:
-        response = _error(exc.status, exc.message)
+        response = _error(exc.status, exc.message, exc.code, exc.param)
         if exc.status == 408:  # what is left of the body is not worth reading: close after this
             response.force_close()
         return response
     except RequestConflict as exc:
-        return _error(409, exc.message)
+        return _error(409, exc.message, "request_id_conflict")
     except web.HTTPException as exc:  # the router's 404 and 405, as JSON like every refusal
         if exc.status < 400:
             raise
-        return _error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+        return _error(exc.status, f"{exc.reason}: {request.method} {request.path}",
+                      _ROUTE_CODES.get(exc.status, "http_error"))
     except Exception:
         # The boundary of a long-lived server: one failed request must not take it down.
         log.exception("request %s %s failed", request.method, request.path)
-        return _error(500, "the replica failed to answer this request")
+        return _error(500, FAILED, "internal_error")
     finally:
         state.in_flight -= 1
         if state.in_flight == 0:
@@ -186,58 +219,175 @@ async def _infer(request: web.Request) -> web.Response:
     prompt = state.replica.prompts.get(body.task_id)
     if prompt is None:
         shown = body.task_id if len(body.task_id) <= 80 else body.task_id[:77] + "..."
-        raise RequestRejected(400, f"unknown task id {shown!r}: not in this replica's task set")
+        raise RequestRejected(400, f"unknown task id {shown!r}: not in this replica's task set",
+                              code="unknown_task", param="task_id")
     limit = state.config.max_new_tokens
     generation, cached = await state.cache.run(
-        body.request_id, ("infer", body.task_id), lambda: state.batcher.submit(prompt, limit))
+        body.request_id, ("infer", body.task_id),
+        lambda: state.batcher.submit(prompt, limit, None))
     return web.json_response(infer_answer(
         request_id=body.request_id, task_id=body.task_id,
         model_digest=state.replica.model_digest, generation=generation, cached=cached))
 
 
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response(models_list(request.app[STATE].served))
+
+
+async def _model(request: web.Request) -> web.Response:
+    served = request.app[STATE].served
+    name = request.match_info["name"]
+    if not served.answers_to(name):
+        raise _not_served(name, served)
+    return web.json_response(model_entry(served))
+
+
+def _not_served(name: str, served: Served) -> RequestRejected:
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    return RequestRejected(404, f"the model {shown!r} is not served here; this replica serves "
+                                f"{served.name!r}", code="model_not_found", param="model")
+
+
 async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, "chat")
+
+
+async def _text(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, "text")
+
+
+async def _complete(request: web.Request, kind: str) -> web.StreamResponse:
+    """A chat (``kind`` "chat") or text completion, whole or streamed as it is generated."""
     state = request.app[STATE]
     replica = state.replica
-    body = parse_chat(parse_json_body(await _read_body(request, state.config.max_chat_body_bytes)),
-                      default_max_tokens=state.config.max_new_tokens, limit=MAX_TOKENS_LIMIT)
+    value = parse_json_body(await _read_body(request, state.config.max_chat_body_bytes))
+    parse = parse_chat if kind == "chat" else parse_text_completion
+    body = parse(value, default_max_tokens=state.config.max_new_tokens, limit=MAX_TOKENS_LIMIT)
+    params = body.params
+    if not state.served.answers_to(params.model):
+        raise _not_served(params.model or "", state.served)
     key = request.headers.get("Idempotency-Key")
     if key is not None:
         check_request_id(key, "the Idempotency-Key header")
-    try:
-        prompt = replica.encode_messages(body.message_dicts())
-    except TemplateError as exc:  # the chat template refuses what it cannot render
-        raise RequestRejected(400, f"the chat template cannot render these messages: {exc}"
-                              ) from None
-    problem = replica.positions_needed(len(prompt), body.max_tokens)
+    prompt = _encode(replica, body)
+    problem = replica.positions_needed(len(prompt), params.max_tokens)
     if problem is not None:
-        raise RequestRejected(400, problem)
+        raise RequestRejected(400, problem, code="context_length_exceeded", param="max_tokens")
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[str] = asyncio.Queue()
+    control = RowControl(
+        tokenizer=replica.tokenizer, eos=replica.eos_ids, prompt_tokens=len(prompt),
+        stop=params.stop, sampling=params.sampling,
+        # Called from the generation thread as each piece decodes: the loop queues it.
+        emit=(lambda piece: loop.call_soon_threadsafe(events.put_nowait, piece))
+        if params.stream else None)
 
-    def compute() -> Any:
-        return state.batcher.submit(prompt, body.max_tokens)
+    async def compute() -> Completion:
+        await state.batcher.submit(prompt, params.max_tokens, control)
+        assert control.result is not None
+        return control.result
 
-    if key is None:  # without a key nothing can be a retry, so nothing is kept
-        generation, cached = await compute(), False
-    else:
-        fingerprint = ("chat", hashlib.sha256(json.dumps([prompt, body.max_tokens]).encode())
-                       .hexdigest())
-        generation, cached = await state.cache.run(key, fingerprint, compute)
-    completion_id = f"chatcmpl-{key or uuid.uuid4().hex}"
-    if not body.stream:
-        return web.json_response(chat_answer(
-            completion_id=completion_id, request_id=key, model_digest=replica.model_digest,
-            generation=generation, cached=cached))
-    # Decoding every prefix costs time; do it off the loop before the stream starts.
-    chunks = await asyncio.to_thread(lambda: list(chat_chunks(
-        completion_id=completion_id, model_digest=replica.model_digest, generation=generation,
-        tokenizer=replica.tokenizer, include_usage=body.include_usage)))
+    async def outcome() -> tuple[Completion, bool]:
+        if key is None:  # without a key nothing can be a retry, so nothing is kept
+            return await compute(), False
+        fingerprint = (kind, hashlib.sha256(json.dumps([prompt, params.fingerprint()])
+                                            .encode()).hexdigest())
+        return await state.cache.run(key, fingerprint, compute)
+
+    task = asyncio.ensure_future(outcome())
+    task.add_done_callback(_retrieved)
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    head = new_head(kind, f"{prefix}-{key or uuid.uuid4().hex}", state.served)
+    if not params.stream:
+        completion, cached = await task
+        return web.json_response(completion_answer(head, completion, request_id=key,
+                                                   cached=cached))
+    return await _stream(request, head, events, task, control, request_id=key,
+                         include_usage=params.include_usage)
+
+
+def _encode(replica: Replica, body: ChatRequest | TextRequest) -> list[int]:
+    if isinstance(body, TextRequest):
+        prompt = replica.encode_text(body.prompt)
+        if not prompt:
+            raise RequestRejected(400, "the prompt encodes to no tokens", code="invalid_value",
+                                  param="prompt")
+        return prompt
+    try:
+        return replica.encode_messages(body.message_dicts())
+    except TemplateError as exc:  # the chat template refuses what it cannot render
+        raise RequestRejected(400, f"the chat template cannot render these messages: {exc}",
+                              code="invalid_value", param="messages") from None
+
+
+async def _stream(request: web.Request, head: AnswerHead, events: asyncio.Queue[str],
+                  task: asyncio.Future[tuple[Completion, bool]], control: RowControl, *,
+                  request_id: str | None, include_usage: bool) -> web.StreamResponse:
+    """Server-sent events: a chunk per piece of text as it is generated, then the finish
+    reason, the usage if asked, ``[DONE]``. Nothing is sent before the first piece (or the
+    answer), so that a refusal still gets its own status."""
+    pieces = _live_pieces(events, task)
+    first = await anext(pieces, None)
+    if first is None:
+        completion, cached = await task  # a refusal or a failure raises here: its own status
+        replay: tuple[str, ...] = completion.pieces  # a retry's cached answer, or no text
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for chunk in chunks:
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+    try:
+        if first is not None:
+            await response.write(sse(piece_chunk(head, first, first=True)))
+            async for piece in pieces:
+                await response.write(sse(piece_chunk(head, piece)))
+            try:
+                completion, cached = await task
+            except Exception:  # the status is sent: the stream's last event says what failed
+                log.exception("request %s %s failed while streaming", request.method,
+                              request.path)
+                await response.write(sse(error_body(500, FAILED, code="internal_error")))
+                await response.write_eof()
+                return response
+        else:
+            if head.kind == "chat" and not replay:
+                replay = ("",)  # a chat stream names the role even for an empty answer
+            for index, piece in enumerate(replay):
+                await response.write(sse(piece_chunk(head, piece, first=index == 0)))
+        await response.write(sse(finish_chunk(head, completion, request_id=request_id,
+                                              cached=cached)))
+        if include_usage:
+            await response.write(sse(usage_chunk(head, completion)))
+        await response.write(SSE_DONE)
+        await response.write_eof()
+    except ConnectionResetError:  # the client left: stop its row unless a retry may want it
+        if request_id is None:
+            control.cancel()
     return response
+
+
+async def _live_pieces(events: asyncio.Queue[str], task: asyncio.Future[Any]
+                       ) -> AsyncIterator[str]:
+    """The pieces queued for a stream until its work is done (every piece is queued before
+    the work's result is set, so none is lost)."""
+    while True:
+        if not events.empty():
+            yield events.get_nowait()
+            continue
+        if task.done():
+            return
+        getter = asyncio.ensure_future(events.get())
+        try:
+            await asyncio.wait((getter, task), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            yield getter.result()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark a request's outcome as seen: a client that left must not leave a loose error."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def serve(replica: Replica, config: ServerConfig, *,
@@ -286,7 +436,8 @@ async def serve(replica: Replica, config: ServerConfig, *,
 class _Busy(asyncio.Protocol):
     """A connection over ``max_connections``: one 503 in the JSON shape of every refusal."""
 
-    BODY = json.dumps({"error": "the replica has too many open connections; try again"}).encode()
+    BODY = json.dumps(error_body(503, "the replica has too many open connections; try again",
+                                 code="too_many_connections")).encode()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)

@@ -88,7 +88,7 @@ def test_a_stalled_body_gets_408(strict_replica: tuple[str, int]) -> None:
         data, answered, closed = _read_timed(sock, within=BODY_TIMEOUT + 15)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), head
-    assert "did not arrive" in json.loads(body)["error"]
+    assert "did not arrive" in json.loads(body)["error"]["message"]
     assert answered < BODY_TIMEOUT + 4
     assert closed < BODY_TIMEOUT + LINGER_SECONDS + 4
 
@@ -101,7 +101,9 @@ def test_a_connection_over_the_bound_gets_503_and_the_others_are_served(
         with _connect(strict_replica) as extra:
             data, _ = _read_all(extra, within=5)
         assert data.startswith(b"HTTP/1.1 503"), data[:80]
-        assert "too many open connections" in json.loads(data.partition(b"\r\n\r\n")[2])["error"]
+        error = json.loads(data.partition(b"\r\n\r\n")[2])["error"]
+        assert "too many open connections" in error["message"]
+        assert error["code"] == "too_many_connections"
     finally:
         for sock in held:
             sock.close()

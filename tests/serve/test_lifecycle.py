@@ -55,7 +55,9 @@ def test_sigterm_drains_then_exits_zero(served: Served, tmp_path: Path) -> None:
                               json={"request_id": "late", "task_id": served.task_ids[0]})
             health = httpx.get(f"{endpoint}/health", trust_env=False, timeout=30)
             answers = [f.result() for f in accepted]
-        assert late.status_code == 503 and late.json() == {"error": "the replica is shutting down"}
+        assert late.status_code == 503
+        assert late.json()["error"]["message"] == "the replica is shutting down"
+        assert late.json()["error"]["code"] == "shutting_down"
         assert health.status_code == 503
         assert [a.status_code for a in answers] == [200] * 6
         assert [a.json()["request_id"] for a in answers] == [f"drain-{i}" for i in range(6)]
@@ -112,6 +114,10 @@ def test_cli_help_and_bad_options() -> None:
     assert bad.returncode == 2
     assert bad.stderr.startswith("nscas: error: --cpus names CPUs this process may not use: "
                                  "99999")
+    bad = subprocess.run([*SERVE, "blake3:" + "0" * 64, "--name", "x" * 257],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--name must be 1 to 256 printable characters" in bad.stderr
+    assert "--name" in helped.stdout and "/v1/completions" in helped.stdout
 
 
 def test_the_replica_entry_point_refuses_bad_options_as_the_command_does(tmp_path: Path) -> None:
@@ -119,7 +125,9 @@ def test_the_replica_entry_point_refuses_bad_options_as_the_command_does(tmp_pat
     replica = [sys.executable, "-m", REPLICA_MODULE, "blake3:" + "0" * 64, "--store", str(tmp_path)]
     for option, value, message in (
             ("--max-batch", "0", "--max-batch must be at least 1, got 0"),
-            ("--precision", "fp16", "--precision must be bf16 or fp32, got 'fp16'")):
+            ("--precision", "fp16", "--precision must be bf16 or fp32, got 'fp16'"),
+            ("--name", "a\tb", "--name must be 1 to 256 printable characters, got 'a\\tb'"),
+            ("--name", "", "--name must be 1 to 256 printable characters, got ''")):
         bad = subprocess.run([*replica, option, value], capture_output=True, text=True,
                              timeout=60)
         assert (bad.returncode, bad.stderr) == (2, f"nscas: error: {message}\n")

@@ -47,7 +47,9 @@ def test_infer_answers_and_a_retry_is_served_from_the_cache(
     assert again.json() == {**body, "cached": True}
     conflict = infer(http, replica, "req-1", served.task_ids[1])
     assert conflict.status_code == 409
-    assert conflict.json() == {"error": "request id 'req-1' was already used for another request"}
+    assert conflict.json() == {"error": {
+        "message": "request id 'req-1' was already used for another request",
+        "type": "invalid_request_error", "param": None, "code": "request_id_conflict"}}
     # Another id for the same task is a new request with the same answer.
     other = infer(http, replica, "req-2", task).json()
     assert other["output_ids"] == body["output_ids"] and other["cached"] is False
@@ -72,31 +74,36 @@ def test_bad_bodies_get_400_with_a_json_error(http: httpx.Client, replica: str, 
                        headers={"Content-Type": "application/json"})
     assert answer.status_code == 400
     assert answer.headers["Content-Type"].startswith("application/json")
-    assert set(answer.json()) == {"error"} and fragment in answer.json()["error"]
+    assert set(answer.json()) == {"error"} and fragment in answer.json()["error"]["message"]
+    assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_oversized_bodies_get_413(http: httpx.Client, replica: str, served: Served) -> None:
     big = json.dumps({"request_id": "r", "task_id": served.task_ids[0], "pad": "x" * 5000})
     declared = http.post(f"{replica}/infer", content=big.encode())
-    assert declared.status_code == 413 and "limit is 4096" in declared.json()["error"]
+    assert declared.status_code == 413 and "limit is 4096" in declared.json()["error"]["message"]
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit applies while reading
         for _ in range(10):
             yield b" " * 1000
 
     streamed = http.post(f"{replica}/infer", content=chunks())
-    assert streamed.status_code == 413 and "over the limit" in streamed.json()["error"]
+    assert streamed.status_code == 413
+    assert "over the limit" in streamed.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(("method", "path", "status"), [
     ("GET", "/nowhere", 404), ("POST", "/v2/infer", 404), ("GET", "/infer", 405),
     ("POST", "/health", 405), ("DELETE", "/v1/chat/completions", 405),
+    ("POST", "/v1/models", 405), ("GET", "/v1/completions", 405),
 ])
 def test_unknown_routes_and_methods(http: httpx.Client, replica: str, method: str, path: str,
                                     status: int) -> None:
     answer = http.request(method, f"{replica}{path}")
     assert answer.status_code == status
     assert set(answer.json()) == {"error"}
+    assert answer.json()["error"]["code"] == {404: "unknown_route", 405: "method_not_allowed"}[
+        status]
 
 
 JSON = st.recursive(
@@ -118,9 +125,9 @@ def test_random_bodies_never_break_the_replica(http: httpx.Client, replica: str,
         st.fixed_dictionaries({"request_id": ids, "task_id": st.sampled_from(served.task_ids)
                                | JSON}).map(lambda v: json.dumps(v).encode()),
     ))
-    path = data.draw(st.sampled_from(["/infer", "/v1/chat/completions"]))
+    path = data.draw(st.sampled_from(["/infer", "/v1/chat/completions", "/v1/completions"]))
     answer = http.post(f"{replica}{path}", content=body)
-    assert answer.status_code in (200, 400, 409, 413)
+    assert answer.status_code in (200, 400, 404, 409, 413)
     assert isinstance(answer.json(), dict)
     if answer.status_code != 200:
         assert set(answer.json()) == {"error"}
@@ -136,18 +143,20 @@ def test_openai_client_gets_the_infer_answer(http: httpx.Client, replica: str,
     client = OpenAI(base_url=f"{replica}/v1", api_key="x",
                     http_client=httpx.Client(trust_env=False))
     messages: Any = [{"role": "user", "content": served.prompts[task]}]
+    name = str(served.checkpoint)  # the served name defaults to the checkpoint as given
     completion = client.chat.completions.create(
-        model="served", messages=messages, extra_headers={"Idempotency-Key": "oa-1"})
+        model=name, messages=messages, extra_headers={"Idempotency-Key": "oa-1"})
     choice = completion.choices[0]
     assert choice.message.content == expected["text"]
     assert choice.finish_reason == ("stop" if expected["ended_with_eos"] else "length")
-    assert completion.model == served.model_digest
+    assert completion.model == name and completion.system_fingerprint == str(served.checkpoint)
     extra = completion.model_extra["nscas"]
     assert extra["output_ids"] == expected["output_ids"] and extra["cached"] is False
+    assert extra["model_digest"] == served.model_digest
     assert completion.usage.completion_tokens == len(expected["output_ids"])
     assert completion.usage.prompt_tokens == expected["prompt_tokens"]
     repeat = client.chat.completions.create(
-        model="served", messages=messages, extra_headers={"Idempotency-Key": "oa-1"})
+        model=name, messages=messages, extra_headers={"Idempotency-Key": "oa-1"})
     assert repeat.model_extra["nscas"]["cached"] is True
     assert repeat.choices[0].message.content == expected["text"]
     # The same key for another prompt is refused; the client raises the 409.
@@ -155,7 +164,7 @@ def test_openai_client_gets_the_infer_answer(http: httpx.Client, replica: str,
 
     with pytest.raises(openai.ConflictError):
         client.chat.completions.create(
-            model="served", messages=[{"role": "user", "content": "other"}],
+            model=name, messages=[{"role": "user", "content": "other"}],
             extra_headers={"Idempotency-Key": "oa-1"})
 
 
@@ -168,7 +177,7 @@ def test_openai_streaming_joins_to_the_infer_answer(http: httpx.Client, replica:
     client = OpenAI(base_url=f"{replica}/v1", api_key="x",
                     http_client=httpx.Client(trust_env=False))
     stream = client.chat.completions.create(
-        model="served", messages=[{"role": "user", "content": served.prompts[task]}],
+        model=str(served.checkpoint), messages=[{"role": "user", "content": served.prompts[task]}],
         stream=True, stream_options={"include_usage": True}, max_tokens=MAX_NEW_TOKENS)
     pieces, finishes, usage = [], [], None
     for chunk in stream:
@@ -187,7 +196,7 @@ def test_openai_streaming_joins_to_the_infer_answer(http: httpx.Client, replica:
 def test_chat_refusals_are_json(http: httpx.Client, replica: str) -> None:
     url = f"{replica}/v1/chat/completions"
     cases = [
-        ({"messages": [{"role": "user", "content": "hi"}], "temperature": 1.0}, {}, 400),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": 3.0}, {}, 400),
         ({"messages": [{"role": "user", "content": "hi"}]}, {"Idempotency-Key": ""}, 400),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2048}, {}, 400),
         ({"messages": "hi"}, {}, 400),
@@ -197,4 +206,5 @@ def test_chat_refusals_are_json(http: httpx.Client, replica: str) -> None:
         assert answer.status_code == status, body
         assert set(answer.json()) == {"error"}
     # 2048 new tokens would need more positions than the model's 2048 with this prompt.
-    assert "positions" in http.post(url, json=cases[2][0]).json()["error"]
+    refused = http.post(url, json=cases[2][0]).json()["error"]
+    assert "positions" in refused["message"] and refused["code"] == "context_length_exceeded"

@@ -1,24 +1,27 @@
-"""The replica's pure parts: request parsing, stream deltas, the batcher, the retry cache and
-the claims computed from a request log (checked against the independent verifier)."""
+"""The replica's pure parts: request parsing, incremental text with stop strings, sampling,
+the batcher, the retry cache and the claims computed from a request log (checked against the
+independent verifier)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from nscas.recipes.serve.batching import Batcher, RequestConflict, RetryCache
-from nscas.recipes.serve.client import LoadPlan
+from nscas.recipes.serve.client import LoadPlan, _check_answer
+from nscas.recipes.serve.decoding import RowControl, Sampler, TextStream
 from nscas.recipes.serve.metrics import nearest_rank, serving_claims
 from nscas.recipes.serve.protocol import (
     RequestRejected,
+    Sampling,
+    error_body,
     parse_chat,
     parse_infer,
     parse_json_body,
-    text_deltas,
+    parse_text_completion,
 )
 from nscas.verifiers.throughput import check_serving, read_log, recompute
 
@@ -61,30 +64,80 @@ def test_chat_bodies() -> None:
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "temperature": 0,
         "stream": True, "stream_options": {"include_usage": True}},
         default_max_tokens=96, limit=4096)
-    assert chat.messages == (("user", "ab"),) and chat.max_tokens == 96
-    assert chat.stream and chat.include_usage
-    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5},
-                      default_max_tokens=96, limit=4096).max_tokens == 5
-    for body, fragment in (
-        ({"messages": []}, "non-empty array"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "role must be one of"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, "greedily"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": True}, "greedily"),
-        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4097}, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "unknown key(s)"),
-    ):
+    assert chat.messages == (("user", "ab"),) and chat.params.max_tokens == 96
+    assert chat.params.stream and chat.params.include_usage and chat.params.model == "m"
+    assert chat.params.sampling.greedy and chat.params.stop == ()
+    sampled = parse_chat({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+                          "temperature": 0.7, "top_p": 0.5, "seed": -(1 << 63),
+                          "stop": ["a", "bc"]}, default_max_tokens=96, limit=4096).params
+    assert sampled.max_tokens == 5 and sampled.stop == ("a", "bc")
+    assert sampled.sampling == Sampling(temperature=0.7, top_p=0.5, seed=-(1 << 63))
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "stop": "\n",
+                       "seed": (1 << 64) - 1, "temperature": 2}, default_max_tokens=96,
+                      limit=4096).params.stop == ("\n",)
+
+
+def _user(**members: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "x"}], **members}
+
+
+@pytest.mark.parametrize(("body", "param", "code", "fragment"), [
+    ({"messages": []}, "messages", "invalid_value", "non-empty array"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "invalid_value",
+     "role must be one of"),
+    (_user(n=2), "n", "unsupported_parameter", "n=2 is not supported"),
+    (_user(n=True), "n", "unsupported_parameter", "not supported"),
+    (_user(max_tokens=0), "max_tokens", "invalid_value", "from 1 to 4096, not 0"),
+    (_user(max_tokens=4097), "max_tokens", "invalid_value", "from 1 to 4096"),
+    (_user(max_tokens="5"), "max_tokens", "invalid_value", "integer"),
+    (_user(bogus=1), "bogus", "unknown_parameter", "unknown key(s) ['bogus']"),
+    (_user(temperature=2.5), "temperature", "invalid_value", "from 0 to 2, not 2.5"),
+    (_user(temperature=-0.1), "temperature", "invalid_value", "from 0 to 2"),
+    (_user(temperature=True), "temperature", "invalid_value", "number"),
+    (_user(top_p=0), "top_p", "invalid_value", "above 0 and at most 1, not 0"),
+    (_user(top_p=1.5), "top_p", "invalid_value", "at most 1"),
+    (_user(seed=1 << 64), "seed", "invalid_value", "64 bits"),
+    (_user(seed=-(1 << 63) - 1), "seed", "invalid_value", "64 bits"),
+    (_user(seed=1.5), "seed", "invalid_value", "integer"),
+    (_user(stop=["a"] * 5), "stop", "invalid_value", "at most 4 strings"),
+    (_user(stop=[""]), "stop", "invalid_value", "1 to 200 characters"),
+    (_user(stop=7), "stop", "invalid_value", "a string or a list"),
+    (_user(stream="yes"), "stream", "invalid_value", "true or false"),
+    (_user(model=5), "model", "invalid_value", "must be a string"),
+    (_user(stream_options={"x": 1}), "stream_options", "invalid_value", "include_usage"),
+])
+def test_chat_bodies_refused_name_the_member(body: Any, param: str, code: str,
+                                             fragment: str) -> None:
+    with pytest.raises(RequestRejected) as caught:
+        parse_chat(body, default_max_tokens=96, limit=4096)
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, param, code)
+    assert fragment in caught.value.message
+
+
+def test_text_completion_bodies() -> None:
+    text = parse_text_completion({"model": "m", "prompt": "Once", "echo": False, "stop": "."},
+                                 default_max_tokens=16, limit=4096)
+    assert text.prompt == "Once" and text.params.stop == (".",) and text.params.max_tokens == 16
+    assert parse_text_completion({"prompt": ["one"]}, default_max_tokens=1,
+                                 limit=4).prompt == "one"
+    for body, param in (({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+                        ({"prompt": [1, 2]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
+                        ({"prompt": "a", "messages": []}, "messages"), ({}, "prompt")):
         with pytest.raises(RequestRejected) as caught:
-            parse_chat(body, default_max_tokens=96, limit=4096)
-        assert fragment in caught.value.message
+            parse_text_completion(body, default_max_tokens=16, limit=4096)
+        assert caught.value.param == param and caught.value.status == 400
 
 
-@dataclass(frozen=True)
-class FakeGeneration:
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    text: str
-    ended_with_eos: bool
+def test_error_bodies_have_openai_shape() -> None:
+    assert error_body(400, "bad", code="invalid_value", param="top_p") == {"error": {
+        "message": "bad", "type": "invalid_request_error", "param": "top_p",
+        "code": "invalid_value"}}
+    assert error_body(503, "busy", code="shutting_down")["error"]["type"] == (
+        "service_unavailable_error")
+    assert error_body(500, "x", code="internal_error")["error"]["type"] == "server_error"
+    # The load client logs the message of a refusal, as it did of the plain one.
+    refusal = error_body(503, "the replica is shutting down", code="shutting_down")
+    assert _check_answer(503, refusal, "r", "t", "d") == "HTTP 503: the replica is shutting down"
 
 
 class ByteTokenizer:
@@ -94,18 +147,82 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
-def test_stream_deltas_join_to_the_text_and_never_split_a_character() -> None:
-    text = "a€b"  # the euro sign is three bytes, so three tokens
-    ids = (*text.encode(), 0)
-    generation = FakeGeneration(prompt_ids=(1,), output_ids=ids, text=text, ended_with_eos=True)
-    pieces = list(text_deltas(generation, ByteTokenizer()))
-    assert pieces == ["a", "€", "b"]
+def _pushed(text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], TextStream]:
+    stream = TextStream(ByteTokenizer(), stop)
+    pieces = [stream.push(byte) for byte in text.encode()]
+    return [*pieces, stream.finish()], stream
+
+
+def test_text_is_released_only_once_it_decodes_cleanly() -> None:
+    pieces, stream = _pushed("a€b")  # the euro sign is three bytes, so three tokens
+    assert pieces == ["a", "", "", "€", "b", ""]
+    assert stream.text == "a€b" and stream.stopped_at is None
+    # A character of four bytes, split over four tokens, as the last thing decoded.
+    pieces, _ = _pushed("x😀")
+    assert pieces == ["x", "", "", "", "😀", ""] and "\ufffd" not in "".join(pieces)
+
+
+def test_stop_strings_cut_the_text_and_hold_back_what_may_begin_one() -> None:
+    pieces, stream = _pushed("one. two", stop=("wo", ". t"))
+    # ". t" is held back while it may be a stop string, then the text ends before it.
+    assert "".join(pieces) == "one" and stream.text == "one" and stream.stopped_at == 3
+    assert pieces[:4] == ["o", "n", "e", ""]
+    pieces, stream = _pushed("a.b", stop=(". t",))  # a possible start that was not one
+    assert "".join(pieces) == "a.b" and stream.stopped_at is None
+    pieces, stream = _pushed("ab€", stop=("€",))  # found once the character decodes
+    assert "".join(pieces) == "ab" and stream.stopped_at == 2
+    # At the very end, what was held back goes out.
+    pieces, stream = _pushed("xy.", stop=(".z",))
+    assert pieces[-1] == "." and stream.text == "xy."
+
+
+def test_a_row_control_streams_stops_and_reports() -> None:
+    sent: list[str] = []
+    control = RowControl(tokenizer=ByteTokenizer(), eos=frozenset({0}), prompt_tokens=3,
+                         stop=("!",), sampling=Sampling(), emit=sent.append)
+    assert [control.on_token(t) for t in b"hi"] == [True, True]
+    assert sent == ["h", "i"]  # each piece is handed out as its token is chosen
+    assert control.on_token(ord("!")) is False  # the stop string ends the row
+    completion = control.finish(limit=10)
+    assert (completion.text, completion.finish_reason, completion.output_ids) == (
+        "hi", "stop", (104, 105, 33))
+    assert completion.pieces == ("h", "i") and completion.seed is None
+    assert completion.first_token_time <= completion.last_token_time  # type: ignore[operator]
+    ended = RowControl(tokenizer=ByteTokenizer(), eos=frozenset({0}), prompt_tokens=1, stop=(),
+                       sampling=Sampling(), emit=None)
+    assert ended.on_token(ord("a")) and ended.on_token(0)
+    assert ended.finish(limit=2).finish_reason == "stop"  # the end-of-turn token, at the limit
+    full = RowControl(tokenizer=ByteTokenizer(), eos=frozenset({0}), prompt_tokens=1, stop=(),
+                      sampling=Sampling(), emit=None)
+    assert full.on_token(ord("a")) and full.on_token(ord("b"))
+    assert full.finish(limit=2).finish_reason == "length"
+    full.cancel()
+    assert full.on_token(ord("c")) is False
+
+
+def test_sampling_is_seeded_and_top_p_keeps_the_likely_tokens() -> None:
+    import torch
+
+    logits = torch.tensor([2.0, 1.9, 1.8, -5.0, -6.0])
+
+    def draws(sampling: Sampling) -> list[int]:
+        sampler = Sampler(sampling)
+        return [sampler.draw(logits) for _ in range(200)]
+
+    same = draws(Sampling(temperature=1.0, seed=11))
+    assert same == draws(Sampling(temperature=1.0, seed=11))
+    assert same != draws(Sampling(temperature=1.0, seed=12))
+    assert set(same) >= {0, 1, 2}  # it really samples
+    assert set(draws(Sampling(temperature=1.0, top_p=0.3, seed=1))) == {0}
+    assert set(draws(Sampling(temperature=1.0, top_p=0.5, seed=1))) == {0, 1}
+    assert Sampler(Sampling(temperature=1.0)).seed >= 0  # drawn when not given
 
 
 def test_batcher_batches_what_arrives_together() -> None:
     calls: list[tuple[int, int]] = []
 
-    def generate(prompts: Any, max_new_tokens: int) -> list[int]:
+    def generate(prompts: Any, max_new_tokens: int, controls: Any) -> list[int]:
+        assert list(controls) == [None] * len(prompts)
         calls.append((len(prompts), max_new_tokens))
         return [sum(p) * 10 + max_new_tokens for p in prompts]
 
