@@ -41,7 +41,19 @@ lint: $(VENV)/.installed
 	cp -r verifiers $(IMPORTGRAPH)/nscas/verifiers && cp -r migrations $(IMPORTGRAPH)/nscas/migrations
 	cd $(IMPORTGRAPH) && PYTHONPATH=. $(CURDIR)/$(VENV)/bin/lint-imports --config $(CURDIR)/pyproject.toml
 
-test: lint
+# Debian packages the suite needs beside the Python ones, installed when missing (CI runs as
+# root on Debian; elsewhere this says which to install).
+SYSTEM_PACKAGES :=
+.PHONY: system
+system:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  else echo "make: install these Debian packages first: $$missing" >&2; exit 2; fi; \
+	fi
+
+test: lint system
 	$(PY) -m pytest
 
 clean:
