@@ -76,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
 
 
+def default_backend(device: torch.device, world: int) -> str:
+    """The default group's backend: NCCL where gradients cross GPUs, else gloo.
+
+    One rank communicates nothing on its device (DDP and the loss all-reduce need two), and an
+    NCCL communicator would only add its watchdog threads beside a launch-bound loop that the
+    bare PyTorch loop runs without them.
+    """
+    return "nccl" if device.type == "cuda" and world > 1 else "gloo"
+
+
 def train_rank(spec: WorkerSpec) -> None:
     """Everything one rank does, from joining the process group to writing its result."""
     params = spec.params
@@ -89,10 +99,11 @@ def train_rank(spec: WorkerSpec) -> None:
     # Seeds offset by rank: nothing random is shared between ranks by accident.
     torch.manual_seed(params.schedule_seed + rank)
 
+    backend = default_backend(device, world)
     dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
+        backend,
         timeout=timedelta(seconds=params.timeout_seconds),
-        device_id=device if device.type == "cuda" else None,
+        device_id=device if backend == "nccl" else None,
     )
     control = dist.new_group(
         backend="gloo", timeout=timedelta(seconds=params.checkpoint_timeout_seconds)
