@@ -43,7 +43,7 @@ lint: $(VENV)/.installed
 
 # Debian packages the suite needs beside the Python ones, installed when missing (CI runs as
 # root on Debian; elsewhere this says which to install).
-SYSTEM_PACKAGES :=
+SYSTEM_PACKAGES := postgresql chromium
 .PHONY: system
 system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

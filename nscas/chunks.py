@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 import zstandard
@@ -104,6 +104,28 @@ def _safetensors_segments(path: Path, size: int) -> list[Segment] | None:
     return segments
 
 
+class ChunkBackend(Protocol):
+    """Where leaf objects' bytes live: :class:`ChunkFiles` (a directory, local or shared) or
+    :class:`nscas.s3.S3Chunks` (an S3 prefix). Every write goes to a temporary name, is
+    verified, then published; every read is checked against the ID."""
+
+    def ensure(self) -> None: ...
+    def exists(self, hex_id: str) -> bool: ...
+    def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]: ...
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *,
+              written: Callable[[], object] = ..., sha256: bool = True) -> str | None: ...
+    def read(self, hex_id: str, codec: str) -> bytes: ...
+    def verify(self, hex_id: str, codec: str) -> tuple[str, int]: ...
+    def stored_size(self, hex_id: str) -> int | None: ...
+    def location(self, hex_id: str) -> str: ...
+    def remove(self, hex_id: str, *, before: float | None = None) -> bool: ...
+    def iter_ids(self) -> Iterator[str]: ...
+    def chunk_written_before(self, hex_id: str, before: float) -> bool: ...
+    def temporary_files(self) -> list[Path]: ...
+    def written_before(self, path: Path, before: float) -> bool: ...
+    def remove_temporary(self, path: Path, *, before: float | None = None) -> bool: ...
+
+
 class ChunkFiles:
     """The ``data/`` and ``tmp/`` directories of a store."""
 
@@ -122,16 +144,18 @@ class ChunkFiles:
         return self.path(hex_id).is_file()
 
     def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
-        """(codec, stored bytes): zstd only when a sample shows it saves space."""
-        if len(data) >= 1024:
-            # A compressor per call: zstd contexts must not be shared between writer threads.
-            cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-            sample = bytes(data[:_SAMPLE])
-            if len(cctx.compress(sample)) < _MIN_SAVING * len(sample):
-                packed = cctx.compress(data)  # a buffer, not bytes(data): no 32 MiB copy
-                if len(packed) < _MIN_SAVING * len(data):
-                    return "zstd", packed
-        return "raw", data
+        return encode(data)
+
+    def stored_size(self, hex_id: str) -> int | None:
+        """The size of the chunk file, or None if there is none."""
+        path = self.path(hex_id)
+        return path.stat().st_size if path.is_file() else None
+
+    def location(self, hex_id: str) -> str:
+        return f"chunk file {self.path(hex_id)}"
+
+    def chunk_written_before(self, hex_id: str, before: float) -> bool:
+        return _written_before(self.path(hex_id), before)
 
     def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *,
               written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
@@ -191,22 +215,7 @@ class ChunkFiles:
         return data
 
     def _decode(self, stored: bytes, codec: str, hex_id: str = "") -> bytes:
-        if codec == "raw":
-            return stored
-        if codec == "zstd":
-            # Streaming, not ZstdDecompressor.decompress: that allocates whatever size the frame
-            # header claims, and one flipped bit there asks for terabytes (MemoryError).
-            dobj = zstandard.ZstdDecompressor().decompressobj(write_size=1 << 20)
-            try:
-                data = dobj.decompress(stored)
-            except zstandard.ZstdError as exc:
-                raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                                     f"undecodable zstd data ({exc})") from None
-            if not dobj.eof or dobj.unused_data:
-                raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                                     "truncated zstd data or bytes after its end")
-            return data
-        raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+        return decode(stored, codec, hex_id)
 
     def remove(self, hex_id: str, *, before: float | None = None) -> bool:
         """Delete a chunk file (only if last written at or before ``before``); True if deleted."""
@@ -233,6 +242,39 @@ class ChunkFiles:
         if path.parent != self.tmp:
             raise StoreError(f"{path} is not a temporary file of this store")
         return _unlink(path, before)
+
+
+def encode(data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
+    """(codec, stored bytes): zstd only when a sample shows it saves space."""
+    if len(data) >= 1024:
+        # A compressor per call: zstd contexts must not be shared between writer threads.
+        cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+        sample = bytes(data[:_SAMPLE])
+        if len(cctx.compress(sample)) < _MIN_SAVING * len(sample):
+            packed = cctx.compress(data)  # a buffer, not bytes(data): no 32 MiB copy
+            if len(packed) < _MIN_SAVING * len(data):
+                return "zstd", packed
+    return "raw", data
+
+
+def decode(stored: bytes, codec: str, hex_id: str = "") -> bytes:
+    """The plain bytes of a stored leaf (checked against its ID by the caller)."""
+    if codec == "raw":
+        return stored
+    if codec == "zstd":
+        # Streaming, not ZstdDecompressor.decompress: that allocates whatever size the frame
+        # header claims, and one flipped bit there asks for terabytes (MemoryError).
+        dobj = zstandard.ZstdDecompressor().decompressobj(write_size=1 << 20)
+        try:
+            data = dobj.decompress(stored)
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                                 f"undecodable zstd data ({exc})") from None
+        if not dobj.eof or dobj.unused_data:
+            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                                 "truncated zstd data or bytes after its end")
+        return data
+    raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
 
 
 def _written_before(path: Path, before: float) -> bool:

@@ -1,4 +1,5 @@
-"""The SQLite engine with nscas's PRAGMAs, and the alembic upgrade (versions: nscas.revision)."""
+"""The SQLite engine with nscas's PRAGMAs, the PostgreSQL engine (psycopg 3) of a team store,
+and the alembic upgrade of either (versions: nscas.revision)."""
 
 from __future__ import annotations
 
@@ -37,13 +38,34 @@ def make_engine(db_path: Path, *, readonly: bool = False, writer: bool = True) -
     return engine
 
 
+def make_pg_engine(url: str) -> Engine:
+    """A team store's engine: psycopg 3, READ COMMITTED; the store serialises what must be
+    serial with advisory locks (nscas.store)."""
+    from nscas.postgres import CONNECT_TIMEOUT_S, sqlalchemy_url
+
+    return create_engine(sqlalchemy_url(url), future=True, pool_pre_ping=True,
+                         connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
+                                       "application_name": "nscas"})
+
+
 def upgrade(db_path: Path) -> None:
     """Create or upgrade the schema to head, through alembic only."""
+    _upgrade(f"sqlite:///{db_path}")
+
+
+def upgrade_pg(url: str) -> None:
+    """The same migrations on a team store's PostgreSQL database."""
+    from nscas.postgres import sqlalchemy_url
+
+    _upgrade(sqlalchemy_url(url))
+
+
+def _upgrade(url: str) -> None:
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", migrations_dir())
-    cfg.set_main_option("sqlalchemy.url", f"sqlite:///{db_path}")
-    cfg.attributes["db_path"] = str(db_path)
+    # ConfigParser interpolation: a '%' in a password must reach alembic as it is.
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     command.upgrade(cfg, "head")

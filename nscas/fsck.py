@@ -246,12 +246,13 @@ def _check_row(store: StoreReader, info: ObjectInfo) -> list[Finding]:
         if data is None or len(data) != info.size:
             out.append(Finding(object=oid, problem="inline-size", detail="inline bytes missing or of the wrong size"))
     elif info.storage == "file":
-        path = store.chunks.path(info.id.hex)
-        if not path.is_file():
-            out.append(Finding(object=oid, problem="missing-chunk", detail=f"chunk file {path} is missing"))
-        elif path.stat().st_size != info.stored_size:
+        held = store.chunks.stored_size(info.id.hex)
+        if held is None:
+            out.append(Finding(object=oid, problem="missing-chunk",
+                               detail=f"{store.chunks.location(info.id.hex)} is missing"))
+        elif held != info.stored_size:
             out.append(Finding(object=oid, problem="chunk-size",
-                               detail=f"chunk file holds {path.stat().st_size} bytes, expected {info.stored_size}"))
+                               detail=f"chunk file holds {held} bytes, expected {info.stored_size}"))
     elif info.storage == "parts":
         rows = store.part_rows(info.id)
         offset = 0
@@ -294,6 +295,14 @@ def _check_record(store: StoreReader, info: ObjectInfo) -> list[Finding]:
     absent = [d for _, d in want if not store.has(d)]
     for d in absent:
         out.append(Finding(object=oid, problem="broken-closure", detail=f"links to absent {d}"))
+    if kind == "signature/1":  # its statement names its receipt, and its signature verifies
+        from nscas.signing import signature_problem
+
+        receipt = Digest.parse(value["receipt"])
+        problem = signature_problem(value, store.get_bytes(receipt)
+                                    if store.has(receipt) else None)
+        if problem is not None:
+            out.append(Finding(object=oid, problem="bad-signature", detail=problem))
     return out
 
 
@@ -405,7 +414,9 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE)
     cutoff = time.time() - min_age
     infos = list(store.iter_objects())
     roots = [target for _, target in store.ref_list()]
-    roots += [info.id for info in infos if info.kind == "receipt/1"]
+    # Every receipt is kept, and so is every signature of one (it links its receipt, so no
+    # receipt reaches it).
+    roots += [info.id for info in infos if info.kind in ("receipt/1", "signature/1")]
     named = {d.hex for d in store.closure(roots, with_parts=True)}
     young = [info.id for info in infos if info.created >= cutoff and info.id.hex not in named]
     spared = {d.hex for d in store.closure(young, with_parts=True)} - named
@@ -413,7 +424,7 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE)
     doomed = {info.id.hex: info for info in infos if info.id.hex not in keep}
     file_ids = {info.id.hex for info in infos if info.storage == "file" and info.id.hex in keep}
     unused = [h for h in store.chunks.iter_ids() if h not in file_ids and h not in doomed]
-    orphans = tuple(h for h in unused if store.chunks.written_before(store.chunks.path(h), cutoff))
+    orphans = tuple(h for h in unused if store.chunks.chunk_written_before(h, cutoff))
     every_temp = store.chunks.temporary_files()
     temps = tuple(p for p in every_temp if store.chunks.written_before(p, cutoff))
     removed = [info.id for info in doomed.values()]

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from nscas.chunks import INLINE_MAX, ChunkFiles, Segment, split_ranges
+from nscas.chunks import INLINE_MAX, ChunkBackend, Segment, split_ranges
 from nscas.digests import sha256_hex
 from nscas.errors import StoreError
 
@@ -53,7 +53,7 @@ class Assembly:
 class Putter:
     """The put pipeline, with what it needs of a store."""
 
-    chunks: ChunkFiles
+    chunks: ChunkBackend
     lookup: Callable[[str], Leaf | None]
     """The stored object with this BLAKE3 hex, if it can be reused as it is."""
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from nscas import canonical
-from nscas.chunks import ChunkFiles
+from nscas.chunks import ChunkBackend, ChunkFiles
 from nscas.digests import Digest, DualHasher, blake3_hex, parse_prefix
 from nscas.errors import (
     AmbiguousPrefix,
@@ -37,6 +37,7 @@ from nscas.errors import (
 )
 from nscas.locating import BUSY_TIMEOUT_MS, DB_NAME, HEXISH, REF_NAME, store_writable
 from nscas.revision import SchemaDifference, check_revision, database_error, schema_differences
+from nscas.storeconfig import chunk_backend, read_config
 from nscas.suggestions import did_you_mean
 
 # ObjectInfo's columns: a SHA-256 left out at put time comes from object_sha256 once recorded.
@@ -90,17 +91,24 @@ class StoreReader:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.config = read_config(root)
+        """A team store's config (PostgreSQL + object storage); None for an SQLite store."""
+        self._idle: list[Any] = []  # connections not in use, for reuse
+        self._pool_lock = threading.Lock()
+        self._closed = False
+        self.immutable = False
+        """True when the database was opened ``immutable=1``: a read-only store without the
+        ``-shm`` file that a WAL-mode read needs (see :func:`_immutable_open`)."""
+        self._errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+        self._pg: Any = None  # nscas.postgres, for a team store
+        if self.config is not None:
+            self._open_team_store()
+            return
         db = root / DB_NAME
         if not db.is_file():
             raise StoreError(f"{root} is not an nscas store (no {DB_NAME})")
         self._uri = f"{db.absolute().as_uri()}?mode=ro"
-        self._idle: list[sqlite3.Connection] = []  # connections not in use, for reuse
-        self._pool_lock = threading.Lock()
-        self._closed = False
-        self.chunks = ChunkFiles(root)
-        self.immutable = False
-        """True when the database was opened ``immutable=1``: a read-only store without the
-        ``-shm`` file that a WAL-mode read needs (see :func:`_immutable_open`)."""
+        self.chunks: ChunkBackend = ChunkFiles(root)
         try:
             try:
                 self._check_revision()
@@ -116,6 +124,25 @@ class StoreReader:
         except BaseException:
             self._close_reads()  # not close(): a subclass's own resources do not exist yet
             raise
+
+    def _open_team_store(self) -> None:
+        """PostgreSQL through psycopg directly, object data where the config says."""
+        from nscas import postgres
+
+        assert self.config is not None
+        self._pg = postgres
+        self._errors = postgres.ERRORS
+        self.chunks = chunk_backend(self.root, self.config)
+        c = self._connect()
+        try:
+            check_revision(c, self.root, postgres.schema_revision(c))
+        finally:
+            c.close()
+
+    def _database_error(self, exc: BaseException) -> StoreError:
+        if self._pg is not None:
+            return self._pg.database_error(exc, self.root, self.config.database)
+        return database_error(exc, self.root)  # type: ignore[arg-type]
 
     def _share(self) -> None:
         """Read through the ``-shm`` file from now on (a writer of this process has created
@@ -137,7 +164,9 @@ class StoreReader:
         finally:
             c.close()
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> Any:
+        if self._pg is not None:
+            return self._pg.connect(self.config.database, self.root)
         # Autocommit mode, so that BEGIN is the transaction; the timeout is SQLite's busy
         # timeout (a reader waits only for a WAL checkpoint or recovery, if at all).
         return sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
@@ -180,15 +209,19 @@ class StoreReader:
                 c = self._connect()
             c.execute("BEGIN")
             yield c
-        except sqlite3.Error as exc:
-            raise database_error(exc, self.root) from None
+        except self._errors as exc:
+            raise self._database_error(exc) from None
         finally:
             if c is not None:
                 self._release(c)
 
-    def _release(self, c: sqlite3.Connection) -> None:
+    def _release(self, c: Any) -> None:
         if c.in_transaction:
-            c.rollback()
+            try:
+                c.rollback()
+            except self._errors:  # a connection the server closed: not one to reuse
+                c.close()
+                return
         with self._pool_lock:
             keep = not self._closed
             if keep:
@@ -481,7 +514,7 @@ class StoreReader:
     def schema_differences(self) -> list[SchemaDifference]:
         """How the store's tables, indexes and triggers differ from what the migrations create."""
         with self._read() as c:
-            return schema_differences(c)
+            return self._pg.schema_differences(c) if self._pg else schema_differences(c)
 
     def counts(self) -> dict[str, int]:
         with self._read() as c:

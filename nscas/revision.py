@@ -177,9 +177,10 @@ def schema_revision(c: sqlite3.Connection) -> str | None:
     return row[0] if row else None
 
 
-def check_revision(c: sqlite3.Connection, where: Path) -> None:
-    """Refuse a store of another schema version than this code's."""
-    rev = schema_revision(c)
+def check_revision(c: sqlite3.Connection, where: Path, rev: str | None = "") -> None:
+    """Refuse a store of another schema version than this code's (``rev``: the revision as
+    already read, e.g. from a team store's PostgreSQL; else read from ``c``)."""
+    rev = schema_revision(c) if rev == "" else rev
     if rev is None:
         raise StoreError(f"{where} is not an initialised nscas store (run 'nscas init')")
     if rev != SCHEMA_HEAD:

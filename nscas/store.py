@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from nscas import canonical, kinds
 from nscas.chunks import ChunkFiles, Segment, plan_segments
-from nscas.db import make_engine, upgrade
+from nscas.db import make_engine, make_pg_engine, upgrade
 from nscas.digests import Digest, blake3_hex, sha256_hex
 from nscas.errors import (
     ClosureError,
@@ -33,12 +33,13 @@ from nscas.errors import (
     StoreError,
     TagImmutable,
 )
-from nscas.locating import DB_NAME, STORE_DIR, check_ref_name, is_tag, store_writable
+from nscas.locating import CONFIG_NAME, DB_NAME, STORE_DIR, check_ref_name, is_tag, store_writable
 from nscas.objectstore import tree_record
 from nscas.putting import Leaf, Putter
 from nscas.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches
-from nscas.revision import database_error, refuse_newer
+from nscas.revision import database_error, known_revisions, newer_schema, refuse_newer
 from nscas.schema import gc_session, links, object_sha256, objects, parts, ref_log, refs
+from nscas.storeconfig import StoreConfig, chunk_backend, read_config, render_config
 from nscas.workarea import WorkArea, WorkAreas
 
 # The reads live in nscas.reading, which imports no SQLAlchemy; their names stay importable here.
@@ -48,6 +49,8 @@ __all__ = ["DB_NAME", "STORE_DIR", "Link", "ObjectInfo", "RefEntry", "Store", "S
 
 _UNSET: Any = object()
 _PUT_ATTEMPTS = 3  # a put retries when a concurrent gc removed an object it meant to reuse
+_GC_LOCK = 0x6E736361  # PostgreSQL advisory lock: writers share it, gc's deletes hold it alone
+_REF_LOCK = 0x6E737266  # with hashtext(name): one ref's compare-and-swap at a time
 
 
 class _LeavesVanished(StoreError):
@@ -59,9 +62,12 @@ class _LeavesVanished(StoreError):
         self.ids = ids
 
 
-def init_store(path: Path) -> Store:
-    """Create (or upgrade) a store at ``path/.nscas``, or at ``path`` if it ends in ``.nscas``."""
+def init_store(path: Path, config: StoreConfig | None = None) -> Store:
+    """Create (or upgrade) a store at ``path/.nscas``, or at ``path`` if it ends in ``.nscas``;
+    with ``config``, a team store (PostgreSQL + object storage) whose ``store.toml`` goes there."""
     root = path if path.name == STORE_DIR else path / STORE_DIR
+    if config is not None or (root / CONFIG_NAME).is_file():
+        return _init_team_store(root, config)
     if (root / DB_NAME).is_file() and not store_writable(root):
         raise ReadOnlyStore(str(root))
     with _faults(root):
@@ -78,6 +84,42 @@ def init_store(path: Path) -> Store:
     return Store(root)
 
 
+def _init_team_store(root: Path, config: StoreConfig | None) -> Store:
+    """Write (or keep) ``store.toml``, check the object storage, migrate the database."""
+    from nscas import postgres
+    from nscas.db import upgrade_pg
+
+    if (root / DB_NAME).is_file():
+        raise InvalidInput(f"{root} holds an SQLite store already; a team store needs a directory "
+                           "of its own")
+    existing = read_config(root)
+    if config is None:
+        config = existing
+    elif existing is not None and existing != config:
+        raise InvalidInput(f"{root / CONFIG_NAME} names another database or object storage; "
+                           "remove it first or use another directory")
+    assert config is not None
+    c = postgres.connect(config.database, root)  # unreachable, wrong password: one line
+    try:
+        rev = postgres.schema_revision(c)
+    except postgres.ERRORS as exc:
+        raise postgres.database_error(exc, root, config.database) from None
+    finally:
+        c.close()
+    if rev is not None and rev not in known_revisions():
+        raise newer_schema(rev, root)
+    chunk_backend(root, config).ensure()
+    with _faults(root):
+        upgrade_pg(config.database)
+        root.mkdir(parents=True, exist_ok=True)
+        if existing is None:
+            tmp = root / f".{CONFIG_NAME}.tmp"
+            tmp.write_text(render_config(config), encoding="utf-8")
+            tmp.chmod(0o600)  # it may hold a password
+            os.replace(tmp, root / CONFIG_NAME)
+    return Store(root)
+
+
 class Store(StoreReader):
     """A content-addressed store. Thread-safe for puts; many processes may share one.
 
@@ -90,9 +132,22 @@ class Store(StoreReader):
         if not readonly and not store_writable(root):
             self._close_reads()
             raise ReadOnlyStore(str(root))
+        self._lock = threading.Lock()
+        self._upsert: Callable[[Any], Any] = sqlite_insert
+        if self.config is not None:
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            self._upsert = pg_insert
+            self._writer = make_pg_engine(self.config.database)
+            try:
+                with _faults(root), self._writer.connect():
+                    pass
+            except BaseException:
+                self.close()
+                raise
+            return
         db = root / DB_NAME
         self._writer = make_engine(db, readonly=readonly, writer=True)
-        self._lock = threading.Lock()
         if not readonly:
             try:
                 with _faults(root), self._writer.connect():  # puts the database in WAL mode
@@ -103,9 +158,15 @@ class Store(StoreReader):
             self._share()  # a reader opened immutable (a disk full a moment ago) reads shared now
 
     @contextmanager
-    def _begin(self) -> Iterator[Connection]:
-        """A write transaction (BEGIN IMMEDIATE); SQLite's errors become the store's."""
+    def _begin(self, *, gc: bool = False) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE); SQLite's errors become the store's.
+
+        On PostgreSQL writers run at once: each holds the gc lock shared, and ``gc`` (its
+        deletes) holds it alone, as SQLite's one write lock would have it."""
         with _faults(self.root), self._writer.begin() as c:
+            if self.config is not None:
+                c.execute(text(f"SELECT pg_advisory_xact_lock{'' if gc else '_shared'}(:k)"),
+                          {"k": _GC_LOCK})
             yield c
 
     def close(self) -> None:
@@ -216,7 +277,7 @@ class Store(StoreReader):
             with self._begin() as c:
                 # Only while the object is still there: a gc may have removed it meanwhile.
                 if c.execute(select(objects.c.seq).where(objects.c.id == oid.hex)).first():
-                    c.execute(sqlite_insert(object_sha256).on_conflict_do_nothing(),
+                    c.execute(self._upsert(object_sha256).on_conflict_do_nothing(),
                               [{"id": oid.hex, "sha256": sha}])
         return sha
 
@@ -228,6 +289,16 @@ class Store(StoreReader):
         rows = [{"id": lf.hex, "size": lf.size, "sha256": lf.sha256, "kind": lf.kind,
                  "storage": lf.storage, "codec": lf.codec, "stored_size": lf.stored_size,
                  "data": lf.data, "created": now} for lf in leaves]
+        for attempt in range(_PUT_ATTEMPTS):
+            try:
+                return self._insert_rows(rows, leaves, part_rows, link_rows, require)
+            except DBAPIError as exc:  # two PostgreSQL writers waiting on each other's rows
+                if attempt == _PUT_ATTEMPTS - 1 or type(exc.orig).__name__ != "DeadlockDetected":
+                    raise
+
+    def _insert_rows(self, rows: list[dict[str, Any]], leaves: list[Leaf],
+                     part_rows: list[dict[str, Any]], link_rows: list[dict[str, Any]],
+                     require: Iterable[str]) -> None:
         with self._begin() as c:
             needed = set(require) - {lf.hex for lf in leaves}
             if needed:
@@ -244,11 +315,11 @@ class Store(StoreReader):
                     raise _LeavesVanished(vanished)
             # Parts before their parents, links after their record: insert order = dependency order.
             if rows:
-                c.execute(sqlite_insert(objects).on_conflict_do_nothing(index_elements=["id"]), rows)
+                c.execute(self._upsert(objects).on_conflict_do_nothing(index_elements=["id"]), rows)
             if part_rows:
-                c.execute(sqlite_insert(parts).on_conflict_do_nothing(), part_rows)
+                c.execute(self._upsert(parts).on_conflict_do_nothing(), part_rows)
             if link_rows:
-                c.execute(sqlite_insert(links).on_conflict_do_nothing(), link_rows)
+                c.execute(self._upsert(links).on_conflict_do_nothing(), link_rows)
 
     def put_tree(self, path: Path) -> Digest:
         """A directory as a tree/1 record of its regular files (links are refused)."""
@@ -266,6 +337,9 @@ class Store(StoreReader):
         check_ref_name(name)
         now = time.time()
         with self._begin() as c:
+            if self.config is not None:  # compare-and-swap: one writer of this ref at a time
+                c.execute(text("SELECT pg_advisory_xact_lock(:k, hashtext(:n))"),
+                          {"k": _REF_LOCK, "n": name})
             if c.execute(select(objects.c.seq).where(objects.c.id == target.hex)).first() is None:
                 raise NotFound(str(target))
             old_hex = c.execute(select(refs.c.target).where(refs.c.name == name)).scalar()
@@ -309,7 +383,7 @@ class Store(StoreReader):
         (a put may be writing the same bytes afresh). Returns the IDs actually removed.
         """
         doomed = {d.hex for d in ids}
-        with self._begin() as c:
+        with self._begin(gc=True) as c:
             doomed -= _rescued(c, doomed)
             gone = sorted(doomed)
             c.execute(insert(gc_session).values(token=1))
@@ -340,6 +414,11 @@ def _faults(root: Path) -> Iterator[None]:
     except DBAPIError as exc:
         if isinstance(exc.orig, sqlite3.Error):
             raise database_error(exc.orig, root) from None
+        if type(exc.orig).__module__.startswith("psycopg") and (
+                type(exc.orig).__name__ != "DeadlockDetected"):
+            from nscas.postgres import database_error as pg_error
+
+            raise pg_error(exc.orig, root) from None
         raise
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

@@ -14,6 +14,29 @@ depends_on = None
 
 INSERT_ONLY = ("objects", "parts", "links", "ref_log")
 
+# PostgreSQL's triggers cannot hold a subquery in WHEN: one function checks gc_session for all of
+# them (a row there only inside gc's own transaction, invisible to every other connection).
+PG_GUARD_FUNCTION = (
+    "CREATE FUNCTION nscas_insert_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "IF EXISTS (SELECT 1 FROM gc_session) THEN "
+    "IF TG_OP = 'DELETE' THEN RETURN OLD; END IF; RETURN NEW; END IF; "
+    "RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is insert-only'; END $$"
+)
+
+
+def _guard(table: str) -> None:
+    """Abort UPDATE and DELETE on ``table`` unless gc's session row exists."""
+    for verb in ("UPDATE", "DELETE"):
+        if op.get_bind().dialect.name == "postgresql":
+            op.execute(f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
+                       f"FOR EACH ROW EXECUTE FUNCTION nscas_insert_only()")
+        else:
+            op.execute(
+                f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
+                f"WHEN NOT EXISTS (SELECT 1 FROM gc_session) "
+                f"BEGIN SELECT RAISE(ABORT, '{table} is insert-only'); END"
+            )
+
 
 def upgrade() -> None:
     op.create_table(
@@ -30,7 +53,8 @@ def upgrade() -> None:
         sa.Column("created", sa.Float, nullable=False),
     )
     op.create_index(
-        "ix_objects_records", "objects", ["kind", "seq"], sqlite_where=sa.text("kind IS NOT NULL")
+        "ix_objects_records", "objects", ["kind", "seq"], sqlite_where=sa.text("kind IS NOT NULL"),
+        postgresql_where=sa.text("kind IS NOT NULL"),
     )
     op.create_table(
         "parts",
@@ -64,18 +88,18 @@ def upgrade() -> None:
     )
     op.create_index("ix_ref_log_name", "ref_log", ["name", "seq"])
     op.create_table("gc_session", sa.Column("token", sa.Integer, primary_key=True))
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(PG_GUARD_FUNCTION)
     for table in INSERT_ONLY:
-        for verb in ("UPDATE", "DELETE"):
-            op.execute(
-                f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
-                f"WHEN NOT EXISTS (SELECT 1 FROM gc_session) "
-                f"BEGIN SELECT RAISE(ABORT, '{table} is insert-only'); END"
-            )
+        _guard(table)
 
 
 def downgrade() -> None:
     for table in INSERT_ONLY:
         for verb in ("update", "delete"):
-            op.execute(f"DROP TRIGGER IF EXISTS {table}_no_{verb}")
+            on = f" ON {table}" if op.get_bind().dialect.name == "postgresql" else ""
+            op.execute(f"DROP TRIGGER IF EXISTS {table}_no_{verb}{on}")
     for table in ("gc_session", "ref_log", "refs", "links", "parts", "objects"):
         op.drop_table(table)
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP FUNCTION IF EXISTS nscas_insert_only()")

@@ -21,7 +21,8 @@ def upgrade() -> None:
     op.drop_index("ix_links_child", table_name="links")
     op.create_index("ix_links_child", "links", ["child", "parent", "path"])
     op.create_index("ix_objects_record_seq", "objects", ["seq"],
-                    sqlite_where=sa.text("kind IS NOT NULL"))
+                    sqlite_where=sa.text("kind IS NOT NULL"),
+                    postgresql_where=sa.text("kind IS NOT NULL"))
 
 
 def downgrade() -> None:

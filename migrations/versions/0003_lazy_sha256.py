@@ -20,8 +20,16 @@ depends_on = None
 _VERBS = ("update", "delete")
 
 
+def _postgresql() -> bool:
+    return op.get_bind().dialect.name == "postgresql"
+
+
 def _guard(table: str) -> None:
     for verb in _VERBS:
+        if _postgresql():  # the trigger function is 0001's
+            op.execute(f"CREATE TRIGGER {table}_no_{verb} BEFORE {verb.upper()} ON {table} "
+                       f"FOR EACH ROW EXECUTE FUNCTION nscas_insert_only()")
+            continue
         op.execute(
             f"CREATE TRIGGER {table}_no_{verb} BEFORE {verb.upper()} ON {table} "
             f"WHEN NOT EXISTS (SELECT 1 FROM gc_session) "
@@ -31,10 +39,13 @@ def _guard(table: str) -> None:
 
 def _unguard(table: str) -> None:
     for verb in _VERBS:
-        op.execute(f"DROP TRIGGER IF EXISTS {table}_no_{verb}")
+        op.execute(f"DROP TRIGGER IF EXISTS {table}_no_{verb}" + (f" ON {table}" if _postgresql() else ""))
 
 
 def _rebuild_objects(*, sha256_nullable: bool) -> None:
+    if _postgresql():  # PostgreSQL relaxes NOT NULL in place; rows, indexes and triggers stay
+        op.alter_column("objects", "sha256", existing_type=sa.CHAR(64), nullable=sha256_nullable)
+        return
     _unguard("objects")
     op.drop_index("ix_objects_record_seq", table_name="objects")
     op.drop_index("ix_objects_records", table_name="objects")

@@ -20,6 +20,7 @@ from safetensors.numpy import save_file
 
 from nscas import chunks, putting
 from nscas.digests import Digest
+from nscas.s3 import S3Chunks
 from nscas.store import DB_NAME, Store
 
 EMPTY_BLAKE3 = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
@@ -49,19 +50,61 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> bytes:
     return path.read_bytes()
 
 
-def chunk_files(store: Store) -> dict[str, tuple[int, int]]:
-    """{relative path: (inode, mtime_ns)} of every chunk file of the store."""
+class S3Key:
+    """A chunk object on S3 read and written behind the store's back, with the few methods of
+    ``Path`` the tests use on chunk files."""
+
+    def __init__(self, chunks: S3Chunks, key: str) -> None:
+        self._s3, self._c, self.key = chunks, chunks._client, key
+
+    def read_bytes(self) -> bytes:
+        return self._c.get_object(Bucket=self._s3.bucket, Key=self.key)["Body"].read()
+
+    def write_bytes(self, data: bytes) -> None:
+        self._c.put_object(Bucket=self._s3.bucket, Key=self.key, Body=data)
+
+    def unlink(self) -> None:
+        self._c.delete_object(Bucket=self._s3.bucket, Key=self.key)
+
+    def exists(self) -> bool:
+        return self._s3._modified(self.key) is not None
+
+    is_file = exists
+
+    def stat(self) -> Any:
+        size = self._c.head_object(Bucket=self._s3.bucket, Key=self.key)["ContentLength"]
+        return type("Stat", (), {"st_size": size})()
+
+
+def chunk_files(store: Store) -> dict[str, tuple[Any, Any]]:
+    """{relative path: (inode, mtime_ns)} of every chunk file of the store (on S3: key, ETag
+    and time)."""
+    if isinstance(store.chunks, S3Chunks):
+        c, base = store.chunks._client, store.chunks._key("data") + "/"
+        out = {}
+        for page in c.get_paginator("list_objects_v2").paginate(Bucket=store.chunks.bucket,
+                                                                 Prefix=base):
+            for item in page.get("Contents", []):
+                out[item["Key"][len(base):]] = (item["ETag"], item["LastModified"])
+        return out
     data = store.root / "data"
     return {p.relative_to(data).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
             for p in sorted(data.rglob("*")) if p.is_file()}
 
 
-def chunk_path(store: Store, oid: Digest) -> Path:
+def chunk_path(store: Store, oid: Digest) -> Any:
+    if isinstance(store.chunks, S3Chunks):
+        return S3Key(store.chunks, store.chunks.key(oid.hex))
     return store.root / "data" / oid.hex[:2] / oid.hex[2:]
 
 
 def flip_byte(path: Path, offset: int, mask: int = 0x01) -> None:
     """Corrupt one byte of a file in place (as bit rot would)."""
+    if isinstance(path, S3Key):
+        data = bytearray(path.read_bytes())
+        data[offset] ^= mask
+        path.write_bytes(bytes(data))
+        return
     with path.open("r+b") as f:
         f.seek(offset)
         byte = f.read(1)[0]
@@ -70,8 +113,25 @@ def flip_byte(path: Path, offset: int, mask: int = 0x01) -> None:
 
 
 def raw_db(store: Store) -> sqlite3.Connection:
-    """A plain sqlite3 connection to the store's database, outside the store's code."""
+    """A plain connection to the store's database, outside the store's code (a team store's:
+    psycopg, in autocommit mode, taking ``?`` placeholders)."""
+    if store.config is not None:
+        return _PgRaw(store.config.database)  # type: ignore[return-value]
     return sqlite3.connect(store.root / DB_NAME, isolation_level=None)
+
+
+class _PgRaw:
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self._c = psycopg.connect(url, autocommit=True)
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        sql = "BEGIN" if sql == "BEGIN IMMEDIATE" else sql
+        return self._c.execute(sql.replace("?", "%s"), params)
+
+    def close(self) -> None:
+        self._c.close()
 
 
 def rewrite_inline(store: Store, oid: Digest, data: bytes) -> None:

@@ -35,7 +35,16 @@ def _age(store: Store, oids: list[Digest], seconds: float) -> None:
             _set_back(path, seconds)
 
 
+def _local_files_only(store: Store) -> None:
+    if store.config is not None and store.config.objects.startswith("s3://"):
+        pytest.skip("writes stray files into the store's local data/ and tmp/ and sets their "
+                    "times back; the S3 form of this test is not written yet")
+
+
 def _set_back(path: Path, seconds: float) -> None:
+    if not isinstance(path, Path):  # an S3 key: the service alone sets LastModified
+        pytest.skip("an S3 key's LastModified cannot be set back; gc's age rules on S3 need "
+                    "a test of their own (not written yet)")
     then = time.time() - seconds
     os.utime(path, (then, then))
 
@@ -131,6 +140,7 @@ class TestMaintenanceContract:
         assert fsck(any_store).mode == "rows" and fsck(any_store).deep_checked == 0
 
     def test_gc_keeps_reachable_and_removes_the_rest(self, any_store: Store, tmp_path: Path) -> None:
+        _local_files_only(any_store)
         built = build_records(any_store)  # no ref; the receipt is a root of its own
         tensors = {"kept": np.arange(4000, dtype=np.float32), "big": np.ones(3000, np.float32)}
         write_safetensors(tmp_path / "m.safetensors", tensors)
@@ -176,6 +186,7 @@ class TestMaintenanceContract:
         assert gc(any_store, min_age=0).objects == ()  # nothing left to collect
 
     def test_gc_keeps_young_orphans_and_temporary_files(self, any_store: Store) -> None:
+        _local_files_only(any_store)
         # A put in another process writes chunk files (through tmp/) before it inserts their rows.
         temp = any_store.root / "tmp" / "in-progress.tmp"
         temp.write_bytes(b"a put is writing me")

@@ -1,0 +1,162 @@
+"""A team store's PostgreSQL database: connections for reads (psycopg directly, as SQLite's reads
+use ``sqlite3``), what its errors mean, its schema revision and the schema fsck compares.
+
+The reads in nscas.reading are written once, with ``?`` placeholders: :class:`PgConnection`
+gives them the small part of ``sqlite3.Connection`` they use. psycopg is imported only here,
+and only when a team store is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from nscas.errors import DamagedStore, ReadOnlyStore, StoreError
+from nscas.revision import INDEXES, INSERT_ONLY_TABLES, TABLES, SchemaDifference
+from nscas.storeconfig import redact
+
+CONNECT_TIMEOUT_S = 10
+# A read sees one committed state of the store, as an SQLite read transaction in WAL mode does.
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+GUARD_FUNCTION = "nscas_insert_only"
+"""The trigger function the migrations create for the insert-only tables on PostgreSQL."""
+
+# Index names PostgreSQL gives keys and UNIQUE constraints (SQLite's are sqlite_autoindex_*).
+PG_INDEXES: dict[str, str] = {
+    **{name: table for name, table in INDEXES.items() if not name.startswith("sqlite_")},
+    "alembic_version_pkc": "alembic_version", "objects_pkey": "objects",
+    "objects_id_key": "objects", "parts_pkey": "parts", "links_pkey": "links",
+    "object_sha256_pkey": "object_sha256", "refs_pkey": "refs", "ref_log_pkey": "ref_log",
+    "gc_session_pkey": "gc_session",
+}
+PG_TRIGGERS = {f"{t}_no_{v}": (t, v.upper()) for t in INSERT_ONLY_TABLES for v in ("update", "delete")}
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The SQLAlchemy URL of a libpq URL: the psycopg 3 driver."""
+    return "postgresql+psycopg://" + url.split("://", 1)[1]
+
+
+class PgConnection:
+    """A psycopg connection in autocommit mode that reads like ``sqlite3.Connection``:
+    ``execute`` with ``?`` placeholders, ``in_transaction``, ``rollback``, ``close``."""
+
+    def __init__(self, url: str) -> None:
+        self._c = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                  application_name="nscas")
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        if sql == "BEGIN":
+            sql = _BEGIN_READ
+        return self._c.execute(sql.replace("?", "%s"), tuple(args), prepare=False)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._c.info.transaction_status != pq.TransactionStatus.IDLE
+
+    def rollback(self) -> None:
+        if not self._c.closed:
+            self._c.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self._c.close()
+
+
+def connect(url: str, root: Path) -> PgConnection:
+    """A read connection, or the store's one-line error (unreachable, wrong password, ...)."""
+    try:
+        return PgConnection(url)
+    except psycopg.Error as exc:
+        raise database_error(exc, root, url) from None
+
+
+ERRORS = (psycopg.Error,)
+
+
+def database_error(exc: psycopg.Error, root: Path, url: str | None = None) -> StoreError:
+    """What an error PostgreSQL (or the connection to it) raised means, in one line."""
+    where = redact(url) if url else f"of the store {root}"
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction | psycopg.errors.InsufficientPrivilege):
+        return ReadOnlyStore(str(root))
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+        return DamagedStore(str(root), first)
+    if isinstance(exc, psycopg.errors.DiskFull):
+        return StoreError(f"the database {where} has no space left: {first}")
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return StoreError(f"cannot reach the store database {where}: {first}")
+    return StoreError(f"the store database {where} failed: {first}")
+
+
+def schema_revision(c: PgConnection) -> str | None:
+    """The store's alembic revision, or None before its first migration."""
+    if c.execute("SELECT to_regclass('alembic_version')").fetchone()[0] is None:
+        return None
+    row = c.execute("SELECT version_num FROM alembic_version").fetchone()
+    return row[0] if row else None
+
+
+def schema_differences(c: PgConnection) -> list[SchemaDifference]:
+    """The PostgreSQL form of :func:`nscas.revision.schema_differences`: tables, columns,
+    indexes and the insert-only triggers (each calling :data:`GUARD_FUNCTION` before its verb)."""
+    columns: dict[str, set[str]] = {}
+    for table, column in c.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema()"):
+        columns.setdefault(table, set()).add(column)
+    out: list[SchemaDifference] = []
+    for table, wanted in TABLES.items():
+        if table not in columns:
+            out.append(SchemaDifference(name=table, problem="missing-table",
+                                        detail=f"table {table} is missing"))
+            continue
+        out.extend(SchemaDifference(name=f"{table}.{col}", problem="missing-column",
+                                    detail=f"column {col} of table {table} is missing")
+                   for col in wanted if col not in columns[table])
+    gone = {d.name for d in out if d.problem == "missing-table"}
+    indexes = {name for (name,) in c.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")}
+    out.extend(SchemaDifference(name=index, problem="missing-index",
+                                detail=f"index {index} on {table} is missing")
+               for index, table in PG_INDEXES.items() if index not in indexes and table not in gone)
+    triggers = {name: (table, sql) for name, table, sql in c.execute(
+        "SELECT t.tgname, r.relname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
+        "JOIN pg_class r ON r.oid = t.tgrelid JOIN pg_namespace n ON n.oid = r.relnamespace "
+        "WHERE NOT t.tgisinternal AND n.nspname = current_schema()")}
+    for name, (table, verb) in PG_TRIGGERS.items():
+        found = triggers.get(name)
+        if found is None:
+            if table not in gone:
+                out.append(SchemaDifference(name=name, problem="missing-trigger",
+                                            detail=f"trigger {name} is missing: {table} is no "
+                                                   "longer insert-only"))
+        elif found[1] != guard_trigger_def(table, verb):
+            out.append(SchemaDifference(name=name, problem="changed-trigger",
+                                        detail=f"trigger {name} is not the one the migrations "
+                                               f"create: {found[1]}"))
+    for name, (table, sql) in sorted(triggers.items()):
+        if name not in PG_TRIGGERS:
+            out.append(SchemaDifference(name=name, problem="extra-trigger",
+                                        detail=f"trigger {name} on {table}, which no migration "
+                                               f"creates: {sql}"))
+    out.extend(SchemaDifference(name=t, problem="extra-object", harmful=False,
+                                detail=f"table {t}, which no migration creates")
+               for t in sorted(set(columns) - set(TABLES)))
+    out.extend(SchemaDifference(name=i, problem="extra-object", harmful=False,
+                                detail=f"index {i}, which no migration creates")
+               for i in sorted(indexes - set(PG_INDEXES)))
+    if "gc_session" not in gone and c.execute("SELECT 1 FROM gc_session").fetchone():
+        out.append(SchemaDifference(name="gc_session", problem="gc-session-open",
+                                    detail="gc_session holds a row outside any gc: the "
+                                           "insert-only tables accept updates and deletes"))
+    return out
+
+
+def guard_trigger_def(table: str, verb: str) -> str:
+    """``pg_get_triggerdef`` of the insert-only trigger on ``table`` for ``verb``."""
+    return (f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON public.{table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {GUARD_FUNCTION}()")
