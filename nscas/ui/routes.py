@@ -1,0 +1,263 @@
+"""The UI's routes: each parses its query (an unknown or malformed parameter is a 400), reads
+through ``nscas.ui.views`` in a worker thread (the store is synchronous) and renders a template.
+
+Pages: ``/`` experiments, ``/receipt/ID``, ``/object/ID``, ``/lineage/ID``, ``/compare?run=..``;
+data: ``/raw/ID`` (a blob's bytes, streamed), ``/dot/ID`` (the lineage as Graphviz dot),
+``/verify/ID`` (the independent verification as server-sent events). ``ID`` is anything
+``nscas show`` accepts: a full ID, a ref name or a unique prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from nscas.digests import Digest
+from nscas.lineage import HIDE_CLASSES, MAX_NODES, lineage, parse_hide, to_dot
+from nscas.ui import views
+from nscas.ui.app import SETTINGS, VERIFY_SLOTS, BadQuery, security_headers
+from nscas.ui.graph import BOX_W, drawn_edges
+from nscas.ui.preview import PageOutOfRange, sniff
+from nscas.ui.render import page
+
+CHUNK = 1 << 20
+MAX_PAGE = 1_000_000
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@/+-]{0,199}")
+
+
+class Query:
+    """A request's query: each name given at most once unless ``many``, none unknown."""
+
+    def __init__(self, request: web.Request, known: Sequence[str], many: Sequence[str] = ()) -> None:
+        self._q = request.query
+        unknown = sorted(set(self._q) - set(known) - set(many))
+        if unknown:
+            raise BadQuery(f"unknown query parameter {unknown[0]!r}; this page takes "
+                           + (", ".join(sorted({*known, *many})) or "none"))
+        for name in known:
+            if len(self._q.getall(name, [])) > 1:
+                raise BadQuery(f"query parameter {name!r} is given more than once")
+
+    def text(self, name: str, *, pattern: re.Pattern[str] = _NAME) -> str | None:
+        value = self._q.get(name)
+        if value is None or value == "":
+            return None
+        if not pattern.fullmatch(value):
+            raise BadQuery(f"{name}={value[:60]!r} is not a usable value")
+        return value
+
+    def choice(self, name: str, choices: Sequence[str]) -> str | None:
+        value = self._q.get(name) or None
+        if value is not None and value not in choices:
+            raise BadQuery(f"{name}={value[:60]!r}: expected one of {', '.join(choices)}")
+        return value
+
+    def integer(self, name: str, *, default: int | None, low: int, high: int) -> int | None:
+        value = self._q.get(name)
+        if value is None or value == "":
+            return default
+        if not re.fullmatch(r"[0-9]{1,9}", value) or not low <= int(value) <= high:
+            raise BadQuery(f"{name}={value[:60]!r}: expected a whole number from {low} to {high}")
+        return int(value)
+
+    def all(self, name: str) -> list[str]:
+        return [v for v in self._q.getall(name, []) if v != ""]
+
+
+def html(text: str, status: int = 200) -> web.Response:
+    return web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
+
+
+def _store(request: web.Request) -> Any:
+    return request.app[SETTINGS].store
+
+
+def _resolve(request: web.Request) -> Digest:
+    return _store(request).resolve(request.match_info["target"])
+
+
+# ------------------------------------------------------------------ pages
+
+
+async def experiments(request: web.Request) -> web.Response:
+    q = Query(request, ("recipe", "ref", "status", "limit"))
+    f = views.ExperimentFilter(recipe=q.text("recipe"), ref=q.text("ref"),
+                               status=q.choice("status", ("succeeded", "failed")),
+                               limit=q.integer("limit", default=50, low=1, high=1000) or 50)
+    view = await asyncio.to_thread(views.experiments, _store(request), f)
+    return html(page("experiments.jinja", view=view, f=f, nav="experiments",
+                     store=str(_store(request).root)))
+
+
+async def receipt(request: web.Request) -> web.StreamResponse:
+    Query(request, ())
+    store = _store(request)
+    oid = await asyncio.to_thread(store.resolve, request.match_info["target"])
+    view = await asyncio.to_thread(views.receipt, store, oid)
+    return html(page("receipt.jinja", view=view, nav="experiments", store=str(store.root)))
+
+
+async def object_page(request: web.Request) -> web.StreamResponse:
+    q = Query(request, ("page",))
+    store = _store(request)
+    oid = await asyncio.to_thread(_resolve, request)
+    number = q.integer("page", default=1, low=1, high=MAX_PAGE) or 1
+    try:
+        view = await asyncio.to_thread(views.object_view, store, oid, page=number)
+    except PageOutOfRange as exc:
+        raise BadQuery(f"page={exc.page}: {exc.why}") from None
+    return html(page("object.jinja", view=view, nav="objects", store=str(store.root)))
+
+
+def _lineage_args(request: web.Request) -> dict[str, Any]:
+    q = Query(request, ("direction", "depth", "hide", "max_nodes"), many=("expand",))
+    hide_text = request.query.get("hide", "")
+    if len(hide_text) > 200:
+        raise BadQuery("hide is too long")
+    store = _store(request)
+    expand = [store.resolve(e) for e in q.all("expand")[:50]]
+    return {"direction": q.choice("direction", ("up", "down")) or "up",
+            "depth": q.integer("depth", default=None, low=0, high=1000),
+            "hide": parse_hide(hide_text),
+            "max_nodes": q.integer("max_nodes", default=MAX_NODES, low=1, high=2000) or MAX_NODES,
+            "expand": expand}
+
+
+async def lineage_page(request: web.Request) -> web.StreamResponse:
+    store = _store(request)
+    oid = await asyncio.to_thread(_resolve, request)
+    args = await asyncio.to_thread(_lineage_args, request)
+    view = await asyncio.to_thread(views.lineage_view, store, oid, **args)
+    return html(page("lineage.jinja", view=view, args=args, hide_classes=HIDE_CLASSES,
+                     edges=drawn_edges(view.graph), box_w=BOX_W, nav="lineage",
+                     store=str(store.root)))
+
+
+async def dot(request: web.Request) -> web.StreamResponse:
+    store = _store(request)
+    oid = await asyncio.to_thread(_resolve, request)
+    args = await asyncio.to_thread(_lineage_args, request)
+    del args["expand"]
+
+    def text() -> str:
+        root = lineage(store, oid, **args)
+        return to_dot(root, direction=args["direction"])
+
+    return web.Response(text=await asyncio.to_thread(text), content_type="text/vnd.graphviz",
+                        charset="utf-8")
+
+
+async def compare_page(request: web.Request) -> web.StreamResponse:
+    q = Query(request, ("family", "variant", "verdict", "page"), many=("run",))
+    runs = q.all("run")
+    if not runs:  # nothing picked yet: the evaluate runs, to tick
+        raise web.HTTPFound("/?recipe=evaluate")
+    if len(runs) > 12:
+        raise BadQuery("compare shows at most 12 runs")
+    f = views.CompareFilter(family=q.text("family"), variant=q.text("variant"),
+                            verdict=q.choice("verdict", views.VERDICTS),
+                            page=q.integer("page", default=1, low=1, high=MAX_PAGE) or 1)
+    store = _store(request)
+    view = await asyncio.to_thread(views.compare_view, store, runs, f)
+    return html(page("compare.jinja", view=view, f=f, verdicts=views.VERDICTS, nav="compare",
+                     store=str(store.root)))
+
+
+# ------------------------------------------------------------------ bytes
+
+
+async def raw(request: web.Request) -> web.StreamResponse:
+    q = Query(request, ("download",))
+    download = q.choice("download", ("1",)) == "1"
+    store = _store(request)
+    oid = await asyncio.to_thread(_resolve, request)
+    info = await asyncio.to_thread(store.info, oid)
+    if download:
+        media = "application/octet-stream"
+    elif info.kind is not None:
+        media = "application/json"
+    else:
+        media = (await asyncio.to_thread(sniff, store, oid)).media_type
+    response = web.StreamResponse(headers={
+        **security_headers(raw=True), "Content-Type": media,
+        "Content-Length": str(info.size),
+        "Content-Disposition": ("attachment" if download else "inline")
+        + f'; filename="{oid.hex[:16]}"'})
+    await response.prepare(request)
+    if request.method == "HEAD":
+        return response
+    f = await asyncio.to_thread(store.open, oid)
+    try:
+        while block := await asyncio.to_thread(f.read, CHUNK):
+            await response.write(block)
+    finally:
+        f.close()
+    await response.write_eof()
+    return response
+
+
+# ------------------------------------------------------------------ verification
+
+
+async def verify_stream(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: one ``message`` per check as the verifiers make it, then ``done``
+    (or ``error``). The verification runs in its own process (``nscas verify --stream``:
+    the server imports no verifier), which a closed page stops."""
+    Query(request, ())
+    store = _store(request)
+    oid = await asyncio.to_thread(_resolve, request)
+    response = web.StreamResponse(headers={
+        **security_headers(), "Content-Type": "text/event-stream; charset=utf-8",
+        "X-Accel-Buffering": "no"})
+    await response.prepare(request)
+    if request.method == "HEAD":
+        return response
+
+    async def send(value: dict[str, Any]) -> None:
+        await response.write(f"data: {json.dumps(value, ensure_ascii=False)}\n\n".encode())
+
+    async with request.app[VERIFY_SLOTS]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "nscas.cli", "--store", str(store.root), "verify",
+            str(oid), "--stream",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, limit=1 << 24)
+        finished = False
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            while line := await proc.stdout.readline():
+                value = json.loads(line)
+                await send(value)
+                finished = finished or "done" in value or "error" in value
+            err = (await proc.stderr.read()).decode("utf-8", "replace").strip()
+            await proc.wait()
+            if not finished:
+                last = err.splitlines()[-1] if err else f"exit code {proc.returncode}"
+                await send({"error": {"message": f"the verifier stopped: {last}",
+                                      "exit_code": proc.returncode}})
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", experiments)
+    app.router.add_get("/receipt/{target:.+}", receipt)
+    app.router.add_get("/object/{target:.+}", object_page)
+    app.router.add_get("/lineage/{target:.+}", lineage_page)
+    app.router.add_get("/dot/{target:.+}", dot)
+    app.router.add_get("/compare", compare_page)
+    app.router.add_get("/raw/{target:.+}", raw)
+    app.router.add_get("/verify/{target:.+}", verify_stream)
