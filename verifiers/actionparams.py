@@ -134,6 +134,7 @@ PARAMS: dict[str, dict[str, Param]] = {
         "precision": _rerun(_one_of("bf16", "fp32")),
     },
     "report@1": {"price_per_host_hour": _r(_num()), "title": _r(_text)},
+    "report@2": {"price_per_host_hour": _r(_num()), "title": _r(_text)},  # adds index.html
     # The selection is redone from the corpus with every one of these.
     "conversations@1": {
         "seed": _r(_int()), "replay_count": _r(_int()), "retention_count": _r(_int()),

@@ -6,8 +6,10 @@ recomputed from the retained objects by ``reportcompute``, ``reportpage`` and
 Checks, each named ``report.<8 hex>.<what>``:
 
 - ``inputs``: the input receipts describe one experiment (rules in ``reportinputs``);
-- ``files``: the output tree holds exactly report.json, resources.json, generations.html and
-  each figure the report has data for as SVG, PNG and PDF;
+- ``version``: the run is of report@1 or report@2, the versions defined here (each checked by
+  its own definitions: report@1 has no index.html and version-1 figures and page);
+- ``files``: the output tree holds exactly report.json, resources.json, generations.html
+  (report@2: and index.html) and each figure the report has data for as SVG, PNG and PDF;
 - ``json.<part>`` for the parts ``learning`` (with ``contract``), ``training``, ``serving``,
   ``resources``, ``figures`` and ``header`` (format, title, inputs, prepared sets,
   commitment): passed when every recomputed member equals report.json's. Otherwise each
@@ -22,6 +24,11 @@ Checks, each named ``report.<8 hex>.<what>``:
 - ``page.headline``, ``page.filters``, ``page.tasks``, ``page.verdicts``, ``page.answers``
   and ``page.exact``: generations.html is, part by part and then byte for byte, the page
   rendered from the recomputation (``reportpage``);
+- report@2: ``index.head``, ``index.<section>`` for each section of ``reportindex.SECTIONS``
+  and ``index.exact``: index.html is, part by part and then byte for byte, the summary page
+  rendered from the recomputation (with report.json's own value wherever it is equal to the
+  recomputed one under the rules below, so a float is shown as the report printed it) and
+  the receipt's action ID (``reportindex``);
 - ``weights``: the parameter digests report.json names are the ones rebuilt from the
   checkpoints' weight files; skipped (``needs="weights"``), never passed, when the bundle
   omitted the weights, failed when they cannot be rebuilt for any other reason.
@@ -52,7 +59,9 @@ from .errors import InvalidArgument, RecordParseError
 from .records import parse_json
 from .report import Check
 from .reportcompute import Learning, header, learning, serving, training
-from .reportfigures import FIGURE_FORMAT, FigureError, embedded, figure_data
+from .reportfigures import FIGURE_FORMATS, FigureError, embedded, figure_data
+from .reportindex import PARTS as INDEX_PARTS
+from .reportindex import compare_index, render_index
 from .reportinputs import Inputs, load_inputs, resources
 from .reportpage import PARTS, Answer, Task, compare_pages, render
 from .training import parameter_values
@@ -63,10 +72,14 @@ LEARNING_CLAIMS = ("documents", "correct.", "gain.", "p.", "p_exact.", "contract
 TRAINING_CLAIMS = ("median_update_seconds.", "update_seconds.", "update_seconds_ratio.")
 SERVING_CLAIMS = ("throughput_ratio", "failure_retries", "identical_outputs", "cache_hits")
 PAGE_FILES = ("report.json", "resources.json", "generations.html")
-FIGURE_FORMATS = ("svg", "png", "pdf")
+INDEX_FILE = "index.html"
+FILE_FORMATS = ("svg", "png", "pdf")
+VERSIONS = (1, 2)
+"""The report recipe versions defined here."""
 KNOWN_PARTS = frozenset({"format", "title", "inputs", "prepared", "commitment", "learning",
                          "contract", "training", "serving", "resources", "figures"})
-"""report.json's top-level members (format ``nscas-report/2``)."""
+"""report.json's top-level members in report@1 (format ``nscas-report/2``); report@2
+(``nscas-report/3``) adds ``action``."""
 REL_TOL = 1e-9
 ABS_TOL = 1e-12
 TOLERANCE = f"float_recomputation (relative {REL_TOL:g}, absolute {ABS_TOL:g})"
@@ -90,6 +103,8 @@ class ReportRun(Protocol):
     def outputs(self) -> Mapping[str, str]: ...
     @property
     def params(self) -> Mapping[str, Any]: ...
+    @property
+    def action(self) -> Mapping[str, Any]: ...
 
 
 class Sink(Protocol):
@@ -236,10 +251,29 @@ def _decide(run: ReportRun, found: Sink, values: Mapping[str, Any]) -> None:
 
 # --- the checks ----------------------------------------------------------------------------
 
+def recipe_version(run: ReportRun) -> int | None:
+    """The report recipe version of the run's action, or None when it is not one defined."""
+    version = str(run.action.get("recipe", "")).partition("@")[2]
+    return int(version) if version in {str(v) for v in VERSIONS} else None
+
+
+def known_parts(version: int) -> frozenset[str]:
+    return KNOWN_PARTS | {"action"} if version >= 2 else KNOWN_PARTS
+
+
 def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
     """Every finding about one ``report`` run; its claims decided into ``found.decided``."""
     name = run.name
     state: dict[str, Any] = {}
+    version = recipe_version(run)
+    found.checks.append(Check.verdict(
+        f"{name}.version", version is not None, claimed=run.action.get("recipe"),
+        recomputed=[f"report@{v}" for v in VERSIONS],
+        message="no verifier defines this version of the report recipe, so its outputs are "
+                "not rechecked"))
+    if version is None:
+        return
+    action = str(run.receipt["action"])
 
     def section(part: str, claims: tuple[str, ...], work: Callable[[], None]) -> None:
         found.section(f"{name}.{part}", _claims(run, claims),
@@ -254,10 +288,12 @@ def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
     if "inputs" not in state:
         return
     ins: Inputs = state["inputs"]
-    section("files", (), lambda: state.update(_read_outputs(objects, run, ins, found)))
+    section("files", (), lambda: state.update(_read_outputs(objects, run, ins, found,
+                                                            version)))
     report: dict[str, Any] | None = state.get("report")
 
     def compare_json(part: str, mine: dict[str, Any]) -> None:
+        state.setdefault("mine", {}).update(mine)
         if report is None:
             found.checks.append(Check.failed(f"{name}.json.{part}", "report.json is unusable, "
                                              "so this part cannot be compared"))
@@ -301,18 +337,23 @@ def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
     section("training", TRAINING_CLAIMS, train)
     section("serving", SERVING_CLAIMS, serve)
     section("resources", (), spent)
-    section("header", (), lambda: compare_json("header", header(objects, ins, run.params)))
-    section("figures", (), lambda: _figures(name, ins, state, compare_json, found))
+    section("header", (), lambda: compare_json("header", header(
+        objects, ins, run.params, version=version, action=action)))
+    section("figures", (), lambda: _figures(name, ins, state, compare_json, found, version,
+                                            action))
+    parts = known_parts(version)
     if report is not None:
-        extra, missing = sorted(set(report) - KNOWN_PARTS), sorted(KNOWN_PARTS - set(report))
+        extra, missing = sorted(set(report) - parts), sorted(parts - set(report))
         found.checks.append(Check.verdict(
             f"{name}.json.parts", not extra and not missing, claimed=sorted(report),
-            recomputed=sorted(KNOWN_PARTS),
+            recomputed=sorted(parts),
             message=f"report.json has parts no verifier recomputes {extra[:_SHOWN]}"
                     f"{' and lacks parts ' + str(missing) if missing else ''}"))
     else:
         found.checks.append(Check.failed(f"{name}.json.parts", "report.json is unusable"))
-    section("page", (), lambda: _page(name, run, state, found))
+    section("page", (), lambda: _page(name, run, state, found, version))
+    if version >= 2:
+        section("index", (), lambda: _index(name, ins, action, state, found))
 
     def weights() -> None:
         check_name = f"{name}.weights"
@@ -331,7 +372,8 @@ def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
 
 
 def _figures(name: str, ins: Inputs, state: dict[str, Any],
-             compare_json: Callable[[str, dict[str, Any]], None], found: Sink) -> None:
+             compare_json: Callable[[str, dict[str, Any]], None], found: Sink, version: int,
+             action: str) -> None:
     """report.json's ``figures`` and every figure file's own copy of its data."""
     absent = [part for part, needed in (("learning", True), ("training", bool(ins.train)),
                                         ("serving", ins.serve is not None))
@@ -343,7 +385,8 @@ def _figures(name: str, ins: Inputs, state: dict[str, Any],
         found.checks.extend(Check.failed(f"{name}.figures.{stem}", why) for stem in files)
         return
     result: Learning = state["learning"]
-    mine = figure_data(result.section, state.get("training"), state.get("serving"))
+    mine = figure_data(result.section, state.get("training"), state.get("serving"),
+                       version=version, action=action)
     compare_json("figures", {"figures": mine})
     for stem, data in files.items():
         figure, _, fmt = stem.rpartition(".")
@@ -357,13 +400,14 @@ def _figures(name: str, ins: Inputs, state: dict[str, Any],
             found.checks.append(Check.failed(check_name, f"{stem} does not carry its figure "
                                              f"data: {exc}"))
             continue
-        want = {"format": FIGURE_FORMAT, "figure": figure, "data": mine[figure]}
+        want = {"format": FIGURE_FORMATS[version], "figure": figure, "data": mine[figure]}
         problems = strict_problems(carried, want)
         found.checks.append(_listing(check_name, [f"{stem} {p}" for p in problems],
                                      recomputed=f"{figure} data"))
 
 
-def _page(name: str, run: ReportRun, state: dict[str, Any], found: Sink) -> None:
+def _page(name: str, run: ReportRun, state: dict[str, Any], found: Sink,
+          version: int) -> None:
     checks = [f"{name}.page.{part}" for part in (*PARTS, "exact")]
     if "learning" not in state or "page" not in state:
         why = "generations.html is unusable" if "page" not in state else \
@@ -373,10 +417,52 @@ def _page(name: str, run: ReportRun, state: dict[str, Any], found: Sink) -> None
     result: Learning = state["learning"]
     tasks = page_tasks(result)
     title = run.params.get("title")
-    expected = render(str(title), result.section["arms"], tasks, result.held_out)
+    expected = render(str(title), result.section["arms"], tasks, result.held_out,
+                      version=version)
     problems, same = compare_pages(state["page"], expected, tasks)
     for part in (*PARTS, "exact"):
         found.checks.append(_listing(f"{name}.page.{part}", problems[part],
+                                     recomputed="byte for byte" if same else None))
+
+
+def settle(claimed: Any, mine: Any, *, exact: bool = False) -> Any:
+    """``mine`` (the recomputation) with report.json's value at each leaf that is equal to it
+    under the comparison rules, so that a float equal within the tolerance is shown as the
+    report printed it; exact rationals elsewhere as their correctly rounded floats."""
+    if isinstance(mine, dict):
+        theirs = claimed if isinstance(claimed, dict) else {}
+        return {k: settle(theirs.get(k, _ABSENT), v, exact=exact or k in EXACT_KEYS)
+                for k, v in mine.items()}
+    if isinstance(mine, list | tuple):
+        items = claimed if isinstance(claimed, list) else []
+        return [settle(items[i] if i < len(items) else _ABSENT, v, exact=exact)
+                for i, v in enumerate(mine)]
+    if claimed is not _ABSENT and leaf_problem(claimed, mine, exact=exact) is None:
+        return claimed
+    return float(mine) if isinstance(mine, Fraction) else mine
+
+
+_ABSENT = object()
+INDEX_NEEDS = ("format", "title", "action", "inputs", "prepared", "commitment", "learning",
+               "contract", "training", "serving", "resources", "figures")
+
+
+def _index(name: str, ins: Inputs, action: str, state: dict[str, Any], found: Sink) -> None:
+    """index.html against the page rendered from the recomputed report (report.json's own
+    values where they are equal to it) with the receipt's action ID."""
+    checks = [f"{name}.index.{part}" for part in (*INDEX_PARTS, "exact")]
+    mine = state.get("mine", {})
+    absent = [part for part in INDEX_NEEDS if part not in mine]
+    if "index" not in state or absent:
+        why = ("index.html is unusable" if "index" not in state else
+               f"the report part(s) {', '.join(absent)} were not recomputed")
+        found.checks.extend(Check.failed(c, why) for c in checks)
+        return
+    shown = settle(state.get("report"), {k: mine[k] for k in INDEX_NEEDS})
+    expected = render_index({**shown, "action": action})
+    problems, same = compare_index(state["index"], expected)
+    for part in (*INDEX_PARTS, "exact"):
+        found.checks.append(_listing(f"{name}.index.{part}", problems[part],
                                      recomputed="byte for byte" if same else None))
 
 
@@ -406,13 +492,15 @@ def learning_claims(result: Learning) -> dict[str, Any]:
     return values
 
 
-def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink) -> dict[str, Any]:
-    """The output tree's files checked by name; report.json, resources.json, the page and
+def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink,
+                  version: int) -> dict[str, Any]:
+    """The output tree's files checked by name; report.json, resources.json, the pages and
     the figure files' bytes."""
     entries = objects.record_of(run.outputs["report"], "tree/1")["entries"]
     figures = ["comparison", "accuracy", *(["training"] if ins.train else []),
                *(["serving"] if ins.serve is not None else [])]
-    expected = {*PAGE_FILES, *(f"{f}.{x}" for f in figures for x in FIGURE_FORMATS)}
+    pages = {*PAGE_FILES, *([INDEX_FILE] if version >= 2 else [])}
+    expected = {*pages, *(f"{f}.{x}" for f in figures for x in FILE_FORMATS)}
     missing, extra = sorted(expected - set(entries)), sorted(set(entries) - expected)
     found.checks.append(Check.verdict(
         f"{run.name}.files", not missing and not extra, claimed=sorted(entries),
@@ -428,14 +516,15 @@ def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink) ->
         found.checks.append(Check.failed(f"{run.name}.files.report.json",
                                          "report.json is not a JSON object"))
         out.pop("report")
-    if "generations.html" in entries:
-        try:
-            out["page"] = objects.bytes(entries["generations.html"]["id"]).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            found.checks.append(Check.failed(f"{run.name}.files.generations.html",
-                                             f"not UTF-8 text ({exc})"))
+    for key, path in (("page", "generations.html"), ("index", INDEX_FILE)):
+        if path in entries and path in pages:
+            try:
+                out[key] = objects.bytes(entries[path]["id"]).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                found.checks.append(Check.failed(f"{run.name}.files.{path}",
+                                                 f"not UTF-8 text ({exc})"))
     out["figure_files"] = {f"{f}.{x}": objects.bytes(entries[f"{f}.{x}"]["id"])
-                           for f in figures for x in FIGURE_FORMATS if f"{f}.{x}" in entries}
+                           for f in figures for x in FILE_FORMATS if f"{f}.{x}" in entries}
     return out
 
 

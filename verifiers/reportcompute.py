@@ -54,7 +54,8 @@ from .taskchecks import read_lines, task_lines
 from .throughput import PHASES, read_log, recompute
 from .training import effective_steps
 
-REPORT_FORMAT = "nscas-report/2"
+REPORT_FORMATS = {1: "nscas-report/2", 2: "nscas-report/3"}
+"""report.json's format by report recipe version (version 2 adds ``action``)."""
 PREPARED_SETS = ("test", "dev", "train", "damaged", "replay", "retention")
 
 
@@ -382,12 +383,16 @@ def prepared(objects: Objects, ins: Inputs) -> dict[str, Any]:
             "sets": sets, "damaged_targets": damaged}
 
 
-def header(objects: Objects, ins: Inputs, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The report's format, title, inputs, prepared sets and commitment."""
+def header(objects: Objects, ins: Inputs, params: Mapping[str, Any], *, version: int = 1,
+           action: str | None = None) -> dict[str, Any]:
+    """The report's format, title (version 2: and its action ID), inputs, prepared sets and
+    commitment."""
     commitment = ins.commit.outputs["commitment"]
+    named = {"action": action} if version >= 2 else {}
     return {
-        "format": REPORT_FORMAT,
+        "format": REPORT_FORMATS[version],
         "title": params.get("title"),
+        **named,
         "inputs": {run.name: run.id for run in ins.runs()},
         "prepared": prepared(objects, ins),
         "commitment": {"id": commitment, "subjects": commitment_subjects(objects, ins)},

@@ -3,7 +3,7 @@ figure files themselves.
 
 The report recipe draws every figure from report.json's ``figures`` part alone and embeds
 the same data in each file: the canonical JSON (sorted keys, no spaces, ASCII) of
-``{"format": "nscas-figure/1", "figure": <name>, "data": <the figure's data>}`` in the SVG's
+``{"format": "nscas-figure/<1 or 2>", "figure": <name>, "data": <the figure's data>}`` in the SVG's
 Dublin Core ``<dc:description>``, in the PNG's ``tEXt`` (or ``iTXt``) chunk ``nscas-figure``
 and in the PDF's document-information ``/Subject`` string. ``figure_data`` recomputes that
 data from the verifiers' own recomputed report parts; ``embedded`` reads it from a file with
@@ -13,26 +13,40 @@ What cannot be rechecked this way: that the pixels or paths of a file are the dr
 its data (that needs the recipe's own plotting library and fonts); the data a file carries,
 its format and its name are checked.
 
-Definitions (as the report recipe draws them): arm colours follow the learning table's
-order, then any other trained arm; bar texts are the values formatted (``{:.2f}``, or
-``{:.3g}`` for seconds, bytes and tokens per second), ``n/a`` for none; the training figure
-draws every rank's loss, learning rate and gradient norm by effective step.
+Definitions (as the report recipe draws them): bar texts are the values formatted
+(``{:.2f}``, or ``{:.3g}`` for seconds, bytes and tokens per second), ``n/a`` for none; the
+training figure draws every rank's loss, learning rate and gradient norm by effective step.
+Version 1 (``report@1``, ``nscas-figure/1``): arm colours follow the learning table's order,
+then any other trained arm, from one palette that the serving phases share. Version 2
+(``report@2``, ``nscas-figure/2``): the experiment's arms have fixed colours
+(``ARM_COLOURS``), other arm names take ``OTHER_COLOURS`` in report order, serving phases
+and latency quantiles take ``PHASE_COLOURS``; every panel has a ``ylim`` and a ``note``: when
+every value is zero or none, a 0..1 axis (unless the panel fixes one) and the note
+``every value is 0``, else none; every figure has ``corner``: ``action <the action ID>``.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from .errors import RecordParseError
 from .records import parse_json
 
-FIGURE_FORMAT = "nscas-figure/1"
+FIGURE_FORMATS = {1: "nscas-figure/1", 2: "nscas-figure/2"}
+"""The embedded data's format by report recipe version."""
 FORMATS = ("svg", "png", "pdf")
 PNG_KEY = b"nscas-figure"
 COLOURS = ("#6b7280", "#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2")
+"""Version 1: arms and serving phases alike, by position."""
+ARM_COLOURS = {"seed": "#6b7280", "clean-single": "#2563eb", "damaged-single": "#dc2626",
+               "clean-pair": "#059669"}
+OTHER_COLOURS = ("#d97706", "#7c3aed", "#db2777", "#65a30d", "#92400e", "#4f46e5")
+PHASE_COLOURS = ("#0e7490", "#67c5d9")
+ZERO_NOTE = "every value is 0"
 RANK_STYLES = ("-", "--", ":", "-.")
 SIZES = {"comparison": [11.0, 3.8], "accuracy": [8.0, 4.2], "training": [12.0, 7.0],
          "serving": [9.0, 3.8]}
@@ -48,12 +62,46 @@ def _float(value: Any) -> Any:
     return float(value) if isinstance(value, Fraction) else value
 
 
-def _bars(labels: list[str], values: list[Any], *, title: str, ylabel: str,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Style:
+    """What a recipe version draws beyond the data: zero axes, phase colours, the corner."""
+
+    version: int
+    corner: str | None
+
+    def zero(self, panel: dict[str, Any], values: list[Any], *, key: str = "ylim") -> None:
+        """Version 2: the panel's ``ylim`` and ``note`` members, in place."""
+        if self.version < 2:
+            return
+        if all(not v for v in values):
+            panel["ylim"] = panel.get("ylim") or [0.0, 1.0]
+            panel["note"] = ZERO_NOTE
+        else:
+            panel.setdefault("ylim", None)
+            panel["note"] = None
+
+    def phases(self, n: int) -> list[str] | None:
+        return None if self.version < 2 else [PHASE_COLOURS[0]] * n
+
+    def quantile(self, j: int) -> str:
+        return _colour(j + 1) if self.version < 2 else PHASE_COLOURS[j]
+
+    def figure(self, name: str, rows: int, cols: int, panels: list[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"size": SIZES[name], "rows": rows, "cols": cols,
+                               "panels": panels}
+        if self.version >= 2:
+            out["corner"] = self.corner
+        return out
+
+
+def _bars(style: _Style, labels: list[str], values: list[Any], *, title: str, ylabel: str,
           fmt: str = "{:.2f}", colours: list[str] | None = None) -> dict[str, Any]:
-    return {"kind": "bars", "title": title, "ylabel": ylabel, "labels": labels,
-            "values": values,
-            "texts": ["n/a" if v is None else fmt.format(_float(v)) for v in values],
-            "colours": colours or [_colour(i) for i in range(len(labels))]}
+    panel = {"kind": "bars", "title": title, "ylabel": ylabel, "labels": labels,
+             "values": values,
+             "texts": ["n/a" if v is None else fmt.format(_float(v)) for v in values],
+             "colours": colours or [_colour(i) for i in range(len(labels))]}
+    style.zero(panel, values)
+    return panel
 
 
 def _byte_unit(largest: float) -> tuple[str, float]:
@@ -63,38 +111,50 @@ def _byte_unit(largest: float) -> tuple[str, float]:
     return "bytes", 1.0
 
 
+def arm_colours(names: list[str], version: int) -> dict[str, str]:
+    """Each arm's colour in every figure of a report of recipe ``version``."""
+    if version < 2:
+        return {name: _colour(i) for i, name in enumerate(names)}
+    others = [n for n in names if n not in ARM_COLOURS]
+    return {n: ARM_COLOURS.get(n) or OTHER_COLOURS[others.index(n) % len(OTHER_COLOURS)]
+            for n in names}
+
+
 def figure_data(learning: dict[str, Any], training: dict[str, Any] | None,
-                serving: dict[str, Any] | None) -> dict[str, Any]:
+                serving: dict[str, Any] | None, *, version: int = 1,
+                action: str | None = None) -> dict[str, Any]:
     """report.json's ``figures`` from the recomputed ``learning``, ``training`` and
-    ``serving`` parts."""
+    ``serving`` parts, as report@``version`` draws them (``action``: the report's action ID,
+    shown from version 2)."""
+    style = _Style(version=version, corner=f"action {action}" if version >= 2 else None)
     arms = learning["arms"]
     names = list(arms) + [a for a in (training or {"arms": {}})["arms"] if a not in arms]
-    colours = {name: _colour(i) for i, name in enumerate(names)}
-    comparison = [_bars(list(arms), [a["accuracy"] for a in arms.values()],
+    colours = arm_colours(names, version)
+    comparison = [_bars(style, list(arms), [a["accuracy"] for a in arms.values()],
                         title="Final-test accuracy", ylabel="accuracy",
                         colours=[colours[n] for n in arms])]
     if training:
         t = training["arms"]
-        comparison.append(_bars(list(t), [a["update_seconds"] for a in t.values()],
+        comparison.append(_bars(style, list(t), [a["update_seconds"] for a in t.values()],
                                 title="Sum of update times", ylabel="seconds", fmt="{:.3g}",
                                 colours=[colours[n] for n in t]))
     if serving:
         s = serving["phases"]
-        comparison.append(_bars(list(s), [p["requests_per_second"] for p in s.values()],
-                                title="Serving throughput", ylabel="requests per second"))
+        comparison.append(_bars(style, list(s), [p["requests_per_second"] for p in s.values()],
+                                title="Serving throughput", ylabel="requests per second",
+                                colours=style.phases(len(s))))
     out: dict[str, Any] = {
-        "comparison": {"size": SIZES["comparison"], "rows": 1, "cols": len(comparison),
-                       "panels": comparison},
-        "accuracy": _accuracy(arms, colours),
+        "comparison": style.figure("comparison", 1, len(comparison), comparison),
+        "accuracy": _accuracy(style, arms, colours),
     }
     if training:
-        out["training"] = _training(training["arms"], colours)
+        out["training"] = _training(style, training["arms"], colours)
     if serving:
-        out["serving"] = _serving(serving)
+        out["serving"] = _serving(style, serving)
     return out
 
 
-def _accuracy(arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
+def _accuracy(style: _Style, arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
     families = list(next(iter(arms.values()))["by_family"])
     series = [{"label": f"{arm} ({a['correct']}/{a['documents']})", "colour": colours[arm],
                "values": [a["accuracy"]] + [Fraction(f["correct"], f["documents"])
@@ -103,20 +163,21 @@ def _accuracy(arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
     panel = {"kind": "grouped", "title": "Final-test accuracy by arm and task family",
              "ylabel": "accuracy (exact, strict checker)", "groups": ["all", *families],
              "ylim": [0, 1.05], "series": series}
-    return {"size": SIZES["accuracy"], "rows": 1, "cols": 1, "panels": [panel]}
+    style.zero(panel, [v for x in series for v in x["values"]])
+    return style.figure("accuracy", 1, 1, [panel])
 
 
-def _training(arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
+def _training(style: _Style, arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
     names = list(arms)
     mine = [colours[n] for n in names]
     per_update = [_float(a["bytes_per_update"]) for a in arms.values()]
     unit, scale = _byte_unit(max(per_update))
     panels = [
-        _bars(names, [a["median_update_seconds"] for a in arms.values()],
+        _bars(style, names, [a["median_update_seconds"] for a in arms.values()],
               title="Median update", ylabel="seconds", fmt="{:.3g}", colours=mine),
-        _bars(names, [b / scale for b in per_update], title="Gradient bytes per update",
+        _bars(style, names, [b / scale for b in per_update], title="Gradient bytes per update",
               ylabel=f"{unit} (rank 0)", fmt="{:.3g}", colours=mine),
-        _bars(names, [a["tokens_per_second"] for a in arms.values()],
+        _bars(style, names, [a["tokens_per_second"] for a in arms.values()],
               title="Tokens per update second", ylabel="tokens / s (rank 0)", fmt="{:.3g}",
               colours=mine),
     ]
@@ -127,26 +188,28 @@ def _training(arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
                    "colour": colours[arm], "style": RANK_STYLES[r["rank"] % len(RANK_STYLES)],
                    "x": list(range(1, len(r[key]) + 1)), "y": r[key]}
                   for arm, a in arms.items() for r in a["ranks"]]
-        panels.append({"kind": "lines", "title": title, "xlabel": "update", "ylabel": ylabel,
-                       "series": series})
-    return {"size": SIZES["training"], "rows": 2, "cols": 3, "panels": panels}
+        panel = {"kind": "lines", "title": title, "xlabel": "update", "ylabel": ylabel,
+                 "series": series}
+        style.zero(panel, [y for x in series for y in x["y"]])
+        panels.append(panel)
+    return style.figure("training", 2, 3, panels)
 
 
-def _serving(serving: dict[str, Any]) -> dict[str, Any]:
+def _serving(style: _Style, serving: dict[str, Any]) -> dict[str, Any]:
     phases = serving["phases"]
     names = list(phases)
     ratio = serving["throughput_ratio"]
-    throughput = _bars(names, [p["requests_per_second"] for p in phases.values()],
+    throughput = _bars(style, names, [p["requests_per_second"] for p in phases.values()],
                        title="Throughput (pair/single "
                              f"{'n/a' if ratio is None else format(float(ratio), '.2f')}x)",
-                       ylabel="requests per second")
+                       ylabel="requests per second", colours=style.phases(len(names)))
+    series = [{"label": key.split("_")[0], "colour": style.quantile(j),
+               "values": [phases[n][key] for n in names]}
+              for j, key in enumerate(("median_latency_seconds", "p95_latency_seconds"))]
     latency = {"kind": "grouped", "title": "Latency", "ylabel": "seconds", "groups": names,
-               "ylim": None,
-               "series": [{"label": key.split("_")[0], "colour": _colour(j + 1),
-                           "values": [phases[n][key] for n in names]}
-                          for j, key in enumerate(("median_latency_seconds",
-                                                   "p95_latency_seconds"))]}
-    return {"size": SIZES["serving"], "rows": 1, "cols": 2, "panels": [throughput, latency]}
+               "ylim": None, "series": series}
+    style.zero(latency, [v for x in series for v in x["values"]])
+    return style.figure("serving", 1, 2, [throughput, latency])
 
 
 # --- reading a figure file's own copy of its data --------------------------------------------

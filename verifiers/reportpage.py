@@ -18,11 +18,16 @@ way; every token is sorted into the part of the page it belongs to:
 - ``exact``: the whole page, byte for byte.
 
 The page format is the report recipe's (``nscas.recipes.report.page``); this is an
-independent rendering of the same definition, kept in step with it by the tests.
+independent rendering of the same definition, kept in step with it by the tests. Version 2
+(``report@2``) adds a line of links (to index.html and report.json) under the heading, a
+``.gap`` style, and shows each answer compactly: every run of ``GAP_LINES`` or more blank
+lines (only spaces, tabs or carriage returns on them) after a line break is one marker line
+``&#8942; <n> blank lines``; version 1 shows answers as they are.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -48,6 +53,9 @@ table.summary{width:auto;margin:.5rem 0}
 details summary{cursor:pointer;color:#374151}
 [hidden]{display:none !important}
 """
+CSS_V2 = CSS.replace("[hidden]", ".gap{color:#6b7280;font-style:italic}\n[hidden]")
+GAP_LINES = 3
+GAP = re.compile(r"\n(?:[ \t\r]*\n){" + str(GAP_LINES) + ",}")
 
 JS = """
 (function () {
@@ -89,6 +97,18 @@ def _e(value: Any) -> str:
     return escape(str(value), quote=True)
 
 
+def compact(text: str) -> str:
+    """An answer as version 2 shows it: escaped, each long run of blank lines one marker."""
+    out, at = [], 0
+    for m in GAP.finditer(text):
+        out.append(_e(text[at:m.start()]))
+        out.append(f'\n<span class="gap">&#8942; {m.group().count(chr(10)) - 1} blank lines'
+                   "</span>\n")
+        at = m.end()
+    out.append(_e(text[at:]))
+    return "".join(out)
+
+
 def _select(ident: str, label: str, options: list[tuple[str, str]]) -> str:
     items = "".join(f'<option value="{_e(v)}">{_e(text)}</option>' for v, text in options)
     return f'<label>{_e(label)} <select id="{ident}">{items}</select></label>'
@@ -114,14 +134,15 @@ class Task:
     """By arm, in report order."""
 
 
-def _task(index: int, task: Task) -> str:
+def _task(index: int, task: Task, version: int) -> str:
+    show = compact if version >= 2 else _e
     rows = []
     for arm, a in task.answers.items():
         outcome = "correct" if a.correct else "wrong"
         mark = "&#10003; correct" if a.correct else f"&#10007; {_e(a.reason)}"
         rows.append(f'<tr class="{outcome}" data-arm="{_e(arm)}" data-outcome="{outcome}">'
                     f'<th>{_e(arm)}</th><td class="verdict">{mark}</td>'
-                    f"<td><pre>{_e(a.text)}</pre></td></tr>")
+                    f"<td><pre>{show(a.text)}</pre></td></tr>")
     return (f'<section class="task" data-family="{_e(task.family)}" '
             f'data-variant="{_e(task.variant)}">'
             f"<h2>#{index + 1} &middot; {_e(task.family)} &middot; variant {_e(task.variant)} "
@@ -132,8 +153,8 @@ def _task(index: int, task: Task) -> str:
 
 
 def render(title: str, arms: Mapping[str, Mapping[str, Any]], tasks: Sequence[Task],
-           held_out: Sequence[Any]) -> str:
-    """The page the report recipe must have written: ``arms`` is the recomputed
+           held_out: Sequence[Any], *, version: int = 1) -> str:
+    """The page report@``version`` must have written: ``arms`` is the recomputed
     ``learning.arms`` (``correct``, ``documents``, ``accuracy`` as a Fraction or float,
     ``valid_json_objects``)."""
     families = list(dict.fromkeys(t.family for t in tasks))
@@ -153,13 +174,16 @@ def render(title: str, arms: Mapping[str, Mapping[str, Any]], tasks: Sequence[Ta
                                          ("wrong", "wrong")]),
         '<span id="shown"></span>',
     ])
-    body = "".join(_task(i, t) for i, t in enumerate(tasks))
+    body = "".join(_task(i, t, version) for i, t in enumerate(tasks))
+    links = ('<p><a href="index.html">Summary</a> &middot; <a href="report.json">report.json'
+             "</a></p>") if version >= 2 else ""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}: every answer</title><style>{CSS}</style></head><body>"
-        f"<h1>{_e(title)}: every answer</h1>"
+        f"<title>{_e(title)}: every answer</title>"
+        f"<style>{CSS_V2 if version >= 2 else CSS}</style></head><body>"
+        f"<h1>{_e(title)}: every answer</h1>{links}"
         f"<p>All {len(tasks)} final-test prompts with their checked targets and every "
         f"arm's retained answer, rescored by the strict checker for this page. Variants "
         f"{_e(', '.join(str(v) for v in held_out) or 'none')} are held-out wordings.</p>"

@@ -33,8 +33,10 @@ from .resources import Resources, resources_section
 from .serving import Serving, serving_section
 from .training import Training, training_section
 
-REPORT_FORMAT = "nscas-report/2"
-"""Version 2: a ``figures`` part (what each figure draws); no ``audit`` part."""
+REPORT_FORMAT = "nscas-report/3"
+"""Version 3 (report@2): an ``action`` member (the report's own action ID, which index.html
+and every figure show) and version-2 figure data. Version 2 (report@1): a ``figures`` part
+(what each figure draws); no ``audit`` part."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +75,8 @@ class Report:
     """report.json: every part recomputed from retained objects."""
 
     title: str
+    action: Digest
+    """The action this report is the output of (its receipt's ID cannot be inside it)."""
     inputs: Mapping[str, Digest]
     """The input receipts by name, in report order."""
     prepared: Prepared
@@ -92,6 +96,7 @@ class Report:
         return {
             "format": REPORT_FORMAT,
             "title": self.title,
+            "action": str(self.action),
             "inputs": {k: str(v) for k, v in self.inputs.items()},
             "prepared": self.prepared.to_json(),
             "commitment": {"id": str(self.commitment), "subjects": dict(self.subjects)},
@@ -114,7 +119,7 @@ class Computed:
     """Rescored answers by arm, in report order (the baseline first)."""
 
 
-def compute(store: Any, inputs: Mapping[str, Digest], *, title: str,
+def compute(store: Any, inputs: Mapping[str, Digest], *, title: str, action: Digest,
             price_per_host_hour: float, scratch: Path) -> Computed:
     """The report of the experiment whose receipts are ``inputs`` (names as in ``evidence``)."""
     audit = Audit()
@@ -134,6 +139,7 @@ def compute(store: Any, inputs: Mapping[str, Digest], *, title: str,
                         comparisons=tuple(compared))
     report = Report(
         title=title,
+        action=action,
         inputs={run.name: run.receipt for run in ev.runs()},
         prepared=prepared,
         commitment=commitment,
@@ -143,7 +149,7 @@ def compute(store: Any, inputs: Mapping[str, Digest], *, title: str,
         training=training,
         serving=serving,
         resources=resources,
-        figures=figure_data(learning, training, serving),
+        figures=figure_data(learning, training, serving, str(action)),
     )
     return Computed(report=report, tests=tests, scored=scored)
 

@@ -5,10 +5,16 @@ arm and outcome.
 Answers are model output and prompts are input data: every piece of text goes through
 ``html.escape`` (quotes included, for attributes). The page loads nothing: its CSS and its
 few lines of vanilla JS are inline, and filtering only toggles ``hidden`` on elements.
+
+An answer is shown compactly: each run of ``GAP_LINES`` or more blank lines (lines holding
+only spaces, tabs or carriage returns) is drawn as one marker line saying how many blank
+lines it stands for; the retained answer itself is unchanged (it is the evaluation's
+``generations`` blob).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from html import escape
 from typing import Any
@@ -31,6 +37,7 @@ tr.correct td.verdict{color:#047857}tr.wrong td.verdict{color:#b91c1c}
 td.verdict{white-space:nowrap;width:13rem}
 table.summary{width:auto;margin:.5rem 0}
 details summary{cursor:pointer;color:#374151}
+.gap{color:#6b7280;font-style:italic}
 [hidden]{display:none !important}
 """
 
@@ -66,8 +73,25 @@ JS = """
 """
 
 
+GAP_LINES = 3
+GAP = re.compile(r"\n(?:[ \t\r]*\n){" + str(GAP_LINES) + ",}")
+"""A line break, then GAP_LINES or more blank lines."""
+
+
 def _e(value: Any) -> str:
     return escape(str(value), quote=True)
+
+
+def compact(text: str) -> str:
+    """An answer as HTML: escaped, each long run of blank lines drawn as one marker line."""
+    out, at = [], 0
+    for m in GAP.finditer(text):
+        blank = m.group().count("\n") - 1
+        out.append(_e(text[at:m.start()]))
+        out.append(f'\n<span class="gap">&#8942; {blank} blank lines</span>\n')
+        at = m.end()
+    out.append(_e(text[at:]))
+    return "".join(out)
 
 
 def _select(ident: str, label: str, options: list[tuple[str, str]]) -> str:
@@ -84,7 +108,7 @@ def _task(index: int, record: dict[str, Any], scored: Mapping[str, Scored]) -> s
         mark = "&#10003; correct" if result.correct else f"&#10007; {_e(result.reason)}"
         rows.append(f'<tr class="{outcome}" data-arm="{_e(arm)}" data-outcome="{outcome}">'
                     f'<th>{_e(arm)}</th><td class="verdict">{mark}</td>'
-                    f"<td><pre>{_e(s.texts[index])}</pre></td></tr>")
+                    f"<td><pre>{compact(s.texts[index])}</pre></td></tr>")
     return (f'<section class="task" data-family="{_e(family)}" data-variant="{_e(variant)}">'
             f"<h2>#{index + 1} &middot; {_e(family)} &middot; variant {_e(variant)} &middot; "
             f"<code>{_e(record['id'])}</code></h2>"
@@ -119,6 +143,8 @@ def render_page(title: str, arms: Mapping[str, ArmSummary], tests: FinalTest,
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}: every answer</title><style>{CSS}</style></head><body>"
         f"<h1>{_e(title)}: every answer</h1>"
+        '<p><a href="index.html">Summary</a> &middot; <a href="report.json">report.json</a>'
+        "</p>"
         f"<p>All {len(tests.records)} final-test prompts with their checked targets and every "
         f"arm's retained answer, rescored by the strict checker for this page. Variants "
         f"{_e(', '.join(str(v) for v in tests.held_out) or 'none')} are held-out wordings.</p>"

@@ -2,10 +2,17 @@
 
 Inputs are receipts named by role: ``prepare``, ``commit``, ``train.<arm>``,
 ``evaluate.<arm>`` (``evaluate.seed`` is the baseline) and ``serve``. Output ``report`` is a
-tree of ``report.json``, ``resources.json``, ``generations.html`` and figures
-(``comparison``, ``accuracy``, ``training``, ``serving``; each ``.svg``, ``.png``, ``.pdf``,
-drawn from report.json's ``figures`` and carrying that data in its own metadata). Every file
-is a deterministic function of the inputs, so a rerun is ``identical``.
+tree of ``report.json``, ``resources.json``, ``index.html`` (the summary page, drawn from
+report.json alone), ``generations.html`` and figures (``comparison``, ``accuracy``,
+``training``, ``serving``; each ``.svg``, ``.png``, ``.pdf``, drawn from report.json's
+``figures`` and carrying that data in its own metadata). Every file is a deterministic
+function of the inputs and the action ID (which report.json, index.html and every figure
+show), so a rerun is ``identical``.
+
+Version 2 added index.html, report.json's ``action``, version-2 figure data (a fixed arm
+colour map, 0..1 axes with a note when every value is zero, the action ID in a corner) and
+compact runs of blank lines on the answer page; the verifiers still check version-1 runs by
+the version-1 definitions.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nscas.digests import Digest
+from nscas.errors import RecipeError
 from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 if TYPE_CHECKING:
@@ -24,7 +32,7 @@ if TYPE_CHECKING:
 
     from .compute import Report
 
-VERSION = "1"
+VERSION = "2"
 REPORT_FILE = "report.json"
 
 
@@ -33,7 +41,7 @@ class ReportParams:
     price_per_host_hour: float = 0.0
     """Price of one host for one hour, for the cost estimate; 0 means none given, no estimate."""
     title: str = "Cooperative learning, recomputed"
-    """Heading of report.json and of the generations page."""
+    """Heading of report.json, of the summary page and of the generations page."""
 
     def validate(self) -> str | None:
         if not math.isfinite(self.price_per_host_hour) or self.price_per_host_hour < 0:
@@ -83,18 +91,24 @@ def headline_claims(report: Report) -> dict[str, Claim]:
 def run(ctx: RunContext) -> RecipeResult:
     from .compute import compute
     from .figures import write_figures
+    from .index import render_index
     from .page import render_page
 
     p: ReportParams = ctx.params
+    if ctx.action is None:
+        raise RecipeError("the report shows its own action ID, so it runs only as an action "
+                          "(through the runner)")
     ctx.progress.start(None, "recomputing the report from retained objects")
     scratch = ctx.workdir / "journals"
     scratch.mkdir()
-    computed = compute(ctx.store, ctx.inputs, title=p.title,
+    computed = compute(ctx.store, ctx.inputs, title=p.title, action=ctx.action,
                        price_per_host_hour=p.price_per_host_hour, scratch=scratch)
     out = ctx.workdir / "report"
     out.mkdir()
     report = computed.report
     write_json(out / REPORT_FILE, report.to_json())
+    written = json.loads((out / REPORT_FILE).read_text(encoding="utf-8"))
+    (out / "index.html").write_text(render_index(written), encoding="utf-8")
     write_json(out / "resources.json", report.resources.to_json())
     page = render_page(p.title, report.learning.arms, computed.tests, computed.scored)
     (out / "generations.html").write_text(page, encoding="utf-8")
@@ -111,6 +125,7 @@ MEASURED_NAMES = frozenset({"throughput_ratio", "claimed_only"})
 """Members measured wherever they sit, besides every ``*seconds`` and ``*_per_second``:
 the serving speed-up, and what a train run says of its own loop time and memory."""
 RECEIPT = "<receipt>"
+ACTION = "<action>"
 
 
 def _measured(name: str) -> bool:
@@ -120,16 +135,21 @@ def _measured(name: str) -> bool:
 def reproducible_report(store: ObjectReader, oid: Digest) -> Any:
     """What a rerun of ``report`` must reproduce: ``report.json`` without its measurements
     and with every input receipt's ID replaced by ``<receipt>`` (a rerun's receipts differ in
-    their times, so their IDs do). Figures and pages are drawn from ``report.json``."""
+    their times, so their IDs do) and its own action ID by ``<action>`` (an action names its
+    inputs: the same on a ``--rerun`` of the same receipts, another one when they were rerun
+    too). Figures and pages are drawn from ``report.json`` and the action ID."""
     tree = store.get_record(oid)
     report = json.loads(store.get_bytes(Digest.parse(tree["entries"][REPORT_FILE]["id"])))
     receipts = set(report["inputs"].values())
+    action = report.get("action")
 
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: strip(v) for k, v in value.items() if not _measured(k)}
         if isinstance(value, list):
             return [strip(v) for v in value]
+        if isinstance(value, str) and value == action:
+            return ACTION
         return RECEIPT if isinstance(value, str) and value in receipts else value
 
     return strip({k: v for k, v in report.items() if k not in MEASURED_SECTIONS})
@@ -152,5 +172,6 @@ RECIPE = Recipe(
     extra_inputs=True,
     extra_kind="receipt/1",
     doc="Recompute the experiment's report (learning, training, serving, resources), its "
-        "figures and the every-answer page from retained objects; claims are audited.",
+        "summary page, figures and the every-answer page from retained objects; claims are "
+        "audited.",
 )

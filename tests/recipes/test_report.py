@@ -7,6 +7,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -210,12 +211,13 @@ def test_files_in_every_format_and_the_page_escapes_answers(done: dict[str, Any]
     assert SCRIPT_ANSWER not in page
     assert "&lt;script&gt;alert(&quot;owned&quot;)&lt;/script&gt;" in page
     assert page.count("<script") == 1  # the page's own filter script only
-    assert "src=" not in page and "href=" not in page and "@import" not in page
+    assert "src=" not in page and "@import" not in page
+    assert re.findall(r'href="([^"]*)"', page) == ["index.html", "report.json"]
     assert page.count('<section class="task"') == 16
     for select in ("f-family", "f-variant", "f-arm", "f-outcome"):
         assert f'<select id="{select}">' in page
     assert sorted(p.name for p in files.iterdir()) == sorted(
-        ["report.json", "resources.json", "generations.html"]
+        ["report.json", "resources.json", "index.html", "generations.html"]
         + [f"{n}.{f}" for n in ("comparison", "accuracy", "training", "serving")
            for f in ("svg", "png", "pdf")])
 
@@ -262,15 +264,18 @@ def test_each_figure_is_its_data_and_carries_it_in_every_format(done: dict[str, 
     for name, data in figures.items():
         for fmt in ("svg", "png", "pdf"):
             carried = _embedded(fmt, (files / f"{name}.{fmt}").read_bytes())
-            assert carried == {"format": "nscas-figure/1", "figure": name, "data": data}, (
+            assert carried == {"format": "nscas-figure/2", "figure": name, "data": data}, (
                 name, fmt)
+        assert data["corner"] == f"action {done['result'].action}"
 
 
 def test_report_json_has_only_recomputable_parts(done: dict[str, Any]) -> None:
     report = done["report"]
-    assert report["format"] == "nscas-report/2"
-    assert set(report) == {"format", "title", "inputs", "prepared", "commitment", "learning",
-                           "contract", "training", "serving", "resources", "figures"}
+    assert report["format"] == "nscas-report/3"
+    assert set(report) == {"format", "title", "action", "inputs", "prepared", "commitment",
+                           "learning", "contract", "training", "serving", "resources",
+                           "figures"}
+    assert report["action"] == str(done["result"].action)
 
 
 def test_rerun_is_identical(done: dict[str, Any], experiment: Experiment) -> None:
@@ -278,3 +283,125 @@ def test_rerun_is_identical(done: dict[str, Any], experiment: Experiment) -> Non
     assert again.outputs == done["result"].outputs
     assert again.receipt != done["result"].receipt
     assert again.verdicts["report"].status == "identical"
+
+
+class _Links(HTMLParser):
+    """Every link and image source, every script, and the cells of every table row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.scripts = 0
+        self.handlers: list[str] = []
+        self.rows: list[list[str]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.links += [v or "" for k, v in attrs if k in ("href", "src")]
+        self.handlers += [k for k in a if k.startswith("on")]
+        self.scripts += tag == "script"
+        if tag == "tr":
+            self.rows.append([])
+        if tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _row(parsed: _Links, first: str, *, tables: int = 1) -> list[str]:
+    """The row headed ``first`` (of the first table holding one; ``tables``: how many do)."""
+    rows = [r for r in parsed.rows if r and r[0] == first]
+    assert len(rows) == tables, (first, rows)
+    return rows[0][1:]
+
+
+def test_the_summary_page_shows_the_headline_tables(done: dict[str, Any]) -> None:
+    report, files = done["report"], done["files"]
+    page = (files / "index.html").read_text(encoding="utf-8")
+    parsed = _Links()
+    parsed.feed(page)
+    arms = report["learning"]["arms"]
+    assert _row(parsed, "Final test") == list(arms)
+    assert _row(parsed, "All tasks, out of 16") == ["2", "11", "6", "10"]
+    assert _row(parsed, "Accuracy") == ["12.50%", "68.75%", "37.50%", "62.50%"]
+    assert _row(parsed, "sort, out of 4")[1] == "3"
+    assert _row(parsed, "Held-out variants (2, 3), out of 8") == [
+        str(a["held_out"]["correct"]) for a in arms.values()]
+    single = _row(parsed, "clean-single versus the seed", tables=2)  # and retention
+    assert single[:3] == ["seed", "9", "0"]
+    assert single[3] == f"{_comparison(report, 'versus_seed', 'clean-single')['gain_points']:+.2f}"
+    assert _row(parsed, "Updates") == ["4", "4", "4"]
+    assert _row(parsed, "Throughput ratio (pair / single)") == [
+        f"{report['serving']['throughput_ratio']:.2f}x"]
+    assert _row(parsed, "Identical outputs across phases") == ["yes"]
+    for name, receipt in report["inputs"].items():
+        assert [name, f"receipt {receipt}"] in parsed.rows
+    # The action in the corner; nothing loaded from elsewhere, no script, every link a file
+    # of the report's own tree.
+    assert f'<p id="action">action <code>{report["action"]}</code></p>' in page
+    assert parsed.scripts == 0 and parsed.handlers == []
+    assert set(parsed.links) == {p.name for p in files.iterdir()} - {"index.html"}
+    assert "generations.html" in parsed.links and "comparison.svg" in parsed.links
+
+
+def test_the_summary_page_escapes_every_string(done: dict[str, Any]) -> None:
+    from nscas.recipes.report.index import render_index
+
+    report = json.loads(json.dumps(done["report"]))
+    report["title"] = 'T <script>alert("t")</script>'
+    arms = report["learning"]["arms"]
+    arms['<img src=x onerror="alert(1)">'] = arms.pop("clean-pair")
+    report["training"]["arms"]["a&b"] = report["training"]["arms"].pop("clean-pair")
+    page = render_index(report)
+    assert "<script" not in page and "<img src=x" not in page and "onerror=\"" not in page
+    assert "T &lt;script&gt;alert(&quot;t&quot;)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page and "a&amp;b" in page
+
+
+def test_figures_keep_one_colour_per_arm_and_draw_zero_panels_on_a_fixed_axis(
+        done: dict[str, Any]) -> None:
+    from matplotlib.figure import Figure
+
+    from nscas.recipes.report.figures import (
+        ARM_COLOURS,
+        PHASE_COLOURS,
+        ZERO_NOTE,
+        Bars,
+        FigureData,
+        draw,
+    )
+
+    figures = done["report"]["figures"]
+    seen: dict[str, set[str]] = {}
+    for data in figures.values():
+        for panel in data["panels"]:
+            if panel["kind"] == "bars" and panel["labels"][0] in ARM_COLOURS:
+                for label, colour in zip(panel["labels"], panel["colours"], strict=True):
+                    seen.setdefault(label, set()).add(colour)
+            for series in panel.get("series", []):
+                arm = series["label"].split(" ")[0]
+                if arm in ARM_COLOURS:
+                    seen.setdefault(arm, set()).add(series["colour"])
+    assert seen == {arm: {ARM_COLOURS[arm]} for arm in
+                    ("seed", "clean-single", "damaged-single", "clean-pair")}
+    serving = figures["serving"]["panels"]
+    assert set(serving[0]["colours"]) | {s["colour"] for s in serving[1]["series"]} <= set(
+        PHASE_COLOURS)
+    assert not set(PHASE_COLOURS) & set(ARM_COLOURS.values())
+    zero = Bars(title="t", ylabel="y", labels=("a", "b"), values=(0.0, None),
+                texts=("0.00", "n/a"), colours=("#000000", "#000000"), ylim=(0.0, 1.0),
+                note=ZERO_NOTE)
+    fig = Figure(figsize=(3, 3), layout="constrained")
+    draw(fig, FigureData(size=(3, 3), rows=1, cols=1, panels=(zero,), corner="action x"))
+    (ax,) = fig.axes
+    assert ax.get_ylim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.texts][-1] == ZERO_NOTE  # after the bar texts
+    assert [t.get_text() for t in fig.texts] == ["action x"]

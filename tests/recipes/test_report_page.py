@@ -159,3 +159,14 @@ def test_the_filters_show_what_they_say(tmp_path: Path) -> None:
     assert results[4]["tasks"] == [3]
     assert results[5] == {"tasks": [1], "rows": [2, 1, 1, 0], "shown": "1 of 4 tasks shown"}
     assert results[6]["tasks"] == [] and results[6]["shown"] == "0 of 4 tasks shown"
+
+
+def test_long_runs_of_blank_lines_are_shown_compactly() -> None:
+    from nscas.recipes.report.page import compact
+
+    assert compact("a\n\n\nb") == "a\n\n\nb"  # two blank lines stay as they are
+    assert compact("a\n\n \n\t\nb<\n" + "\n" * 40) == (
+        'a\n<span class="gap">&#8942; 3 blank lines</span>\nb&lt;\n'
+        '<span class="gap">&#8942; 40 blank lines</span>\n')
+    assert compact("  x\n\n\n\n    y") == (
+        '  x\n<span class="gap">&#8942; 3 blank lines</span>\n    y')  # indentation kept

@@ -41,7 +41,8 @@ def test_claims_that_disagree_with_retained_data_fail_naming_both_values(tmp_pat
     assert "median_update_seconds claimed 5.25, recomputed 5.5" in error
     assert "serve" in error and "failure_retries claimed 0, recomputed 2" in error
     with pytest.raises(ClaimMismatch) as info:
-        compute(store, exp.inputs, title="t", price_per_host_hour=0.0, scratch=tmp_path)
+        compute(store, exp.inputs, title="t", action=Digest.parse("blake3:" + "0" * 64),
+                price_per_host_hour=0.0, scratch=tmp_path)
     assert [(m.name, m.claimed, m.recomputed) for m in info.value.mismatches] == [
         ("correct", 12, 11), ("median_update_seconds", 5.25, 5.5), ("failure_retries", 0, 2)]
     store.close()

@@ -9,8 +9,10 @@ bytes), never with the verifiers' code."""
 from __future__ import annotations
 
 import copy
+import html
 import json
 import math
+import re
 import shutil
 import statistics
 import subprocess
@@ -45,10 +47,14 @@ CLAIMS = {
 FIGURES = ("comparison", "accuracy", "training", "serving")
 FORMATS = ("svg", "png", "pdf")
 PAGE_PARTS = ("headline", "filters", "tasks", "verdicts", "answers", "exact")
-REPORT_CHECKS = ("inputs", "files", "json.learning", "json.training", "json.serving",
-                 "json.resources", "json.header", "json.figures", "json.parts",
-                 "resources_json", *(f"page.{p}" for p in PAGE_PARTS),
-                 *(f"figures.{f}.{x}" for f in FIGURES for x in FORMATS), "weights")
+INDEX_PARTS = ("head", "learning", "comparisons", "retention", "training", "serving",
+               "resources", "figures", "identity", "files", "exact")
+V1_CHECKS = ("version", "inputs", "files", "json.learning", "json.training", "json.serving",
+             "json.resources", "json.header", "json.figures", "json.parts",
+             "resources_json", *(f"page.{p}" for p in PAGE_PARTS),
+             *(f"figures.{f}.{x}" for f in FIGURES for x in FORMATS), "weights")
+"""What a report@1 run is checked for (no index.html)."""
+REPORT_CHECKS = (*V1_CHECKS, *(f"index.{p}" for p in INDEX_PARTS))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -381,3 +387,175 @@ def test_hostile_report_content_fails_without_a_traceback(experiment: Experiment
             f"{name}.json.training.arms.clean-pair.updates", f"{name}.page.exact"} <= bad
     assert f"{name}.json.serving.phases.single.requests" in bad
     assert exit_code(report) == 1
+
+
+def edit_index(old: str, new: str) -> Any:
+    def edit(out: Path) -> None:
+        page = (out / "index.html").read_text(encoding="utf-8")
+        assert page.count(old) >= 1, old
+        (out / "index.html").write_text(page.replace(old, new, 1), encoding="utf-8")
+    return edit
+
+
+def test_an_edited_summary_page_fails_in_the_part_it_changed(experiment: Experiment,
+                                                             tmp_path: Path) -> None:
+    data = json.loads(experiment.store.get_bytes(Digest.parse(experiment.record(
+        experiment.record(experiment.report)["outputs"]["report"])["entries"]["report.json"][
+        "id"])))
+    seed = data["learning"]["arms"]["seed"]["correct"]
+    row = "<tr><th>Updates</th>"
+    cases = {
+        "learning": edit_index(f"<th>All tasks, out of 16</th><td class=\"n\">{seed}</td>",
+                               f"<th>All tasks, out of 16</th><td class=\"n\">{seed + 1}</td>"),
+        "serving": edit_index("<th>Cache hits</th><td class=\"n\">0</td>",
+                              "<th>Cache hits</th><td class=\"n\">0</td>"
+                              "<script>alert(1)</script>"),
+        "head": edit_index("<h1>", "<script src=\"https://example.com/x.js\"></script><h1>"),
+    }
+
+    def drop_row(out: Path) -> None:
+        page = (out / "index.html").read_text(encoding="utf-8")
+        start = page.index(row)
+        (out / "index.html").write_text(page[:start] + page[page.index("</tr>", start) + 5:],
+                                        encoding="utf-8")
+
+    cases["training"] = drop_row
+    for part, edit in cases.items():
+        tampered = restore_report(experiment, tmp_path / part, edit)
+        report = verify(tampered, store=experiment.store_dir)
+        name = label(tampered)
+        assert failed(report) == {f"{name}.index.{part}", f"{name}.index.exact"}, part
+        assert exit_code(report) == 1
+    # Outside every part (after the page's end) the bytes still catch it.
+    tampered = restore_report(experiment, tmp_path / "tail",
+                              edit_index("</html>\n", "</html>\n<script>alert(1)</script>"))
+    assert failed(verify(tampered, store=experiment.store_dir)) >= {
+        f"{label(tampered)}.index.exact"}
+
+
+def test_a_summary_page_and_report_json_edited_together_still_fail(experiment: Experiment,
+                                                                   tmp_path: Path) -> None:
+    def edit(out: Path) -> None:
+        edit_json(lambda d: d["serving"].update(cache_hits=7))(out)
+        edit_index("<th>Cache hits</th><td class=\"n\">0</td>",
+                   "<th>Cache hits</th><td class=\"n\">7</td>")(out)
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    name = label(tampered)
+    assert failed(verify(tampered, store=experiment.store_dir)) == {
+        f"{name}.json.serving.cache_hits", f"{name}.index.serving", f"{name}.index.exact"}
+
+
+def test_a_report_without_its_summary_page_or_action_fails(experiment: Experiment,
+                                                          tmp_path: Path) -> None:
+    def edit(out: Path) -> None:
+        (out / "index.html").unlink()
+        edit_json(lambda d: d.update(action="blake3:" + "0" * 64))(out)
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    name = label(tampered)
+    assert failed(verify(tampered, store=experiment.store_dir)) == {
+        f"{name}.files", f"{name}.json.action", *(f"{name}.index.{p}" for p in INDEX_PARTS)}
+
+
+V1_COLOURS = ("#6b7280", "#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2")
+
+
+def _v1_figures(figures: dict[str, Any], arms: list[str]) -> dict[str, Any]:
+    """report@1's figure data from report@2's, by the version-1 definitions (docs/experiment.md
+    §6): colours by position, arms and serving phases alike; no corner, zero axes or notes."""
+    colours = {arm: V1_COLOURS[i] for i, arm in enumerate(arms)}
+    out = copy.deepcopy(figures)
+    for name, figure in out.items():
+        figure.pop("corner")
+        for panel in figure["panels"]:
+            zero = panel.pop("note") is not None  # the tiny models answer nothing correctly
+            if panel["kind"] != "grouped":
+                assert (panel.pop("ylim") is None) != zero
+            elif zero and panel["ylim"] == [0.0, 1.0]:
+                panel["ylim"] = None
+            if panel["kind"] == "bars":
+                panel["colours"] = ([colours[a] for a in panel["labels"]]
+                                    if panel["labels"][0] in colours
+                                    else list(V1_COLOURS[:len(panel["labels"])]))
+            for j, series in enumerate(panel.get("series", [])):
+                arm = series["label"].split(" ")[0]
+                series["colour"] = colours[arm] if arm in colours else V1_COLOURS[j + 1]
+        assert name in FIGURES
+    return out
+
+
+def _figure_file(fmt: str, text: str) -> bytes:
+    """A figure file carrying ``text`` as its figure data, as matplotlib writes one."""
+    import io
+
+    from matplotlib.figure import Figure
+
+    meta = {"svg": {"Description": text}, "pdf": {"Subject": text},
+            "png": {"nscas-figure": text}}[fmt]
+    buffer = io.BytesIO()
+    Figure(figsize=(1, 1)).savefig(buffer, format=fmt, metadata=meta)
+    return buffer.getvalue()
+
+
+def test_a_report_at_version_1_is_checked_by_the_version_1_definitions(
+        experiment: Experiment, tmp_path: Path) -> None:
+    """A run of report@1 (published before index.html): no summary page, figures and the
+    answer page of version 1. Made here from the report@2 run by those definitions."""
+    receipt = experiment.record(experiment.report)
+    action = copy.deepcopy(experiment.record(receipt["action"]))
+    assert action["recipe"] == "report@2"
+    action["recipe"] = "report@1"
+    old_action = str(experiment.store.put_record(action))
+
+    def to_v1(out: Path) -> None:
+        data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        del data["action"]
+        data["format"] = "nscas-report/2"
+        data["figures"] = _v1_figures(data["figures"], list(data["learning"]["arms"]))
+        (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        (out / "index.html").unlink()
+        page = (out / "generations.html").read_text(encoding="utf-8")
+        # Version 1 shows every answer as it is (no compact runs of blank lines).
+        texts = []
+        for _ in range(data["learning"]["documents"]):
+            texts.append([])
+        for arm in data["learning"]["arms"].values():
+            blob = experiment.record(arm["evaluation"])["outputs"]["generations"]
+            lines = experiment.store.get_bytes(Digest.parse(blob)).decode().splitlines()
+            for i, line in enumerate(lines):
+                texts[i].append(html.escape(json.loads(line)["text"], quote=True))
+        answers = iter(t for task in texts for t in task)
+        assert 'class="gap"' in page  # these tiny models do write long runs of blank lines
+        page = re.sub(r"<td><pre>(.*?)</pre></td></tr>",
+                      lambda m: f"<td><pre>{next(answers)}</pre></td></tr>", page,
+                      flags=re.DOTALL)
+        page = page.replace(".gap{color:#6b7280;font-style:italic}\n", "").replace(
+            '<p><a href="index.html">Summary</a> &middot; <a href="report.json">report.json'
+            "</a></p>", "")
+        (out / "generations.html").write_text(page, encoding="utf-8")
+        for name, figure in data["figures"].items():
+            text = json.dumps({"format": "nscas-figure/1", "figure": name, "data": figure},
+                              sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+            for fmt in FORMATS:
+                (out / f"{name}.{fmt}").write_bytes(_figure_file(fmt, text))
+
+    out = tmp_path / "report"
+    experiment.store.materialise(Digest.parse(receipt["outputs"]["report"]), out)
+    to_v1(out)
+    tree = str(experiment.store.put_tree(out))
+    old = store_receipt(experiment, lambda r: r.update(action=old_action,
+                                                       outputs={"report": tree}))
+    report = verify(old, store=experiment.store_dir)
+    assert report.ok, report.failures
+    checks = by_name(report)
+    name = label(old)
+    for check in V1_CHECKS:
+        assert checks[f"{name}.{check}"].status == "passed", check
+    assert not [c for c in checks if c.startswith(f"{name}.index.")]
+    # The same outputs under report@2 fail: its files, report.json, figures and page differ.
+    newer = store_receipt(experiment, lambda r: r["outputs"].update(report=tree))
+    bad = failed(verify(newer, store=experiment.store_dir))
+    n = label(newer)
+    assert {f"{n}.files", f"{n}.json.format", f"{n}.json.action", f"{n}.page.exact",
+            f"{n}.figures.comparison.svg"} <= bad
