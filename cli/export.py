@@ -28,6 +28,11 @@ def export_(
     no_weights: Annotated[bool, typer.Option(
         "--no-weights", help="Leave out checkpoint weight files (*.safetensors) and their tensors; "
                              "the manifest lists them as omitted.")] = False,
+    model_signing: Annotated[Path | None, typer.Option(
+        "--model-signing", metavar="KEY", show_default=False, dir_okay=False,
+        help="Also sign each model folder models/<arm>/ with this private key file (OpenSSF "
+             "Model Signing v1.0, by the model-signing package) into "
+             "model-signatures/<arm>.sig, which 'model_signing verify key' checks.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Write TARGET and everything it links to as a bundle directory (docs/bundle.md).
@@ -40,22 +45,35 @@ def export_(
     Every file is exactly an object's bytes; each model folder holds all files of its
     checkpoint, so it loads with transformers. SHA256SUMS, manifest.json and a deterministic
     measurements.tar.gz (everything but the weights) come with them. Exporting the same
-    target twice gives byte-identical files; a failed export leaves nothing behind.
+    target twice gives byte-identical files; a failed export leaves nothing behind. Every
+    signature of every receipt exported comes along (signatures/); model signatures
+    (--model-signing) are signed afresh each time, so they differ between exports.
 
     Example: nscas export experiments/coop/report ./coop-bundle
     (then: cd coop-bundle && sha256sum -c SHA256SUMS && nscas verify .)
     """
+    signer = None
+    if model_signing is not None:
+        from functools import partial
+
+        from nscas.signing import load_key, sign_model_dir
+
+        load_key(model_signing)  # an exposed or unusable key: one line, nothing written
+        signer = partial(sign_model_dir, model_signing)
     with open_cli_store(ctx, readonly=True) as store:
         named = store.resolve(target)
         found = producers(store, named) if store.info(named).kind != "receipt/1" else None
         producer = found.first if found is not None else None
-        report = export_bundle(store, producer or named, dest, weights=not no_weights)
+        report = export_bundle(store, producer or named, dest, weights=not no_weights,
+                               model_signer=signer)
     if as_json:
         render.json_out({"target": str(report.target), "named": str(named),
                          "producers": [str(r) for r in found.receipts] if found else [],
                          "dir": str(report.dest),
                          "files": report.files, "bytes": report.bytes, "derived": report.derived,
-                         "weights": report.weights, "omitted": [str(d) for d in report.omitted]})
+                         "weights": report.weights, "omitted": [str(d) for d in report.omitted],
+                         "signatures": report.signatures,
+                         "model_signatures": list(report.model_signatures)})
         return
     if found is not None and producer is not None:
         what = named if target == str(named) else f"{target} ({named})"
@@ -67,3 +85,7 @@ def export_(
                 f"{report.bytes} bytes, {report.derived} tensors as ranges of weight files")
     if report.omitted:
         render.text(f"omitted {len(report.omitted)} weight object(s) (--no-weights)")
+    if report.signatures:
+        render.text(f"carried {report.signatures} receipt signature(s)")
+    for arm in report.model_signatures:
+        render.text(f"signed models/{arm}/ as model-signatures/{arm}.sig")

@@ -52,10 +52,13 @@ COMMANDS: dict[str, Lazy] = {
     "run": Lazy(module="run", summary="Run a recipe or pipeline file, reusing cached receipts."),
     "verify": Lazy(module="verify", summary="Independently recheck a receipt, ref or bundle."),
     "export": Lazy(module="export", summary="Write a receipt's closure as an offline SHA256SUMS bundle."),
+    "key": Lazy(module="key", summary="Make a signing key pair (ECDSA P-256)."),
+    "sign": Lazy(module="sign", summary="Sign a receipt (or the run that produced an output)."),
     "import": Lazy(module="import_bundle", summary="Import a bundle into the store, same IDs."),
     "import-hf": Lazy(module="import_hf", summary="Import a Hugging Face model directory as a checkpoint."),
     "import-gguf": Lazy(module="import_gguf", summary="Import a GGUF file and convert it to an FP32 checkpoint."),
     "serve-model": Lazy(module="serve_model", summary="Serve a stored model over HTTP (loopback by default)."),
+    "ui": Lazy(module="ui", summary="Browse the store in a web browser (read-only, loopback by default)."),
 }
 
 

@@ -41,6 +41,10 @@ def run(
         "--from", metavar="STEP", show_default=False,
         help="Run this step and every step downstream of it; earlier steps' outputs come from "
              "their previous runs in this pipeline.")] = None,
+    sign_key: Annotated[Path | None, typer.Option(
+        "--sign-key", metavar="KEY", show_default=False, dir_okay=False,
+        help="Sign each receipt this run writes with this private key file (mode 0600, from "
+             "'nscas key new'); default: $NSCAS_SIGNING_KEY, if set.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run a recipe or pipeline file and print each step's receipt, outputs and claims.
@@ -50,16 +54,20 @@ def run(
     (code files, params, inputs); --rerun runs it anyway and reports per output, against the
     step's previous run: identical, within-tolerance (with the distance), reproduced (timings
     differ) for a measurement, or different. A failed step exits 1, naming its receipt; bad
-    input exits 2 and writes nothing.
+    input exits 2 and writes nothing. With a signing key (--sign-key or $NSCAS_SIGNING_KEY)
+    each receipt written is signed as its step ends (a signature/1 record).
 
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
     from nscas.runner import load_plan_file, run_file, select_steps
+    from nscas.signing import KeySigner, configured_key
 
     set_texts, only_steps = tuple(sets or ()), tuple(only or ())
     spec = load_plan_file(file, set_texts)  # checked before the store is opened
     select_steps(spec, only_steps, start)
+    key = configured_key(sign_key)  # a bad or exposed key file: one line, nothing run
+    signer = KeySigner(key) if key is not None else None
     pipeline = spec.pipeline
     results: list[StepResult] = []
 
@@ -71,7 +79,7 @@ def run(
     with open_cli_store(ctx) as store:
         try:
             run_file(store, file, rerun=rerun, progress=progress_for, on_step=on_step,
-                     sets=set_texts, only=only_steps, start=start)
+                     sets=set_texts, only=only_steps, start=start, signer=signer)
         except NscasError:
             if as_json and results:  # what did run is still reported; the error goes to stderr
                 render.json_out(results_json(results, pipeline=pipeline))

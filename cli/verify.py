@@ -48,6 +48,31 @@ def verify_(
     failures_only: Annotated[bool, typer.Option(
         "--failures-only", help="List only the checks that failed (the summary still counts "
                                 "every check).")] = False,
+    trust: Annotated[list[Path] | None, typer.Option(
+        "--trust", metavar="PUBKEY", show_default=False, dir_okay=False,
+        help="A public key file (PEM, e.g. from 'nscas key new': FILE.pub) to trust; "
+             "repeatable. Every receipt of the closure must then carry a valid signature by "
+             "one of them.")] = None,
+    replay: Annotated[int | None, typer.Option(
+        "--replay", metavar="N", show_default=False, min=0, max=1_000_000,
+        help="Also run the model: N test answers per evaluated arm, drawn with --replay-seed, "
+             "must be the greedy choices of the committed weights, and the retention losses "
+             "are recomputed (docs/format.md §7.8).")] = None,
+    replay_seed: Annotated[int | None, typer.Option(
+        "--replay-seed", metavar="SEED", show_default=False, min=0, max=2**63 - 1,
+        help="Seed of the replay's draw (default: random, and printed).")] = None,
+    replay_task: Annotated[list[str] | None, typer.Option(
+        "--replay-task", metavar="ID", show_default=False,
+        help="A task id to replay in every arm besides the drawn ones; repeatable.")] = None,
+    device: Annotated[str, typer.Option(
+        "--device", metavar="cpu|cuda", help="Where --replay runs the model.")] = "cpu",
+    replay_time_limit: Annotated[float | None, typer.Option(
+        "--replay-time-limit", metavar="SECONDS", show_default=False, min=0.0, max=1e7,
+        help="Bound on the whole replay; what is left is listed as not rechecked.")] = None,
+    stream: Annotated[bool, typer.Option(
+        "--stream", help="For programs: one JSON line per check as it is made "
+                         "({\"check\": ...}), then {\"done\": ...} or {\"error\": ...}.")
+    ] = False,
 ) -> None:
     """Recheck a run independently: integrity, every claim, ordering rules.
 
@@ -58,17 +83,49 @@ def verify_(
     self-reported; it comes first, after the target line. Exits 0 if all hold, 1 if a check failed, 2 on bad input, 3 if objects
     are missing or TARGET has no receipt.
 
+    Signatures (signature/1 records) are checked where present; with --trust PUBKEY every
+    receipt must be signed by a trusted key, and the summary names who signed each one.
+
     Example: nscas verify experiments/coop/report; offline: nscas verify bundle/ --strict
-    --expect <the published SHA-256 of bundle/SHA256SUMS>
+    --expect <the published SHA-256 of bundle/SHA256SUMS> --trust alice.key.pub
     """
     from nscas.verifiers.errors import VerifierError
     from nscas.verifiers.verify import error_exit_code, exit_code, verify
 
+    if device not in ("cpu", "cuda"):
+        render.error(f"--device must be cpu or cuda, not {device!r}")
+        raise typer.Exit(2)
+    if (replay_seed is not None or replay_task or replay_time_limit is not None) \
+            and replay is None:
+        render.error("--replay-seed, --replay-task and --replay-time-limit need --replay N")
+        raise typer.Exit(2)
+    options = None
+    if replay is not None:
+        options = _replay_options(replay, replay_seed, tuple(replay_task or ()), device,
+                                  replay_time_limit, quiet=as_json or stream)
+    progress = _stream_line if stream else None
     try:
-        report = verify(target, store=store or state(ctx).store, strict=strict, expect=expect)
+        trusted = None
+        if trust:
+            from nscas.verifiers.signatures import load_trusted
+
+            trusted = load_trusted(trust)
+        report = verify(target, store=store or state(ctx).store, strict=strict, expect=expect,
+                        trust=trusted, replay=options,
+                        progress=(lambda c: progress({"check": c.to_dict()})) if progress
+                        else None)
     except VerifierError as exc:
-        render.error(exc.message)
+        if stream:
+            _stream_line({"error": {"message": exc.message,
+                                    "exit_code": error_exit_code(exc)}})
+        else:
+            render.error(exc.message)
         raise typer.Exit(error_exit_code(exc)) from None
+    if stream:
+        code = exit_code(report)
+        _stream_line({"done": {"ok": report.ok, "summary": report.summary(), "exit_code": code,
+                               "target": report.target, "named": report.named}})
+        raise typer.Exit(code)
     checks = [c for c in report.checks if c.status == "failed"] if failures_only else list(report.checks)
     if as_json:
         out = report.to_dict()
@@ -90,6 +147,41 @@ def verify_(
     code = exit_code(report)
     if code:
         raise typer.Exit(code)
+
+
+def _stream_line(value: dict[str, Any]) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _replay_options(count: int, seed: int | None, tasks: tuple[str, ...], device: str,
+                    time_limit: float | None, *, quiet: bool) -> Any:
+    """The replay the auditor asked for; a seed drawn here is printed (stderr) so the same
+    sample can be drawn again."""
+    import secrets
+
+    from nscas.verifiers.replay import ReplayOptions
+
+    if seed is None:
+        seed = secrets.randbits(63)
+        sys.stderr.write(f"nscas: replay seed {seed} (--replay-seed {seed} draws the same "
+                         "answers again)\n")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            render.error("--device cuda: no CUDA device is available here")
+            raise typer.Exit(2)
+    def shown(arm: str, done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        sys.stderr.write(f"\rreplaying {arm}: {done}/{total} answers{end}")
+        sys.stderr.flush()
+
+    return ReplayOptions(count=count, seed=seed, tasks=tasks, device=device,
+                         time_limit=time_limit,
+                         progress=None if quiet or not sys.stderr.isatty() else shown)
 
 
 def _first_line(report: Any) -> str:

@@ -11,8 +11,10 @@ export NSCAS_STORE="$work/.nscas"
 start=$(date +%s)
 
 nscas init "$work"
-echo "== running examples/cooperative-learning/experiment.toml"
-nscas run examples/cooperative-learning/experiment.toml
+# A throwaway signing key in the work dir: every receipt of the run is signed with it.
+nscas key new --out "$work/keys/demo.key" > /dev/null
+echo "== running examples/cooperative-learning/experiment.toml (receipts signed)"
+nscas run examples/cooperative-learning/experiment.toml --sign-key "$work/keys/demo.key"
 produced=$(( $(date +%s) - start ))
 
 echo "== the same file again: every step is a cache hit"
@@ -35,8 +37,10 @@ nscas export "$report" "$work/bundle"
 (cd "$work/bundle" && sha256sum -c --quiet SHA256SUMS && echo "sha256sum -c SHA256SUMS: OK")
 # What a publisher prints beside the bundle: the SHA-256 of its SHA256SUMS, which pins it.
 sums=$(sha256sum "$work/bundle/SHA256SUMS" | cut -d' ' -f1)
-NSCAS_STORE= nscas verify "$work/bundle" --strict --expect "$sums" > /dev/null \
-  && echo "nscas verify $work/bundle --strict --expect $sums: OK (no store)"
+NSCAS_STORE= nscas verify "$work/bundle" --strict --expect "$sums" \
+    --trust "$work/keys/demo.key.pub" > /dev/null \
+  && echo "nscas verify $work/bundle --strict --expect $sums --trust demo.key.pub: OK (no store;" \
+          "every receipt signed by the demo key)"
 
 nscas lineage "$report" --depth 1
 echo "== done: experiment ${produced}s, verification ${verified}s; report files: nscas get experiments/coop/report $work/report"

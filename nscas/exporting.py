@@ -50,6 +50,11 @@ SUMS = "SHA256SUMS"
 TARBALL = "measurements.tar.gz"
 RESERVED = frozenset({MANIFEST, SUMS, TARBALL})
 WEIGHTS = "weights"  # the one reason for omitting objects so far
+SIGNATURE = "signature/1"
+SIGNATURES = "signatures"  # signature/1 records of the closure's receipts
+MODEL_SIGNATURES = "model-signatures"
+"""``model-signatures/<arm>.sig``: OpenSSF Model Signing signatures of ``models/<arm>/``
+(``--model-signing``); not objects, so in neither the manifest nor SHA256SUMS nor the tar."""
 _BLOCK = 8 << 20
 _SNIFF_MAX = 16 << 20  # output blobs up to this size are read to give their file a suffix
 _SEGMENT = re.compile(r"[A-Za-z0-9._@+=,-]+")
@@ -60,6 +65,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _MODELS, _RUNS, _OUTPUTS, _TASKS, _CODE = range(5)
 _JOURNALS = "training"  # the folder of journals of runs whose recipe declares no bundle role
 
+ModelSigner = Callable[[Path, Path], None]
+"""Signs a model folder (first argument) into a signature file (second): ``--model-signing``."""
 RecipeLookup = Callable[[str], Recipe | None]
 """The recipe registered under a name, or None (``registered_recipe``; tests pass their own)."""
 
@@ -95,6 +102,10 @@ class ExportReport:
     """Objects written as byte ranges of other files (tensors of weight files)."""
     omitted: tuple[Digest, ...]
     weights: bool
+    model_signatures: tuple[str, ...] = ()
+    """The model folders signed (``model-signatures/<arm>.sig``)."""
+    signatures: int = 0
+    """signature/1 records of the closure's receipts that came along."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +193,14 @@ def _layout(store: StoreReader, target: Digest, recipes: RecipeLookup) -> _Layou
     ids = sorted(store.closure([target]))
     infos = {d: store.info(d) for d in ids}
     records = {d: store.get_record(d) for d in ids if infos[d].kind is not None}
+    # Signatures link their receipt, so no receipt reaches them: every signature of every
+    # receipt of the closure comes along (docs/bundle.md "Signatures").
+    for r in sorted(d for d, i in infos.items() if i.kind == "receipt/1"):
+        for link in store.links_to(r):
+            if link.path == "$.receipt" and link.parent not in infos \
+                    and (info := store.info(link.parent)).kind == SIGNATURE:
+                infos[link.parent] = info
+                records[link.parent] = store.get_record(link.parent)
     c = _Closure(target=target, infos=infos, records=records)
     weight_only, tensors = _weight_only(c)
     paths = _paths(store, c, _roles(c, recipes))
@@ -391,6 +410,8 @@ def _settle(c: _Closure, proposals: Mapping[Digest, list[tuple[tuple[int, str], 
                   and (priority[0] == _MODELS or path == min(p)[1])]
               for d, p in proposals.items()}
     wanted.update({r: [f"receipts/{name}.json"] for r, name in label.items()})
+    wanted.update({d: [f"{SIGNATURES}/{d.hex}.json"] for d, i in c.infos.items()
+                   if i.kind == SIGNATURE})
     every = [p for paths in wanted.values() for p in paths]
     count = Counter(p.casefold() for p in every)
     dirs = {p.casefold().rsplit("/", i)[0] for p in every for i in range(1, p.count("/") + 1)}
@@ -463,7 +484,8 @@ def _span(info: Any) -> tuple[int, int] | None:
 
 def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bool = True,
                   recipes: RecipeLookup = registered_recipe,
-                  bundle_format: str = FORMAT) -> ExportReport:
+                  bundle_format: str = FORMAT,
+                  model_signer: ModelSigner | None = None) -> ExportReport:
     """Write the closure of ``target`` as a bundle at ``dest`` (absent or an empty directory).
 
     Everything is written into a temporary sibling and renamed into place, so a failed
@@ -471,9 +493,14 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
     tensors are listed as omitted. ``recipes`` finds the recipes whose bundle roles lay out
     their runs' outputs. ``bundle_format`` ``FORMAT_V1`` writes the first format (each object
     in one place, so model folders may lack shared files), kept for readers' tests.
+    ``model_signer`` signs each model folder ``models/<arm>/`` into
+    ``model-signatures/<arm>.sig`` (files outside the manifest, SHA256SUMS and the tar).
     """
     if bundle_format not in FORMATS:
         raise InvalidInput(f"unknown bundle format {bundle_format!r}; expected one of {FORMATS}")
+    if model_signer is not None and not weights:
+        raise InvalidInput("model signatures sign every file of a model folder: they need the "
+                           "weights (drop --no-weights or the model signing key)")
     _check_dest(dest)
     lay = _layout(store, target, recipes)
     copies = bundle_format != FORMAT_V1
@@ -510,6 +537,10 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
         inner = _manifest(known, bare, bundle_format) if weights else manifest
         sums[TARBALL] = _write_tar(tmp / TARBALL, {p: tmp / p for p in bare.files}, inner)
         _write_new(tmp / SUMS, sha256sums(sums))
+        signed = model_folders(plan.files) if model_signer is not None else ()
+        for arm in signed:
+            (tmp / MODEL_SIGNATURES).mkdir(exist_ok=True)
+            model_signer(tmp / "models" / arm, tmp / MODEL_SIGNATURES / f"{arm}.sig")
         try:
             os.rename(tmp, dest)
         except OSError:  # someone filled ``dest`` meanwhile
@@ -520,7 +551,22 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
     return ExportReport(target=target, dest=dest, files=len(plan.files),
                         bytes=sum(infos[d].size for d in plan.files.values()),
                         derived=len(plan.derived), omitted=tuple(sorted(plan.omitted)),
-                        weights=weights)
+                        weights=weights, model_signatures=tuple(signed),
+                        signatures=sum(1 for i in infos.values() if i.kind == SIGNATURE))
+
+
+def model_folders(paths: Iterable[str]) -> tuple[str, ...]:
+    """The ``<arm>`` of every ``models/<arm>/`` folder among bundle paths, sorted."""
+    return tuple(sorted({p.split("/")[1] for p in paths
+                         if p.startswith("models/") and p.count("/") >= 2}))
+
+
+def is_model_signature(path: str, paths: Iterable[str]) -> bool:
+    """Whether ``path`` is where ``--model-signing`` puts the signature of a model folder that
+    the bundle (its manifest ``paths``) has: ``model-signatures/<arm>.sig``."""
+    head, _, name = path.partition("/")
+    return (head == MODEL_SIGNATURES and name.endswith(".sig") and "/" not in name
+            and name[:-4] in model_folders(paths))
 
 
 def _check_dest(dest: Path) -> None:

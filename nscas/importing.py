@@ -37,12 +37,14 @@ from nscas.exporting import (
     FORMATS,
     MANIFEST,
     RESERVED,
+    SIGNATURE,
     SUMS,
     TARBALL,
     ImportReport,
     InvalidBundle,
     Range,
     _hash_stream,
+    is_model_signature,
     sha256sums,
 )
 
@@ -359,6 +361,9 @@ def _validate(root: Path, where: str, limits: ImportLimits,
     ``manifest``: already read (from a tar), else read from ``root``."""
     m = manifest if manifest is not None else _read_manifest(root, where, limits)
     on_disk = _scan(root, where, limits)
+    # Model signatures (``--model-signing``) are no objects: not listed, not imported, and
+    # outside SHA256SUMS (docs/bundle.md "Model signatures").
+    on_disk = {p for p in on_disk if not is_model_signature(p, m.objects)}
     for path in sorted(m.objects.keys() - on_disk):
         raise InvalidBundle(where, path, "listed in manifest.json but missing")
     for path in sorted(on_disk - m.objects.keys() - RESERVED):
@@ -476,6 +481,11 @@ def _check_closure(m: _Manifest, values: Mapping[Digest, dict[str, Any]], where:
             if oid in values:
                 stack.append((oid, True))
                 stack.extend((d, False) for d in reversed(children[oid]) if d not in reached)
+    for rid in sorted(values):  # the signatures of reached receipts, after their receipts
+        if values[rid].get("nscas") == SIGNATURE and rid not in reached \
+                and Digest.parse(values[rid]["receipt"]) in reached:
+            reached.add(rid)
+            order.append(rid)
     for d in sorted(known - reached):
         raise InvalidBundle(where, MANIFEST, f"{d} is not in the closure of the target {m.target}")
     return tuple(order), children

@@ -225,6 +225,35 @@ def _receipt(rec: dict[str, Any], kind: str) -> None:
             c.string(rec[name], f"$.{name}")
 
 
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+
+
+def _signature(rec: dict[str, Any], kind: str) -> None:
+    """A DSSE envelope over an in-toto statement about one receipt (§3.11). Its meaning (the
+    subject, the key id, the signature itself) is checked by ``nscas.signing`` and by the
+    verifiers; this is its shape."""
+    c = _Check(kind)
+    c.members(rec, {"receipt", "public_key", "envelope"}, exact=True)
+    c.link(rec["receipt"], "$.receipt")
+    c.string(rec["public_key"], "$.public_key")
+    env = c.mapping(rec["envelope"], "$.envelope")
+    c.members(env, {"payloadType", "payload", "signatures"}, exact=True, path="$.envelope")
+    c.string(env["payloadType"], "$.envelope.payloadType")
+    if not isinstance(env["payload"], str) or not env["payload"] \
+            or not _BASE64.fullmatch(env["payload"]):
+        c.fail("$.envelope.payload", "expected non-empty standard base64")
+    sigs = env["signatures"]
+    if not isinstance(sigs, list) or not sigs:
+        c.fail("$.envelope.signatures", "expected a non-empty array")
+    for i, sig in enumerate(sigs):
+        where = f"$.envelope.signatures[{i}]"
+        c.members(c.mapping(sig, where), {"keyid", "sig"}, exact=True, path=where)
+        if not isinstance(sig["keyid"], str) or not _SHA256.fullmatch(sig["keyid"]):
+            c.fail(f"{where}.keyid", "expected the 64-hex SHA-256 of the public key's DER")
+        if not isinstance(sig["sig"], str) or not sig["sig"] or not _BASE64.fullmatch(sig["sig"]):
+            c.fail(f"{where}.sig", "expected non-empty standard base64")
+
+
 VALIDATORS: dict[str, Validator] = {
     "tree/1": _tree,
     "params/1": _params,
@@ -235,6 +264,7 @@ VALIDATORS: dict[str, Validator] = {
     "journal/1": _journal,
     "commitment/1": _commitment,
     "receipt/1": _receipt,
+    "signature/1": _signature,
 }
 KINDS = tuple(VALIDATORS)
 

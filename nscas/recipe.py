@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from nscas.digests import Digest
 from nscas.objectstore import ObjectReader, ObjectStore
 
-BUNDLE_RESERVED = frozenset({"blobs", "code", "models", "outputs", "receipts", "records", "tasks"})
+BUNDLE_RESERVED = frozenset({"blobs", "code", "model-signatures", "models", "outputs", "receipts",
+                             "records", "signatures", "tasks"})
 """Top-level folders of an export bundle that the exporter lays out itself (docs/bundle.md)."""
 _FOLDER = re.compile(r"[a-z0-9][a-z0-9_-]*")
 

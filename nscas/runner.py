@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nscas import canonical
 from nscas.codetree import CodeChanges, code_changes, code_tree, recipe_files
@@ -35,6 +35,9 @@ from nscas.reading import ObjectInfo
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
 from nscas.registry import available_recipes, registered_recipe, unknown_recipe
 from nscas.store import Store, check_ref_name
+
+if TYPE_CHECKING:
+    from nscas.signing import ReceiptSigner
 
 _ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy",
                  "blake3", "rfc8785", "zstandard", "SQLAlchemy", "alembic", "aiohttp", "httpx")
@@ -152,7 +155,7 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
              progress: ProgressFactory | None = None,
              on_step: Callable[[StepResult], None] | None = None,
              sets: tuple[str, ...] = (), only: tuple[str, ...] = (),
-             start: str | None = None) -> list[StepResult]:
+             start: str | None = None, signer: ReceiptSigner | None = None) -> list[StepResult]:
     """Run a recipe or pipeline file; step results in run order.
 
     ``sets`` are ``STEP.PARAM=VALUE`` overrides, written into the params as if the file said
@@ -162,7 +165,8 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     inputs given by ID or ref, output ref names, the previous runs a partial run reads) is
     checked first, so bad input writes nothing. Refs are resolved once, at start; output refs
     move by compare-and-swap against their values then. A failed step raises ``StepFailed``
-    after ``on_step`` has seen its result.
+    after ``on_step`` has seen its result. With a ``signer``, each receipt a step writes
+    (succeeded or failed; a cached one is not signed again) is signed as the step ends.
     """
     spec = load_plan_file(path, sets)
     where = str(path)
@@ -198,6 +202,8 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
                           progress=progress(item.step.name) if progress else NullProgress(),
                           expected_refs=item.expected_refs, refs=item.refs, names=item.names,
                           previous_run=runs.latest(item.step.name) if rerun else None)
+        if signer is not None and not result.cached:
+            signer.sign(store, result.receipt)
         results[item.step.name] = result
         sources[item.step.name] = _Source(receipt=result.receipt, outputs=result.outputs)
         if on_step is not None:

@@ -110,6 +110,15 @@ def conversation_renderer(template: str, specials: Mapping[str, str]
     return lambda messages: compiled(messages=messages, add_generation_prompt=False, **specials)
 
 
+def turns_renderer(template: str, specials: Mapping[str, str]
+                   ) -> Callable[[list[dict[str, str]], bool], str]:
+    """``(messages, generation_prompt) -> text``: any prefix of a conversation, with or
+    without the generation prompt (where an answer starts); raises ``TemplateError``."""
+    compiled = _compile(template)
+    return lambda messages, prompt: compiled(messages=messages, add_generation_prompt=prompt,
+                                             **specials)
+
+
 PROBE_USER = "Hi"
 PROBE_ANSWER = "Hello"
 """The probe conversation of docs/format.md §6.9."""

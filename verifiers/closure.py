@@ -73,6 +73,7 @@ EXPECTED: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
         ("tasks/1", r"/records", BLOB),
         ("journal/1", r"/entries", BLOB),
         ("commitment/1", r"/previous", "commitment/1"),
+        ("signature/1", r"/receipt", "receipt/1"),
     ))
 """(parent kind, JSON Pointer of the link, what the linked object must be). Links anywhere
 else (outputs, inputs, subjects, tree entries, claim values) may name any object."""

@@ -29,7 +29,7 @@ SELF_REPORTED: tuple[str, ...] = (
     "journal entries: seconds",
     "journal/1 records: loop_seconds, peak_memory_bytes",
     "request log lines: start, end, wall_start, wall_end",
-    "receipts: started, finished",
+    "receipts: started, finished, pipeline, step",
     "evaluate timing lines and probes generation lines: seconds, tokens_per_second",
     "environment/1 records: every member but those cross-checked against the run",
 )
@@ -115,18 +115,22 @@ class Report:
     """What the user named, when it was not the receipt itself (an output, a ref, a bundle)."""
     self_reported: tuple[str, ...] = ()
     """The fixed list of facts no retained evidence can recompute (docs/verify.md)."""
+    signers: tuple[str, ...] = ()
+    """Who signed each receipt's self-reported facts, one line per (receipt, key) whose
+    signature verified (``signatures.py``)."""
 
     @classmethod
     def of(cls, *groups: Iterable[Check], strict: bool = False, target: str | None = None,
-           named: str | None = None, self_reported: tuple[str, ...] = ()) -> Report:
+           named: str | None = None, self_reported: tuple[str, ...] = (),
+           signers: tuple[str, ...] = ()) -> Report:
         """Build a report from any number of check lists, keeping their order."""
         return cls(checks=tuple(check for group in groups for check in group), strict=strict,
-                   target=target, named=named, self_reported=self_reported)
+                   target=target, named=named, self_reported=self_reported, signers=signers)
 
     def with_checks(self, checks: Iterable[Check]) -> Report:
         """A new report with ``checks`` appended (reports are immutable)."""
         return Report(checks=(*self.checks, *checks), strict=self.strict, target=self.target,
-                      named=self.named, self_reported=self.self_reported)
+                      named=self.named, self_reported=self.self_reported, signers=self.signers)
 
     @property
     def failures(self) -> tuple[Check, ...]:
@@ -163,6 +167,7 @@ class Report:
         if self.self_reported:
             lines.append("self-reported, trusted only as far as the pinned ID or a signature: "
                          + ", ".join(self.self_reported))
+        lines += [f"self-reported facts of {line}" for line in self.signers]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -170,6 +175,7 @@ class Report:
                 "strict": self.strict, "summary": self.summary(),
                 "not_rechecked": {n: self.not_rechecked(n) for n in NEEDS},
                 "self_reported": list(self.self_reported),
+                "signers": list(self.signers),
                 "checks": [c.to_dict() for c in self.checks]}
 
     def to_json(self, *, indent: int | None = None) -> str:

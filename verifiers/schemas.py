@@ -1,4 +1,4 @@
-"""Schemas of the nine v1 record kinds (docs/format.md §3), checked independently of the store.
+"""Schemas of the ten v1 record kinds (docs/format.md §3), checked independently of the store.
 
 Members a kind requires are checked with their types; members beyond them are allowed
 (receipts carry ``status``, ``error``, ``sha256_stream``, ...) except where docs/format.md says
@@ -258,6 +258,41 @@ def _receipt(s: _Schema, r: dict[str, Any]) -> None:
             s.string(r[name], f"/{name}")
 
 
+_BASE64 = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
+
+
+def _signature(s: _Schema, r: dict[str, Any]) -> None:
+    """Exactly ``receipt`` (a link), ``public_key`` and a DSSE ``envelope``; what the envelope
+    says is checked by ``signatures.py``."""
+    s.exact_keys(r, "", {"nscas", "receipt", "public_key", "envelope"})
+    s.member(r, "", "receipt", s.link)
+    s.member(r, "", "public_key", s.string)
+
+    def base64(value: Any, path: str) -> None:
+        if not (isinstance(value, str) and value and _BASE64.fullmatch(value)):
+            s.bad(path, f"expected non-empty standard base64, found {_short_json(value)}")
+
+    def signatures(value: Any, path: str) -> None:
+        if not isinstance(value, list) or not value:
+            s.bad(path, f"expected a non-empty array, found {_short_json(value)}")
+            return
+        for i, item in enumerate(value):
+            where = f"{path}/{i}"
+            if s.obj(item, where):
+                s.exact_keys(item, where, {"keyid", "sig"})
+                s.member(item, where, "keyid", s.hex64)
+                s.member(item, where, "sig", base64)
+
+    def envelope(value: Any, path: str) -> None:
+        if not s.obj(value, path):
+            return
+        s.exact_keys(value, path, {"payloadType", "payload", "signatures"})
+        s.member(value, path, "payloadType", s.string)
+        s.member(value, path, "payload", base64)
+        s.member(value, path, "signatures", signatures)
+    s.member(r, "", "envelope", envelope)
+
+
 KINDS: dict[str, Callable[[_Schema, dict[str, Any]], None]] = {
     "tree/1": _tree,
     "params/1": _params,
@@ -268,6 +303,7 @@ KINDS: dict[str, Callable[[_Schema, dict[str, Any]], None]] = {
     "journal/1": _journal,
     "commitment/1": _commitment,
     "receipt/1": _receipt,
+    "signature/1": _signature,
 }
 
 

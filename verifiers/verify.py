@@ -17,7 +17,7 @@ Exit codes (``exit_code``): 0 all checks hold; 1 a check failed (or, strict, was
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .bundle import bundle_checks
@@ -26,7 +26,9 @@ from .errors import VerifierError
 from .objects import is_object_id
 from .ordering import parse_time
 from .receipts import check_receipt
+from .replay import ReplayOptions, replay_receipts
 from .report import SELF_REPORTED, Check, Report
+from .signatures import TrustedKey, signature_checks, signer_lines
 from .sources import (
     MANIFEST,
     BadTarget,
@@ -81,14 +83,23 @@ def open_target(target: str, *, store: Path | None) -> tuple[Source, str]:
 
 
 def verify(target: str, *, store: Path | None = None, strict: bool = False,
-           expect: str | None = None) -> Report:
+           expect: str | None = None, progress: Progress | None = None,
+           trust: tuple[TrustedKey, ...] | None = None,
+           replay: ReplayOptions | None = None) -> Report:
     """Verify ``target`` read-only; every finding as a check. Raises ``VerifierError`` only
     for unusable input (exit 2), a missing target (``MissingObject``, exit 3) or a target no
-    receipt produced (``NoEvidence``, exit 3)."""
+    receipt produced (``NoEvidence``, exit 3).
+
+    ``progress``: called with each check as soon as it is made, in report order (the report
+    holds the same checks); nothing else is reported through it. ``trust``
+    (``signatures.load_trusted``): every receipt of the closure must be signed by one of
+    those keys. ``replay``: also rerun the model on a sample of every evaluation's answers
+    and its retention probes (``replay.py``, docs/format.md §7.8)."""
     pin = _parse_expect(expect)
     source, oid = open_target(target, store=store)
     try:
-        return _verify(source, oid, strict=strict, pin=pin)
+        return _verify(source, oid, strict=strict, pin=pin, progress=progress, trust=trust,
+                       replay=replay)
     finally:
         if isinstance(source, StoreSource):
             source.close()
@@ -124,7 +135,31 @@ def producing_receipt(objects: Objects, oid: str) -> str | None:
     return min(found)[1] if found else None
 
 
-def _verify(source: Source, oid: str, *, strict: bool, pin: str | None) -> Report:
+Progress = Callable[[Check], None]
+"""Told of each check as it is made (``verify(progress=...)``)."""
+
+
+class _Checks(list[Check]):
+    """The report's checks so far, each told to ``progress`` as it is added."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        super().__init__()
+        self._progress = progress
+
+    def append(self, check: Check) -> None:
+        super().append(check)
+        if self._progress is not None:
+            self._progress(check)
+
+    def extend(self, checks: Iterable[Check]) -> None:
+        for check in checks:
+            self.append(check)
+
+
+def _verify(source: Source, oid: str, *, strict: bool, pin: str | None,
+            progress: Progress | None = None,
+            trust: tuple[TrustedKey, ...] | None = None,
+            replay: ReplayOptions | None = None) -> Report:
     objects = Objects(source)
     named: str | None = None
     kind = objects.kind(oid)
@@ -136,23 +171,29 @@ def _verify(source: Source, oid: str, *, strict: bool, pin: str | None) -> Repor
     # What is verified, first, so a reader sees what the rest is about.
     what = f"receipt in {source.label}" + (
         f", the earliest succeeded one that output {named}" if named else "")
-    checks: list[Check] = [Check.passed("target", recomputed=oid, message=what)]
+    checks = _Checks(progress)
+    checks.append(Check.passed("target", recomputed=oid, message=what))
     if pin is not None:
         checks.append(_expect_check(source, pin, oid, named))
     if isinstance(source, BundleSource):
         checks.extend(bundle_checks(source))
     closure, integrity = walk(objects, oid)
     checks.extend(integrity)
+    signed = signature_checks(objects, closure, trust)
     if isinstance(source, BundleSource):
-        checks.append(_unreached(source, {*closure.order, *([named] if named else [])}))
+        checks.append(_unreached(source, {*closure.order, *([named] if named else []),
+                                          *signed.seen}))
+    checks.extend(signed.checks)
     checkers: tuple[tuple[str, Checker], ...] = (
         ("receipt/1", check_receipt), ("tasks/1", check_task_set),
         ("checkpoint/1", checkpoint_checks))
     for kind, checker in checkers:
         for member in closure.of_kind(kind):
             checks.extend(_guarded(checker, objects, member))
+    if replay is not None:
+        checks.extend(replay_receipts(objects, list(closure.of_kind("receipt/1")), replay))
     return Report.of(checks, strict=strict, target=oid, named=named,
-                     self_reported=SELF_REPORTED)
+                     self_reported=SELF_REPORTED, signers=signer_lines(signed.signers))
 
 
 def _expect_check(source: Source, pin: str, oid: str, named: str | None) -> Check:
@@ -173,8 +214,9 @@ def _expect_check(source: Source, pin: str, oid: str, named: str | None) -> Chec
 
 
 def _unreached(bundle: BundleSource, reached: set[str]) -> Check:
-    """A bundle holds the target's closure and nothing else: an object no link reaches is
-    something the exporter never wrote (import refuses it too)."""
+    """A bundle holds the target's closure, and the signatures of its receipts, and nothing
+    else: an object no link reaches is something the exporter never wrote (import refuses it
+    too)."""
     stray = sorted(bundle.listed_ids() - reached)
     return Check.verdict("bundle.closure", not stray, claimed=len(bundle.listed_ids()),
                          recomputed=len(reached),

@@ -120,7 +120,7 @@ def build(root: Path) -> Published:
         if name == "trained":
             inputs["baseline"] = evaluations["seed"]
             inputs["training"] = train
-        evaluations[name] = _receipt(store, "evaluate@1", code, inputs,
+        evaluations[name] = _receipt(store, "evaluate@2", code, inputs,
                                      {"generations": gens, "checks": checks},
                                      claims={"correct": {"value": 3 if name == "trained" else 0,
                                                          "verifier": "tasks"}})

@@ -79,7 +79,7 @@ def test_paths_follow_roles(published: Published, tmp_path: Path) -> None:
         assert {p.rpartition("/")[2] for p in by_path if p.startswith(f"models/{arm}/")} == {
             "config.json", "model.safetensors", "tokenizer.json"}
     assert {"tasks/test.jsonl", "tasks/train.jsonl",
-            "code/evaluate@1/nscas/recipes/evaluate/recipe.py"} <= by_path.keys()
+            "code/evaluate@2/nscas/recipes/evaluate/recipe.py"} <= by_path.keys()
     others = [p for p in by_path if p.startswith(("records/", "blobs/"))]
     assert all(p == f"records/{by_path[p][7:]}.json" for p in others)
     assert not [p for p in others if p.startswith("blobs/")]

@@ -12,7 +12,7 @@ from typer.testing import Result
 from nscas.compare import compare_outputs
 from nscas.digests import Digest
 from nscas.errors import ConfigError, RecordError
-from nscas.recipe import Recipe
+from nscas.recipe import Recipe, blob_part
 from nscas.runner import run_file
 from nscas.store import Store, init_store
 from nscas.verifiers.schemas import schema_problems
@@ -184,7 +184,7 @@ def test_a_fully_cached_pipeline_prints_one_line_per_step(probe: Recipe, home: P
 
 def test_a_measurement_with_the_same_reproducible_part_is_reproduced(store: Store) -> None:
     a, b, c = (store.put_bytes(x) for x in (b'1 0.5', b'1 0.7', b'2 0.5'))
-    first_word: dict[str, Callable[[bytes], object]] = {"log": lambda d: d.split()[0]}
+    first_word = {"log": blob_part(lambda d: d.split()[0])}
     same = compare_outputs(store, {"log": a}, {"log": b}, measurements=first_word)["log"]
     assert (same.status, same.note) == ("reproduced", "timings differ")
     other = compare_outputs(store, {"log": a}, {"log": c}, measurements=first_word)["log"]

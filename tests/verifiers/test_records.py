@@ -50,6 +50,9 @@ VALID: dict[str, dict[str, Any]] = {
                                                               "verifier": "journal"}},
                   "started": "2026-09-13T10:00:00Z", "finished": "2026-09-13T11:00:00Z",
                   "status": "succeeded"},
+    "signature/1": {"receipt": oid(16), "public_key": "-----BEGIN PUBLIC KEY-----\n",
+                    "envelope": {"payloadType": "application/vnd.in-toto+json",
+                                 "payload": "e30=", "signatures": [{"keyid": H, "sig": "AA=="}]}},
 }
 
 

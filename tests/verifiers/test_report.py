@@ -21,7 +21,7 @@ def test_report_json_shape() -> None:
     ], target=target, self_reported=("receipts: started, finished",))
     data = json.loads(report.to_json())
     assert list(data) == ["target", "named", "ok", "strict", "summary", "not_rechecked",
-                          "self_reported", "checks"]
+                          "self_reported", "signers", "checks"]
     assert data["target"] == target and data["ok"] is False
     assert data["not_rechecked"] == {"weights": [], "model": ["c"]}
     assert data["self_reported"] == ["receipts: started, finished"]

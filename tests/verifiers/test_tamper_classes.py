@@ -631,7 +631,7 @@ def test_the_json_report_has_the_documented_shape(demo: Demo) -> None:
     v = nscas_verify(demo.bundle)
     assert v.report is not None
     assert list(v.report) == ["target", "named", "ok", "strict", "summary", "not_rechecked",
-                              "self_reported", "checks"]
+                              "self_reported", "signers", "checks"]
     assert v.report["target"] == demo.report
     assert set(v.report["not_rechecked"]) == {"weights", "model"}
     reported = " ".join(v.report["self_reported"])

@@ -44,7 +44,7 @@ def test_json_shape(pipeline: Pipeline) -> None:
     assert code == 0
     report = json.loads(out)
     assert list(report) == ["target", "named", "ok", "strict", "summary", "not_rechecked",
-                            "self_reported", "checks"]
+                            "self_reported", "signers", "checks"]
     assert report["target"] == pipeline.receipt("eval-again") and report["named"] is None
     assert report["ok"] is True
     assert all(set(c) == {"name", "status", "claimed", "recomputed", "message", "needs"}

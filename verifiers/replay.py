@@ -1,0 +1,363 @@
+"""Replay: recheck a sample of an evaluation's answers against its committed weights.
+
+Plain verification rechecks everything derived from the retained answers but takes on trust
+that the answers came from the committed checkpoint. ``nscas verify --replay N`` closes that
+gap for a sample the producer cannot choose: N test tasks per evaluated arm, drawn with the
+auditor's seed (plus any task the auditor names), are fed through the checkpoint with the
+retained answer as the continuation of the retained prompt (docs/format.md §7.8). Greedy
+decoding (docs/experiment.md §4.2) means each retained output token must be the model's
+highest-scoring token after the tokens before it; the first position where it is not is
+reported with both tokens and the logit margin there, so that a near tie flipped by other
+hardware or precision reads differently from a forged answer.
+
+One forward pass over prompt and answer gives every position's logits at once: the answer's
+prefix is the retained one up to the first difference, so this is greedy regeneration up to
+that point, one prompt at a time, without padding (each row of a batched run computes what
+it would alone, docs/experiment.md §4.2). The model comes from the checkpoint's own files
+through transformers and torch; nothing here imports nscas (docs/format.md §7.1).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .chat import TemplateError, end_of_turn, template_source, turns_renderer
+from .closure import Objects, Unusable, weights_omitted
+from .errors import RecordParseError
+from .evaluation import generation_keys, load_tokenizer, losses_of
+from .report import Check
+from .runs import Run
+from .taskchecks import read_lines
+
+IGNORE = -100
+RETENTION_TOLERANCE = 1e-3
+"""Largest relative difference between a replayed and a retained retention loss: FP32 sums of
+the same token losses in another order, or on other hardware."""
+NEAR_TIE = 0.05
+"""Logit margins below this at a differing position are reported as near ties: a greedy
+choice that other kernels, hardware or precision can flip (BF16 rounds logits to about 0.4 %)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayOptions:
+    """What the auditor asked to replay."""
+
+    count: int
+    """Tasks drawn per evaluated arm."""
+    seed: int
+    """Seed of the draw (the auditor's, so the producer cannot choose the sample)."""
+    tasks: tuple[str, ...] = ()
+    """Task ids replayed in every arm besides the drawn ones."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda``."""
+    time_limit: float | None = None
+    """Seconds for the whole replay; what is left when they run out is listed as not
+    rechecked."""
+    progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)
+    """``(arm, done, total)`` after each replayed task."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """One replayed answer."""
+
+    task: str
+    position: int | None
+    """The first answer position whose token is not the greedy choice; None if none is."""
+    retained: int | None = None
+    replayed: int | None = None
+    margin: float | None = None
+    """Logit of the greedy choice minus that of the retained token, at ``position``."""
+
+    def describe(self) -> str:
+        if self.position is None:
+            return f"{self.task}: identical"
+        kind = "a near tie" if self.margin is not None and self.margin < NEAR_TIE else \
+            "not a near tie"
+        return (f"{self.task}: answer token {self.position} is {self.retained}, the greedy "
+                f"choice {self.replayed} by a logit margin of {self.margin:.4g} ({kind})")
+
+
+def sample_tasks(ids: Sequence[str], options: ReplayOptions) -> list[str]:
+    """The drawn tasks of one arm in task order, then the named ones it has."""
+    rng = random.Random(options.seed)
+    drawn = sorted(rng.sample(range(len(ids)), min(options.count, len(ids))))
+    chosen = [ids[i] for i in drawn]
+    return chosen + [t for t in options.tasks if t in ids and t not in chosen]
+
+
+def environment(device: str, precision: str) -> dict[str, Any]:
+    """Where the replay ran, as the verify report records it."""
+    import torch
+
+    env: dict[str, Any] = {"device": device, "precision": precision,
+                           "torch": torch.__version__}
+    if device == "cuda":
+        env["device_name"] = torch.cuda.get_device_name()
+    return env
+
+
+def replay_receipts(objects: Objects, receipts: Sequence[str], options: ReplayOptions
+                    ) -> list[Check]:
+    """``replay_evaluations`` of the succeeded evaluate runs among ``receipts`` (in order);
+    receipts that cannot be read are plain verification's findings, not replay's."""
+    runs = []
+    for oid in receipts:
+        try:
+            receipt = objects.record_of(oid, "receipt/1")
+            action = objects.record_of(receipt["action"], "action/1")
+        except Unusable:
+            continue
+        recipe = str(action.get("recipe", "")).partition("@")[0]
+        if recipe == "evaluate" and receipt.get("status") == "succeeded":
+            runs.append(Run(id=oid, name=f"{recipe}.{oid[7:15]}", receipt=receipt,
+                            action=action, recipe=recipe))
+    return replay_evaluations(objects, runs, options)
+
+
+def replay_evaluations(objects: Objects, runs: Sequence[Run], options: ReplayOptions
+                       ) -> list[Check]:
+    """A ``replay`` check per evaluate run, and one naming where the replay ran."""
+    evaluations = [r for r in runs if r.recipe == "evaluate"]
+    checks: list[Check] = []
+    deadline = None if options.time_limit is None else time.monotonic() + options.time_limit
+    precisions = set()
+    for run in evaluations:
+        name = f"{run.name}.replay"
+        precision = _precision(run, options.device)
+        precisions.add(precision)
+        if weights_omitted(objects, run.inputs["model"]):
+            checks.append(Check.skipped(name, "the bundle omits the weights a replay needs",
+                                        needs="weights"))
+            continue
+        try:
+            checks.extend(_replay_run(objects, run, options, precision, deadline, name))
+        except Unusable as exc:
+            checks.append(Check.failed(name, f"cannot replay: {exc}"))
+    if evaluations:
+        env = environment(options.device, "/".join(sorted(precisions)) or "fp32")
+        checks.append(Check.passed(
+            "replay.environment", recomputed={**env, "seed": options.seed,
+                                              "count": options.count},
+            message=f"replayed on {env.get('device_name', env['device'])} "
+                    f"({env['precision']}, torch {env['torch']}), seed {options.seed}"))
+    return checks
+
+
+def _precision(run: Run, device: str) -> str:
+    """The run's autocast precision where the replay can use it: BF16 only on CUDA."""
+    asked = run.params.get("precision", "bf16")
+    return "bf16" if device == "cuda" and asked == "bf16" else "fp32"
+
+
+def _replay_run(objects: Objects, run: Run, options: ReplayOptions, precision: str,
+                deadline: float | None, name: str) -> list[Check]:
+    lines = _generations(objects, run)
+    ids = [g["id"] for g in lines]
+    by_id = {g["id"]: g for g in lines}
+    chosen = sample_tasks(ids, options)
+    unknown = [t for t in options.tasks if t not in by_id]
+    outcomes: list[Outcome] = []
+    left: list[str] = []
+    with _model(objects, run.inputs["model"], options.device) as model:
+        for done, task in enumerate(chosen):
+            if deadline is not None and time.monotonic() > deadline:
+                left = chosen[done:]
+                break
+            outcomes.append(_replay_one(model, by_id[task], options.device, precision))
+            if options.progress is not None:
+                options.progress(run.name, done + 1, len(chosen))
+        retention = _retention(objects, run, model, options.device, deadline)
+    differing = [o for o in outcomes if o.position is not None]
+    summary = (f"{len(outcomes) - len(differing)} of {len(outcomes)} replayed answers "
+               f"identical (seed {options.seed}, {options.device} {precision})")
+    if unknown:
+        summary += f"; not among this run's tasks: {', '.join(unknown)}"
+    detail = "; ".join(o.describe() for o in differing[:5])
+    recomputed = {"replayed": [o.task for o in outcomes],
+                  "differing": [o.task for o in differing]}
+    if differing:
+        answers = Check.failed(name, f"{summary}; {detail}", recomputed=recomputed)
+    elif left:
+        answers = Check.skipped(name, f"{summary}; the time bound left {len(left)} unreplayed",
+                                needs="model")
+    else:
+        answers = Check.passed(name, recomputed=recomputed, message=summary)
+    return [answers] if retention is None else [answers, retention]
+
+
+def _retention(objects: Objects, run: Run, model: Any, device: str,
+               deadline: float | None) -> Check | None:
+    """Every retention probe's loss recomputed from the weights (docs/experiment.md §3's
+    labels, FP32 as the evaluation computes it) against the retained one."""
+    if "retention" not in run.inputs or "retention" not in run.outputs:
+        return None  # plain verification reports a missing output
+    name = f"{run.name}.replay.retention"
+    if deadline is not None and time.monotonic() > deadline:
+        return Check.skipped(name, "the time bound left the retention losses unreplayed",
+                             needs="model")
+    record = objects.record_of(run.inputs["retention"], "tasks/1")
+    retained = losses_of(objects, run.outputs["retention"], list(record["ids"]))
+    try:
+        lines = read_lines(objects.bytes(record["records"]), "retention probes")
+    except RecordParseError as exc:
+        raise Unusable(record["records"], exc.message) from None
+    tokenizer, _eos = load_tokenizer(objects, run.inputs["model"])
+    if tokenizer is None:
+        return Check.failed(name, "the checkpoint has no usable tokenizer.json")
+    files = objects.record_of(objects.record_of(run.inputs["model"], "checkpoint/1")["files"],
+                              "tree/1")
+    try:
+        render = turns_renderer(*template_source(objects, files["entries"]))
+        turn = end_of_turn(objects, files["entries"], tokenizer)["id"]
+    except TemplateError as exc:
+        return Check.failed(name, str(exc))
+    worst, problems = 0.0, []
+    for line in lines:
+        try:
+            ids, labels = _encode(line, render, tokenizer, turn)
+        except (TemplateError, ValueError) as exc:
+            problems.append(f"probe {line.get('id')}: {exc}")
+            continue
+        loss = _mean_loss(model, ids, labels, device)
+        want = retained.get(line.get("id"))
+        if want is None:
+            continue  # losses_of checked the ids
+        relative = abs(loss - want) / max(abs(want), 1e-12)
+        worst = max(worst, relative)
+        if relative > RETENTION_TOLERANCE:
+            problems.append(f"probe {line['id']}: {loss:.6g} replayed, {want:.6g} retained")
+    message = (f"{len(lines)} probes, largest relative difference {worst:.2e} "
+               f"(tolerance {RETENTION_TOLERANCE:g})")
+    if problems:
+        return Check.failed(name, f"{message}; " + "; ".join(problems[:5]),
+                            recomputed=worst)
+    return Check.passed(name, recomputed=worst, message=message)
+
+
+def _messages(line: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A probe's chat messages: its ``messages``, or a grounded ``prompt`` and ``target``."""
+    if "messages" in line:
+        messages = line["messages"]
+        if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str) for m in messages):
+            raise ValueError("messages are not {role, content} strings")
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    if isinstance(line.get("prompt"), str) and isinstance(line.get("target"), str):
+        return [{"role": "user", "content": line["prompt"]},
+                {"role": "assistant", "content": line["target"]}]
+    raise ValueError("has neither messages nor a prompt and target")
+
+
+def _encode(line: Mapping[str, Any], render: Callable[[list[dict[str, str]], bool], str],
+            tokenizer: Any, turn: int) -> tuple[list[int], list[int]]:
+    """Token ids and labels: each answer from its first token through the end of its turn."""
+    messages = _messages(line)
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    ids = encode(render(messages, False))
+    labels = [IGNORE] * len(ids)
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(encode(render(messages[:index], True)))
+        if turn not in ids[start:]:
+            raise ValueError(f"assistant message {index} has no end-of-turn token after it")
+        end = ids.index(turn, start)
+        labels[start:end + 1] = ids[start:end + 1]
+    return ids, labels
+
+
+def _mean_loss(model: Any, ids: list[int], labels: list[int], device: str) -> float:
+    """Mean FP32 next-token cross-entropy over the labelled positions."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits
+    shifted = logits[0, :-1].float()
+    target = torch.tensor(labels[1:], device=device)
+    total = F.cross_entropy(shifted, target, ignore_index=IGNORE, reduction="sum")
+    return float(total) / max(sum(1 for t in labels if t != IGNORE), 1)
+
+
+def _generations(objects: Objects, run: Run) -> list[dict[str, Any]]:
+    """The run's generation lines, each well-formed (plain verification reports others)."""
+    try:
+        lines = read_lines(objects.bytes(run.outputs["generations"]), "generations")
+    except RecordParseError as exc:
+        raise Unusable(run.outputs["generations"], exc.message) from None
+    keys = generation_keys(run.action)
+    good = []
+    for g in lines:
+        if set(g) != keys or not isinstance(g["id"], str):
+            raise Unusable(run.outputs["generations"], "holds a malformed generation line")
+        ids = (g["prompt_ids"], g["output_ids"])
+        if not all(isinstance(x, list) and x and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x)
+                for x in ids):
+            raise Unusable(run.outputs["generations"],
+                           f"line {g['id']} has no usable prompt or output ids")
+        good.append(g)
+    return good
+
+
+@contextmanager
+def _model(objects: Objects, checkpoint: str, device: str) -> Iterator[Any]:
+    """The checkpoint's model in FP32 on ``device``, loaded from its own files."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    files = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
+    entries: Mapping[str, Any] = files["entries"]
+    with tempfile.TemporaryDirectory(prefix="nscas-replay-") as tmp:
+        root = Path(tmp)
+        for rel, entry in sorted(entries.items()):
+            path = PurePosixPath(rel)
+            if path.is_absolute() or ".." in path.parts or not path.parts:
+                raise Unusable(checkpoint, f"names an unsafe file path {rel!r}")
+            target = root.joinpath(*path.parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with objects.as_file(entry["id"], name=path.name) as source:
+                shutil.copyfile(source, target)  # a bundle's file or a copy removed after
+        try:
+            model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
+        except Exception as exc:  # transformers raises many kinds for a directory it cannot load
+            raise Unusable(checkpoint, f"does not load as a model ({type(exc).__name__}: "
+                           f"{exc})") from None
+        model.to(device).eval()
+        yield model
+
+
+def _replay_one(model: Any, line: Mapping[str, Any], device: str, precision: str) -> Outcome:
+    import contextlib
+
+    import torch
+
+    prompt, out = list(line["prompt_ids"]), list(line["output_ids"])
+    ids = torch.tensor([prompt + out[:-1]], dtype=torch.long, device=device)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
+    with torch.no_grad(), autocast:
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    scores = logits[len(prompt) - 1:]
+    if max(out) >= scores.shape[-1]:
+        raise Unusable(str(line["id"]), "an output id lies beyond the model's vocabulary")
+    greedy = scores.argmax(dim=-1).tolist()
+    for position, (want, got) in enumerate(zip(out, greedy, strict=True)):
+        if want != got:
+            row = scores[position]
+            return Outcome(task=line["id"], position=position, retained=want, replayed=got,
+                           margin=float(row[got] - row[want]))
+    return Outcome(task=line["id"], position=None)
