@@ -20,7 +20,8 @@ class CliState:
     """The global options, set once by the root callback and read by every command."""
 
     store: Path | None
-    """``--store`` / ``$NSCAS_STORE``: a store directory or a directory holding ``.nscas``."""
+    """``--store`` / ``$NSCAS_STORE``: a store directory, a directory holding ``.nscas``, or a
+    team store's ``store.toml``."""
 
 
 # Listing limits stop where SQLite's integers and JSON's exact ones do (2^53): a larger one is

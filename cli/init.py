@@ -47,6 +47,8 @@ def init(
     """
     target = path or state(ctx).store or Path.cwd()
     root = target if target.name == STORE_DIR else target / STORE_DIR
+    if target.name == CONFIG_NAME and target.is_file():  # --store .../store.toml: its directory
+        root = target.parent
     if database is not None or objects is not None or s3_endpoint is not None:
         if database is None or objects is None:
             raise InvalidInput("a team store needs both --database and --objects")

@@ -54,6 +54,9 @@ COMMANDS: dict[str, Lazy] = {
     "export": Lazy(module="export", summary="Write a receipt's closure as an offline SHA256SUMS bundle."),
     "key": Lazy(module="key", summary="Make a signing key pair (ECDSA P-256)."),
     "sign": Lazy(module="sign", summary="Sign a receipt (or the run that produced an output)."),
+    "remote": Lazy(module="remote", summary="Name other stores to push to and pull from."),
+    "push": Lazy(module="push", summary="Send an object's closure (and its ref) to a remote store."),
+    "pull": Lazy(module="pull", summary="Bring an object's closure (and its ref) from a remote store."),
     "import": Lazy(module="import_bundle", summary="Import a bundle into the store, same IDs."),
     "import-hf": Lazy(module="import_hf", summary="Import a Hugging Face model directory as a checkpoint."),
     "import-gguf": Lazy(module="import_gguf", summary="Import a GGUF file and convert it to an FP32 checkpoint."),
@@ -164,8 +167,9 @@ def _version(value: bool) -> None:
 def _root(
     ctx: typer.Context,
     store: Annotated[Path | None, typer.Option(
-        "--store", envvar="NSCAS_STORE", show_default=False, file_okay=False,
-        help="The store: a .nscas directory or one holding it (default: search upwards).")] = None,
+        "--store", envvar="NSCAS_STORE", show_default=False,
+        help="The store: a .nscas directory, one holding it, or a team store's store.toml "
+             "(default: search upwards).")] = None,
     version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=_version, help="Print the version and exit.")] = False,
 ) -> None:

@@ -6,11 +6,12 @@ import os
 from pathlib import Path
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from nscas.schema import metadata
 
 config = context.config
+MIGRATION_LOCK = 0x6E736D67  # PostgreSQL advisory lock key: one migration of a database at a time
 
 
 def _url() -> str:
@@ -34,6 +35,10 @@ def run_migrations_online() -> None:
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
         with context.begin_transaction():
+            if connection.dialect.name == "postgresql":
+                # Two `nscas init` on one empty database: one migrates, the other waits here and
+                # then finds the schema at head (the lock ends with the migration's transaction).
+                connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
             context.run_migrations()
     engine.dispose()
 

@@ -376,7 +376,8 @@ def _check_lazy_sha256(store: StoreReader, oid: Digest, recorded: str) -> list[F
     return []
 
 
-def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE) -> GcReport:
+def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE,
+       now: float | None = None) -> GcReport:
     """Remove objects no ref, tag or receipt reaches, plus temporary and orphan chunk files.
 
     Nothing younger than ``min_age`` seconds goes. A put in another process writes its chunk
@@ -386,7 +387,8 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE)
     longest put; 0 is safe only while no other process writes to the store.
 
     Work areas go regardless of age once their action has succeeded or their process is gone
-    (see ``WorkAreas.collect``).
+    (see ``WorkAreas.collect``). ``now`` (default: the clock) is the time ages are measured
+    from: tests pass a later one to age what an S3 service timestamps itself.
     """
     from nscas.workarea import WorkAreas
 
@@ -411,7 +413,7 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE)
         return False
 
     areas = WorkAreas(store.root).collect(succeeded_since, dry_run=dry_run)
-    cutoff = time.time() - min_age
+    cutoff = (time.time() if now is None else now) - min_age
     infos = list(store.iter_objects())
     roots = [target for _, target in store.ref_list()]
     # Every receipt is kept, and so is every signature of one (it links its receipt, so no

@@ -33,7 +33,10 @@ PG_INDEXES: dict[str, str] = {
     "object_sha256_pkey": "object_sha256", "refs_pkey": "refs", "ref_log_pkey": "ref_log",
     "gc_session_pkey": "gc_session",
 }
-PG_TRIGGERS = {f"{t}_no_{v}": (t, v.upper()) for t in INSERT_ONLY_TABLES for v in ("update", "delete")}
+TRUNCATE_FUNCTION = "nscas_no_truncate"
+"""The statement-level trigger function that refuses TRUNCATE of an insert-only table (0004)."""
+PG_TRIGGERS = {f"{t}_no_{v}": (t, v.upper())
+               for t in INSERT_ONLY_TABLES for v in ("update", "delete", "truncate")}
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -157,6 +160,10 @@ def schema_differences(c: PgConnection) -> list[SchemaDifference]:
 
 
 def guard_trigger_def(table: str, verb: str) -> str:
-    """``pg_get_triggerdef`` of the insert-only trigger on ``table`` for ``verb``."""
+    """``pg_get_triggerdef`` of the insert-only trigger on ``table`` for ``verb``: per row for
+    UPDATE and DELETE (gc's session lets them through), per statement for TRUNCATE (never)."""
+    if verb == "TRUNCATE":
+        return (f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON public.{table} "
+                f"FOR EACH STATEMENT EXECUTE FUNCTION {TRUNCATE_FUNCTION}()")
     return (f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON public.{table} "
             f"FOR EACH ROW EXECUTE FUNCTION {GUARD_FUNCTION}()")

@@ -46,7 +46,7 @@ _INFO = ("id, size, COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE
 BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
-                     "ref_set", "delete_objects", "execute_raw", "work_area",
+                     "put_whole", "ref_set", "delete_objects", "execute_raw", "work_area",
                      "release_work_area"})
 
 
@@ -404,12 +404,13 @@ class StoreReader:
     def ref_list(self, prefix: str = "") -> list[tuple[str, Digest]]:
         sql, args = "SELECT name, target FROM refs", ()
         if prefix:
-            # LIKE, as the store always matched prefixes (so case-insensitive for ASCII), with
-            # its wildcards escaped so that '_' and '%' in a prefix match only themselves.
-            escaped = prefix.replace("/", "//").replace("%", "/%").replace("_", "/_")
-            sql, args = sql + " WHERE name LIKE ? ESCAPE '/'", (escaped + "%",)
+            # Case-sensitive on both engines, as ref names are (SQLite's LIKE ignores ASCII case,
+            # PostgreSQL's does not): the name's first characters equal the prefix exactly.
+            sql, args = sql + " WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
         with self._read() as c:
-            return [(name, Digest(target)) for name, target in c.execute(sql + " ORDER BY name", args)]
+            rows = c.execute(sql, args).fetchall()
+        # Sorted here, by code point: a PostgreSQL database's collation may order otherwise.
+        return [(name, Digest(target)) for name, target in sorted(rows)]
 
     def ref_log(self, name: str | None = None, limit: int | None = None) -> list[RefEntry]:
         sql = "SELECT name, old, new, at, message FROM ref_log"

@@ -16,7 +16,7 @@ from pathlib import Path
 from nscas.errors import DamagedStore, NoSpace, ReadOnlyStore, StoreError
 from nscas.locating import DB_NAME
 
-SCHEMA_HEAD = "0003_lazy_sha256"
+SCHEMA_HEAD = "0004_no_truncate"
 """The alembic revision this code was written for; tests keep it equal to the migrations' head."""
 
 # What the migrations up to SCHEMA_HEAD create (tests/store/test_migrations.py compares these with

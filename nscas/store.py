@@ -321,6 +321,25 @@ class Store(StoreReader):
             if link_rows:
                 c.execute(self._upsert(links).on_conflict_do_nothing(), link_rows)
 
+    def put_whole(self, oid: Digest, part_list: list[tuple[int, Digest]], *,
+                  sha256: str | None) -> None:
+        """An object stored as parts this store already holds (a push or pull brings one): the
+        caller has checked ``oid`` against the parts' bytes in order (nscas.remotes). The parts
+        must tile the object from offset 0, each where the one before ends."""
+        if not part_list:
+            raise InvalidInput(f"{oid}: an object of parts needs at least one part")
+        sizes = {d: self.info(d).size for _, d in part_list}  # NotFound for an absent part
+        end = 0
+        for off, d in part_list:
+            if off != end:
+                raise InvalidInput(f"{oid}: part {d} at offset {off}, expected {end}")
+            end += sizes[d]
+        leaf = Leaf(hex=oid.hex, size=end, sha256=sha256, storage="parts")
+        rows = [{"object_id": oid.hex, "idx": i, "offset": off, "part_id": d.hex}
+                for i, (off, d) in enumerate(part_list)]
+        with _faults(self.root):
+            self._insert([leaf], rows, [], require={d.hex for _, d in part_list})
+
     def put_tree(self, path: Path) -> Digest:
         """A directory as a tree/1 record of its regular files (links are refused)."""
         if not path.is_dir():

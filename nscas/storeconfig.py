@@ -8,6 +8,7 @@ local object directory, its temporary files. The standard library only: readers 
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -121,15 +122,17 @@ def parse_config(path: Path) -> StoreConfig:
 def render_config(config: StoreConfig) -> str:
     """The TOML text of ``config`` (what ``nscas init --database`` writes)."""
     lines = ["# An nscas team store: metadata in PostgreSQL, object data in `objects`.",
-             f"database = {_quote(config.database)}", f"objects = {_quote(config.objects)}"]
+             f"database = {toml_string(config.database)}",
+             f"objects = {toml_string(config.objects)}"]
     s3 = {k: getattr(config.s3, k) for k in sorted(_S3_KEYS) if getattr(config.s3, k)}
     if s3:
-        lines += ["", "[s3]", *(f"{k} = {_quote(v)}" for k, v in s3.items())]
+        lines += ["", "[s3]", *(f"{k} = {toml_string(v)}" for k, v in s3.items())]
     return "\n".join(lines) + "\n"
 
 
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def toml_string(value: str) -> str:
+    """A TOML basic string holding ``value`` (JSON's escapes, non-ASCII as it is, are TOML's)."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def chunk_backend(root: Path, config: StoreConfig | None) -> ChunkBackend:

@@ -9,6 +9,9 @@ import pytest
 
 from nscas.store import Store, init_store
 
+# team_services: one PostgreSQL and one moto S3 server per session, for tests/store and tests/team.
+pytest_plugins = ("tests.store.services",)
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:

@@ -1,12 +1,15 @@
 """Read-only access to objects, from a store directory or from an export bundle.
 
-Two readers, one interface (``Source``), written from docs/format.md §1, docs/format.md §5 and docs/bundle.md and
+Three readers, one interface (``Source``), written from docs/format.md §1, docs/format.md §5 and docs/bundle.md and
 sharing no code with the store:
 
 - ``StoreSource`` opens ``<store>/nscas.db`` with stdlib ``sqlite3`` in ``mode=ro`` (on a
   read-only mount without a ``-shm`` file, ``immutable=1``) and reads
   an object's bytes from its row (``inline``), from its chunk file ``data/<2 hex>/<62 hex>``
   (``file``, raw or zstd) or by concatenating its ``parts`` in order (recursively).
+- ``TeamStoreSource`` reads a team store the same way, its ``store.toml`` parsed here: the
+  database through ``psycopg`` in read-only transactions, chunk objects through ``boto3``
+  (``s3://bucket/prefix``) or from a shared directory.
 - ``BundleSource`` reads ``manifest.json`` and the files it names; ``derived`` objects are byte
   ranges of another object and ``omitted`` ones are known only by size and SHA-256.
 
@@ -20,6 +23,7 @@ import hashlib
 import os
 import re
 import sqlite3
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -32,6 +36,7 @@ from .objects import READ_CHUNK, is_object_id
 from .records import MAX_RECORD_BYTES, extract_links, parse_json
 
 DB_NAME = "nscas.db"
+CONFIG_NAME = "store.toml"  # a team store: PostgreSQL + object storage
 STORE_DIR = ".nscas"
 ENV_VAR = "NSCAS_STORE"
 MANIFEST = "manifest.json"
@@ -132,20 +137,27 @@ def read_all(source: Source, oid: str) -> bytes:
 
 # --- the store ---------------------------------------------------------------------------
 
+def _is_store(path: Path) -> bool:
+    return (path / DB_NAME).is_file() or (path / CONFIG_NAME).is_file()
+
+
 def find_store_dir(path: Path | None = None) -> Path:
-    """The store directory: ``path`` (a store or a directory holding ``.nscas``), else
-    ``$NSCAS_STORE``, else ``.nscas`` in the current directory or a parent."""
+    """The store directory: ``path`` (a store, a directory holding ``.nscas``, or a team
+    store's ``store.toml``), else ``$NSCAS_STORE``, else ``.nscas`` here or in a parent."""
     if path is None and os.environ.get(ENV_VAR):
         path = Path(os.environ[ENV_VAR])
     if path is not None:
+        if path.name == CONFIG_NAME and path.is_file():
+            return path.parent
         for candidate in (path, path / STORE_DIR):
-            if (candidate / DB_NAME).is_file():
+            if _is_store(candidate):
                 return candidate
-        raise SourceError(str(path), f"not an nscas store (no {DB_NAME} in it or in "
-                                     f"{path / STORE_DIR}); pass --store or a bundle directory")
+        raise SourceError(str(path), f"not an nscas store (no {DB_NAME} or {CONFIG_NAME} in it "
+                                     f"or in {path / STORE_DIR}); pass --store or a bundle "
+                                     "directory")
     here = Path.cwd().resolve()
     for directory in (here, *here.parents):
-        if (directory / STORE_DIR / DB_NAME).is_file():
+        if _is_store(directory / STORE_DIR):
             return directory / STORE_DIR
     raise SourceError("store", "no nscas store here or in any parent directory; pass --store "
                                "or a bundle directory")
@@ -251,16 +263,12 @@ class StoreSource:
         else:
             raise Unreadable(f"blake3:{hex_id}", f"unknown storage {storage!r}", missing=False)
 
+    def _stored(self, hex_id: str) -> tuple[bytes, str]:
+        """A leaf's bytes as stored (perhaps zstd), and where they were read, for messages."""
+        return _read_chunk_file(self.root / "data", hex_id)
+
     def _chunk_file(self, hex_id: str, codec: str, size: Any) -> bytes:
-        path = self.root / "data" / hex_id[:2] / hex_id[2:]
-        try:
-            stored = path.read_bytes()
-        except FileNotFoundError:
-            raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is missing",
-                             missing=True) from None
-        except OSError as exc:
-            raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} cannot be read "
-                             f"({exc.strerror or exc})", missing=False) from None
+        stored, path = self._stored(hex_id)
         if codec == "raw":
             return stored
         if codec == "zstd":
@@ -274,10 +282,10 @@ class StoreSource:
                         got += len(piece)
                 data = b"".join(pieces)
             except zstandard.ZstdError as exc:
-                raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is not valid zstd "
+                raise Unreadable(f"blake3:{hex_id}", f"{path} is not valid zstd "
                                  f"({exc})", missing=False) from None
             if len(data) > limit:
-                raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} inflates past its "
+                raise Unreadable(f"blake3:{hex_id}", f"{path} inflates past its "
                                  f"recorded {limit} bytes", missing=False)
             return data
         raise Unreadable(f"blake3:{hex_id}", f"unknown codec {codec!r}", missing=False)
@@ -321,6 +329,126 @@ class StoreSource:
         if row is None or not isinstance(row[6], int | float) or isinstance(row[6], bool):
             return None
         return float(row[6])
+
+
+def _read_chunk_file(data: Path, hex_id: str) -> tuple[bytes, str]:
+    path = data / hex_id[:2] / hex_id[2:]
+    try:
+        return path.read_bytes(), f"chunk file {path}"
+    except FileNotFoundError:
+        raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is missing",
+                         missing=True) from None
+    except OSError as exc:
+        raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} cannot be read "
+                         f"({exc.strerror or exc})", missing=False) from None
+
+
+# --- a team store: PostgreSQL + object storage (docs/format.md §5.9) ---------------------
+
+_CONFIG_KEYS = {"database", "objects", "s3"}
+_S3_KEYS = {"endpoint_url", "region", "access_key_id", "secret_access_key"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TeamConfig:
+    """What a team store's ``store.toml`` says, as this reader parses it (tomllib)."""
+
+    database: str
+    objects: str
+    s3: dict[str, str]
+
+
+def read_team_config(path: Path) -> TeamConfig:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SourceError(str(path), f"cannot read the store config: {exc}") from None
+    s3 = raw.get("s3", {})
+    if (set(raw) - _CONFIG_KEYS or not isinstance(raw.get("database"), str)
+            or not isinstance(raw.get("objects"), str) or not isinstance(s3, dict)
+            or set(s3) - _S3_KEYS or not all(isinstance(v, str) for v in s3.values())):
+        raise SourceError(str(path), "not a team store config (database = \"postgresql://...\", "
+                                     "objects = \"s3://...\" or a directory, optional [s3])")
+    if not raw["database"].startswith(("postgresql://", "postgres://")):
+        raise SourceError(str(path), "database must be a postgresql:// URL")
+    return TeamConfig(database=raw["database"], objects=raw["objects"].rstrip("/"), s3=s3)
+
+
+class TeamStoreSource(StoreSource):
+    """A team store read through its own read-only readers: PostgreSQL with ``psycopg`` in
+    read-only transactions, leaves from S3 with ``boto3`` (or from a shared directory)."""
+
+    def __init__(self, root: Path) -> None:
+        import psycopg
+
+        self.root = root
+        self.config = read_team_config(root / CONFIG_NAME)
+        self.label = f"store {root}"
+        self._psycopg = psycopg
+        try:
+            self._db = psycopg.connect(self.config.database, autocommit=True, connect_timeout=10,
+                                       options="-c default_transaction_read_only=on",
+                                       application_name="nscas-verify")
+            lazy = self._db.execute("SELECT to_regclass('object_sha256')").fetchone()[0]
+        except psycopg.Error as exc:
+            raise SourceError(_redact(self.config.database),
+                              f"cannot read the database: {_first_line(exc)}") from None
+        self._sha256 = ("COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE "
+                        "s.id = objects.id))" if lazy is not None else "sha256")
+        self._bucket = self._prefix = ""
+        self._s3: Any = None
+        if self.config.objects.startswith("s3://"):
+            self._bucket, _, self._prefix = self.config.objects[5:].partition("/")
+            self._s3 = _s3_client(self.config.s3)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        try:
+            return self._db.execute(sql.replace("?", "%s"), args, prepare=False).fetchall()
+        except self._psycopg.Error as exc:
+            raise SourceError(_redact(self.config.database),
+                              f"cannot read the database: {_first_line(exc)}") from None
+
+    def _stored(self, hex_id: str) -> tuple[bytes, str]:
+        if self._s3 is None:
+            return _read_chunk_file(Path(self.config.objects) / "data", hex_id)
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = "/".join(p for p in (self._prefix, "data", hex_id[:2], hex_id[2:]) if p)
+        where = f"chunk object s3://{self._bucket}/{key}"
+        try:
+            return self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read(), where
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            missing = code in ("NoSuchKey", "404", "NotFound")
+            raise Unreadable(f"blake3:{hex_id}", f"{where} is missing" if missing
+                             else f"{where} cannot be read ({code})", missing=missing) from None
+        except BotoCoreError as exc:
+            raise SourceError(where, f"cannot reach object storage: {exc}") from None
+
+
+def _s3_client(settings: dict[str, str]) -> Any:
+    import boto3
+
+    return boto3.session.Session().client(
+        "s3", endpoint_url=settings.get("endpoint_url"), region_name=settings.get("region"),
+        aws_access_key_id=settings.get("access_key_id"),
+        aws_secret_access_key=settings.get("secret_access_key"))
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def open_store_source(root: Path) -> StoreSource:
+    """The reader of the store directory ``root``: a team store's if it holds ``store.toml``."""
+    return TeamStoreSource(root) if (root / CONFIG_NAME).is_file() else StoreSource(root)
 
 
 # --- the bundle --------------------------------------------------------------------------

@@ -98,6 +98,18 @@ def chunk_path(store: Store, oid: Digest) -> Any:
     return store.root / "data" / oid.hex[:2] / oid.hex[2:]
 
 
+def stray(store: Store, *parts: str) -> Any:
+    """A file (or S3 key) under the store's object location that no put wrote: ``("tmp", name)``
+    or ``("data", "ff", 62 hex)``; ``.reported`` is how gc names it in ``temporary_files``."""
+    if isinstance(store.chunks, S3Chunks):
+        key = S3Key(store.chunks, store.chunks._key(*parts))
+        key.reported = Path(key.key)  # type: ignore[attr-defined]
+        return key
+    path = store.root.joinpath(*parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def flip_byte(path: Path, offset: int, mask: int = 0x01) -> None:
     """Corrupt one byte of a file in place (as bit rot would)."""
     if isinstance(path, S3Key):

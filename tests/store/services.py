@@ -3,7 +3,8 @@ temporary directory (as the unprivileged user ``nscas-test`` when the suite runs
 does) and moto's standalone S3 server, both on 127.0.0.1, once per test session.
 
 No real S3 service installs here: the S3 tests talk to moto's server over HTTP with the same
-boto3 client code a real S3 or MinIO endpoint gets.
+boto3 client code a real S3 or MinIO endpoint gets. A pytest plugin (tests/conftest.py loads it):
+``team_services`` is one fixture for every test directory, so one session starts one of each.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
+
+from nscas.storeconfig import S3Settings, StoreConfig
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_USER = "nscas"
@@ -141,3 +147,41 @@ def start_moto() -> Moto | str:
             time.sleep(0.1)
     proc.kill()
     return "moto's S3 server did not start within 30 s"
+
+
+@dataclass
+class TeamServices:
+    postgres: Postgres
+    moto: Moto
+
+    def config(self) -> StoreConfig:
+        """A fresh database and bucket for one store."""
+        return StoreConfig(database=self.postgres.new_database(),
+                           objects=f"s3://{self.moto.new_bucket()}/store",
+                           s3=S3Settings(endpoint_url=self.moto.endpoint))
+
+
+@pytest.fixture(scope="session")
+def team_services() -> Iterator[TeamServices]:
+    """One PostgreSQL and one moto server for the whole session (skips only where they truly
+    cannot start: not installed)."""
+    pg = start_postgres()
+    if isinstance(pg, str):
+        pytest.skip(pg)
+    moto = start_moto()
+    if isinstance(moto, str):
+        pg.stop()
+        pytest.skip(moto)
+    saved = {k: os.environ.get(k) for k in S3_KEYS}
+    os.environ.update(S3_KEYS)
+    try:
+        yield TeamServices(postgres=pg, moto=moto)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        moto.process.kill()
+        moto.process.wait()
+        pg.stop()

@@ -1,0 +1,23 @@
+"""What push and pull print: one line (or JSON) saying what went across."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nscas.cli import render
+
+if TYPE_CHECKING:
+    from nscas.remotes import TransferReport
+
+
+def report(done: TransferReport, where: str, as_json: bool) -> None:
+    if as_json:
+        render.json_out({"target": str(done.target), "ref": done.ref, "objects": done.objects,
+                         "sent": done.sent, "bytes_sent": done.bytes_sent,
+                         "ref_moved": done.ref_moved})
+        return
+    line = (f"{where}: {done.sent} of {done.objects} object(s) sent "
+            f"({done.bytes_sent} bytes of leaves)")
+    if done.ref is not None:
+        line += f"; {done.ref} -> {done.target}" + ("" if done.ref_moved else " (already there)")
+    render.text(line)
