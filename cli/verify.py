@@ -42,7 +42,7 @@ def verify_(
              "names), or the SHA-256 of a published SHA256SUMS file. A mismatch fails.")
     ] = None,
     store: Annotated[Path | None, typer.Option(
-        "--store", show_default=False, file_okay=False,
+        "--store", show_default=False,
         help="The store to read (default: --store of nscas, $NSCAS_STORE, or search upwards).")
     ] = None,
     failures_only: Annotated[bool, typer.Option(
@@ -66,6 +66,11 @@ def verify_(
         help="A task id to replay in every arm besides the drawn ones; repeatable.")] = None,
     device: Annotated[str, typer.Option(
         "--device", metavar="cpu|cuda", help="Where --replay runs the model.")] = "cpu",
+    replay_steps: Annotated[int, typer.Option(
+        "--replay-steps", metavar="K", min=0, max=1_000_000,
+        help="With --replay: also replay K training updates after each published optimizer "
+             "state (train param publish_state) and compare the parameter digests with the "
+             "journal's (docs/format.md §7.8).")] = 0,
     replay_time_limit: Annotated[float | None, typer.Option(
         "--replay-time-limit", metavar="SECONDS", show_default=False, min=0.0, max=1e7,
         help="Bound on the whole replay; what is left is listed as not rechecked.")] = None,
@@ -95,14 +100,16 @@ def verify_(
     if device not in ("cpu", "cuda"):
         render.error(f"--device must be cpu or cuda, not {device!r}")
         raise typer.Exit(2)
-    if (replay_seed is not None or replay_task or replay_time_limit is not None) \
-            and replay is None:
-        render.error("--replay-seed, --replay-task and --replay-time-limit need --replay N")
+    if (replay_seed is not None or replay_task or replay_time_limit is not None
+            or replay_steps) and replay is None:
+        render.error("--replay-seed, --replay-task, --replay-steps and --replay-time-limit "
+                     "need --replay N")
         raise typer.Exit(2)
     options = None
     if replay is not None:
         options = _replay_options(replay, replay_seed, tuple(replay_task or ()), device,
-                                  replay_time_limit, quiet=as_json or stream)
+                                  replay_time_limit, quiet=as_json or stream,
+                                  steps=replay_steps)
     progress = _stream_line if stream else None
     try:
         trusted = None
@@ -157,7 +164,7 @@ def _stream_line(value: dict[str, Any]) -> None:
 
 
 def _replay_options(count: int, seed: int | None, tasks: tuple[str, ...], device: str,
-                    time_limit: float | None, *, quiet: bool) -> Any:
+                    time_limit: float | None, *, quiet: bool, steps: int = 0) -> Any:
     """The replay the auditor asked for; a seed drawn here is printed (stderr) so the same
     sample can be drawn again."""
     import secrets
@@ -169,8 +176,12 @@ def _replay_options(count: int, seed: int | None, tasks: tuple[str, ...], device
         sys.stderr.write(f"nscas: replay seed {seed} (--replay-seed {seed} draws the same "
                          "answers again)\n")
     if device == "cuda":
+        import os
+
         import torch
 
+        # Deterministic cuBLAS (a training replay's kernels) needs this before CUDA starts.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if not torch.cuda.is_available():
             render.error("--device cuda: no CUDA device is available here")
             raise typer.Exit(2)
@@ -180,7 +191,7 @@ def _replay_options(count: int, seed: int | None, tasks: tuple[str, ...], device
         sys.stderr.flush()
 
     return ReplayOptions(count=count, seed=seed, tasks=tasks, device=device,
-                         time_limit=time_limit,
+                         time_limit=time_limit, steps=steps,
                          progress=None if quiet or not sys.stderr.isatty() else shown)
 
 

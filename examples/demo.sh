@@ -32,6 +32,9 @@ vstart=$(date +%s)
 nscas verify "$report"
 verified=$(( $(date +%s) - vstart ))
 
+echo "== replay: 8 answers per evaluated arm and every retention probe, from the committed weights"
+nscas verify "$report" --replay 8 --replay-seed 20261201 --failures-only
+
 echo "== publication bundle, checked offline"
 nscas export "$report" "$work/bundle"
 (cd "$work/bundle" && sha256sum -c --quiet SHA256SUMS && echo "sha256sum -c SHA256SUMS: OK")

@@ -308,6 +308,8 @@ def _paths(store: StoreReader, c: _Closure,
 
     for ck, directory in models.items():
         propose_tree(c.link(recs[ck]["files"], "tree/1"), (_MODELS, ""), f"models/{directory}")
+        propose_tree(c.link(recs[ck].get("state"), "tree/1"), (_MODELS, ""),
+                     f"states/{directory}")
     for r, directory in _run_dirs(c, roles, models, label).items():
         priority = (_RUNS, directory.partition("/")[0])
         for j in recs[r]["journals"]:
@@ -430,8 +432,9 @@ def _weight_only(c: _Closure) -> tuple[frozenset[Digest], frozenset[Digest]]:
         for t in recs[p]["tensors"].values():
             as_weight[Digest.parse(t["data"])] += 1
             tensors.add(Digest.parse(t["data"]))
-    trees = {d for ck in c.of_kind("checkpoint/1")
-             if (d := c.link(recs[ck]["files"], "tree/1")) is not None}
+    # A checkpoint's published optimizer state (its ``state`` tree) goes with its weights.
+    trees = {d for ck in c.of_kind("checkpoint/1") for member in ("files", "state")
+             if (d := c.link(recs[ck].get(member), "tree/1")) is not None}
     for tree in trees:
         for name, entry in recs[tree]["entries"].items():
             if name.endswith(".safetensors"):

@@ -121,6 +121,8 @@ PARAMS: dict[str, dict[str, Param]] = {
         "gradient_checkpointing": _rerun(_bool), "bucket_mb": _rerun(_int(1)),
         "micro_batch": _rerun(_int(1)), "compile": _rerun(_bool),
         "rdzv_endpoint": _rerun(_endpoint), "timeout_seconds": _rerun(_int(1)), "checkpoint_timeout_seconds": _rerun(_int(1)),
+        # Which step entries carry a digest, and which checkpoints carry a state: both checked.
+        "parameter_digests": _r(_int()), "publish_state": _r(_steps_list),
     },
     "evaluate@1": _EVALUATE,
     "evaluate@2": _EVALUATE,  # the same params; its timings moved to an output of their own
@@ -160,6 +162,9 @@ RULES: dict[str, tuple[tuple[str, Callable[[Mapping[str, Any]], bool]], ...]] = 
          lambda p: not p["compile"] or p["micro_batch"] >= 2),
         ("checkpoint_steps lie within steps",
          lambda p: all(s <= p["steps"] for s in p["checkpoint_steps"])),
+        ("publish_state names checkpoint steps",
+         lambda p: all(s in p["checkpoint_steps"] or s == p["steps"]
+                       for s in p["publish_state"])),
     ),
 }
 """Relations between valid params that every run of the recipe satisfies."""

@@ -69,6 +69,7 @@ EXPECTED: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
         ("checkpoint/1", r"/params", "params/1"),
         ("checkpoint/1", r"/parent", "checkpoint/1"),
         ("checkpoint/1", r"/gguf", BLOB),
+        ("checkpoint/1", r"/state", "tree/1"),
         ("params/1", r"/tensors/[^/]+/data", BLOB),
         ("tasks/1", r"/records", BLOB),
         ("journal/1", r"/entries", BLOB),
@@ -247,11 +248,27 @@ def weights_omitted(objects: Objects, checkpoint: str) -> bool:
     if any(e["id"] in objects.weights for rel, e in entries.items()
            if rel.endswith(".safetensors")):
         return True
+    if state_omitted(objects, checkpoint):
+        return True
     try:
         tensors = objects.record_of(record["params"], "params/1")["tensors"]
     except Unusable:
         return False
     return any(t["data"] in objects.weights for t in tensors.values())
+
+
+def state_omitted(objects: Objects, checkpoint: str) -> bool:
+    """Whether ``checkpoint``'s published optimizer state (its ``state`` tree's
+    ``*.safetensors`` files) is among the weights the bundle omitted."""
+    try:
+        state = objects.record_of(checkpoint, "checkpoint/1").get("state")
+        if not isinstance(state, str):
+            return False
+        entries = objects.record_of(state, "tree/1")["entries"]
+    except Unusable:
+        return False
+    return any(e["id"] in objects.weights for rel, e in entries.items()
+               if rel.endswith(".safetensors"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -389,9 +406,10 @@ _WEIGHT_TENSOR = re.compile(r"/tensors/[^/]+/data")
 
 def _omitted_weights(found: _Walk) -> tuple[list[str], list[str]]:
     """Omitted objects split into those linked only as weights (a ``*.safetensors`` entry of a
-    checkpoint's ``files`` tree, or a ``params/1`` tensor's data) and the rest."""
+    checkpoint's ``files`` or ``state`` tree, or a ``params/1`` tensor's data) and the rest."""
     files_trees = {child for child, links in found.linked.items()
-                   if any(kind == "checkpoint/1" and path == "/files" for _, kind, path in links)}
+                   if any(kind == "checkpoint/1" and path in ("/files", "/state")
+                          for _, kind, path in links)}
     weights, other = [], []
     for oid in found.omitted:
         links = found.linked.get(oid, [])

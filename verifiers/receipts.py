@@ -49,8 +49,10 @@ from .training import (
     effective_steps,
     journal_checks,
     lr_check,
+    parameter_digest_checks,
     parameter_findings,
     parameter_values,
+    published_state_check,
     run_values,
     schedule_check,
     weighted_targets_check,
@@ -413,6 +415,10 @@ def _train(objects: Objects, run: Run, found: Findings) -> None:
     found.section(f"{name}.schedule", (), schedule)
     every_step = [e for rank in sorted(ranks) for e in effective_steps(ranks[rank])]
     found.checks.append(lr_check(every_step, run.params, name))
+    found.section(f"{name}.journals.parameters", (),
+                  lambda: found.checks.extend(parameter_digest_checks(objects, run, ranks)))
+    found.section(f"{name}.state", (),
+                  lambda: found.checks.append(published_state_check(objects, run)))
     found.checks.append(weighted_targets_check(
         every_step, run.params, set(sets.get("replay", {}).get("ids", [])),
         set(sets.get("documents", {}).get("ids", [])), name))

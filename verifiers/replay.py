@@ -63,6 +63,9 @@ class ReplayOptions:
     rechecked."""
     progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)
     """``(arm, done, total)`` after each replayed task."""
+    steps: int = 0
+    """Training updates replayed after each published optimizer state (``replaytrain``);
+    0: none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +120,7 @@ def replay_receipts(objects: Objects, receipts: Sequence[str], options: ReplayOp
         except Unusable:
             continue
         recipe = str(action.get("recipe", "")).partition("@")[0]
-        if recipe == "evaluate" and receipt.get("status") == "succeeded":
+        if recipe in ("evaluate", "train") and receipt.get("status") == "succeeded":
             runs.append(Run(id=oid, name=f"{recipe}.{oid[7:15]}", receipt=receipt,
                             action=action, recipe=recipe))
     return replay_evaluations(objects, runs, options)
@@ -125,7 +128,10 @@ def replay_receipts(objects: Objects, receipts: Sequence[str], options: ReplayOp
 
 def replay_evaluations(objects: Objects, runs: Sequence[Run], options: ReplayOptions
                        ) -> list[Check]:
-    """A ``replay`` check per evaluate run, and one naming where the replay ran."""
+    """A ``replay`` check per evaluate run, a ``replay.training`` check per train run when
+    ``options.steps`` > 0 (``replaytrain``), and one naming where the replay ran."""
+    from .replaytrain import replay_trainings  # it builds on this module's model loading
+
     evaluations = [r for r in runs if r.recipe == "evaluate"]
     checks: list[Check] = []
     deadline = None if options.time_limit is None else time.monotonic() + options.time_limit
@@ -142,11 +148,14 @@ def replay_evaluations(objects: Objects, runs: Sequence[Run], options: ReplayOpt
             checks.extend(_replay_run(objects, run, options, precision, deadline, name))
         except Unusable as exc:
             checks.append(Check.failed(name, f"cannot replay: {exc}"))
-    if evaluations:
+    trained = replay_trainings(objects, runs, options)
+    checks.extend(trained)
+    if evaluations or trained:
         env = environment(options.device, "/".join(sorted(precisions)) or "fp32")
         checks.append(Check.passed(
             "replay.environment", recomputed={**env, "seed": options.seed,
-                                              "count": options.count},
+                                              "count": options.count,
+                                              "steps": options.steps},
             message=f"replayed on {env.get('device_name', env['device'])} "
                     f"({env['precision']}, torch {env['torch']}), seed {options.seed}"))
     return checks

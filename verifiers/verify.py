@@ -37,6 +37,7 @@ from .sources import (
     StoreSource,
     find_store_dir,
     is_bundle,
+    open_store_source,
 )
 from .taskchecks import check_task_set
 from .training import checkpoint_checks
@@ -78,7 +79,7 @@ def open_target(target: str, *, store: Path | None) -> tuple[Source, str]:
         return bundle, bundle.target
     if directory:
         raise BadTarget(target, f"a directory without {MANIFEST} is not a bundle")
-    source = StoreSource(find_store_dir(store))
+    source = open_store_source(find_store_dir(store))
     return source, source.resolve(target)
 
 
@@ -94,7 +95,8 @@ def verify(target: str, *, store: Path | None = None, strict: bool = False,
     holds the same checks); nothing else is reported through it. ``trust``
     (``signatures.load_trusted``): every receipt of the closure must be signed by one of
     those keys. ``replay``: also rerun the model on a sample of every evaluation's answers
-    and its retention probes (``replay.py``, docs/format.md §7.8)."""
+    and its retention probes (``replay.py``), and K training updates after each published
+    optimizer state (``replaytrain.py``, docs/format.md §7.8)."""
     pin = _parse_expect(expect)
     source, oid = open_target(target, store=store)
     try:

@@ -5,6 +5,9 @@ Layout under a run's output directory::
     run.json                          which run this directory belongs to (its identity)
     checkpoints/step-000064/hf/       save_hf_dir: config, model.safetensors, tokenizer files
     checkpoints/step-000064/state.pt  torch.save: optimizer state, every rank's RNG, step
+    checkpoints/step-000064/state/    publish_state steps only: the same optimizer and torch
+                                      RNG state as optimizer.safetensors and state.json
+                                      (docs/format.md §3.3), for a verifier to replay from
 
 A checkpoint is written under a ``.partial-`` name, fsync'ed and renamed, so a directory
 named ``step-*`` is always complete; partial ones are removed before a resume.
@@ -29,6 +32,10 @@ from nscas.errors import DestinationExists, RecipeError
 from nscas.recipes.init.presets import save_hf_dir
 
 STATE_FORMAT = "train-state/1"
+PUBLISHED_FORMAT = "nscas-train-state/1"
+"""The ``format`` of a published state's ``state.json``."""
+PUBLISHED_TENSORS = "optimizer.safetensors"
+PUBLISHED_RECORD = "state.json"
 RUN_FORMAT = "train-run/1"
 _STEP_DIR = re.compile(r"step-(\d{6})")
 
@@ -79,8 +86,10 @@ def write_checkpoint(
     model: torch.nn.Module,
     tokenizer_dir: Path,
     state: dict[str, Any],
+    published: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> CheckpointPaths:
-    """Write the model as an HF directory and ``state`` (plus format and step) atomically."""
+    """Write the model as an HF directory and ``state`` (plus format and step) atomically;
+    ``published`` (``published_state``) also as ``state/``."""
     final = paths_for(output_dir, step)
     if final.hf_dir.parent.exists():
         raise DestinationExists(str(final.hf_dir.parent))
@@ -90,10 +99,57 @@ def write_checkpoint(
     partial.mkdir(parents=True)
     save_hf_dir(model, Path(tokenizer_dir), partial / "hf")
     torch.save({"format": STATE_FORMAT, "step": step, **state}, partial / "state.pt")
+    if published is not None:
+        write_published(partial / "state", *published)
     fsync_tree(partial)
     os.rename(partial, final.hf_dir.parent)
     fsync_dir(checkpoint_root(output_dir))
     return final
+
+
+def published_paths(paths: CheckpointPaths) -> Path:
+    """The ``state/`` directory of a checkpoint (present for ``publish_state`` steps only)."""
+    return paths.state_file.parent / "state"
+
+
+def published_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, rng: list[dict[str, Any]], *,
+    step: int, world: int,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The optimizer state and every rank's torch RNG state as named tensors, and the JSON
+    record beside them (docs/format.md §3.3): the state dict's parameter indices become the
+    parameters' names, so nothing needs the pickle to read it. Python's ``random`` is not
+    published: the loop draws nothing from it (the schedule has its own seeded generator)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    saved = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    groups = []
+    index = 0
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+        members = []
+        for param in group["params"]:
+            name = names[id(param)]
+            members.append(name)
+            for key, value in saved["state"].get(index, {}).items():
+                tensors[f"{key}/{name}"] = value.detach().to("cpu").contiguous()
+            index += 1
+        groups.append({"params": members, "lr": saved_group["lr"],
+                       "weight_decay": saved_group["weight_decay"]})
+    for rank, states in enumerate(rng):
+        for kind in ("torch", "cuda"):
+            if kind in states:
+                tensors[f"rng/{rank}/{kind}"] = states[kind].detach().to("cpu").contiguous()
+    record = {"format": PUBLISHED_FORMAT, "step": step, "world": world, "groups": groups}
+    return tensors, record
+
+
+def write_published(directory: Path, tensors: dict[str, torch.Tensor],
+                    record: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    save_file(tensors, str(directory / PUBLISHED_TENSORS))
+    (directory / PUBLISHED_RECORD).write_bytes(rfc8785.dumps(record))
 
 
 def read_state(paths: CheckpointPaths, *, device: torch.device) -> dict[str, Any]:

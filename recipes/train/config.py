@@ -88,6 +88,15 @@ class TrainParams:
     checkpoint_timeout_seconds: int = 1800
     """How long ranks wait for each other around slow phases (loading, rank 0 writing a
     checkpoint); a rank that dies is still noticed at once."""
+    parameter_digests: int = 1
+    """Every this many updates (step s with s % N == 0) the journal's step entry carries
+    ``parameters``: the BLAKE3 digest of the parameters after that update, the one ranks agree
+    on (docs/experiment.md §3.7); 0: none. A replay of training (``nscas verify
+    --replay-steps``) compares its own digests with these."""
+    publish_state: tuple[int, ...] = ()
+    """Checkpoint steps whose optimizer and RNG state is published with the checkpoint (its
+    ``state`` member, docs/format.md §3.3): safetensors and JSON, not a pickle, so a verifier
+    can replay the updates after it."""
 
     def __post_init__(self) -> None:
         _check_int(self, "steps", low=1)
@@ -126,6 +135,20 @@ class TrainParams:
             raise InvalidInput(
                 f"checkpoint_steps {list(self.checkpoint_steps)} must be increasing "
                 f"steps between 1 and steps ({self.steps})"
+            )
+        _check_int(self, "parameter_digests", low=0)
+        if not isinstance(self.publish_state, tuple) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in self.publish_state
+        ):
+            raise InvalidInput(
+                f"publish_state must be a list of integers, not {self.publish_state!r}"
+            )
+        if list(self.publish_state) != sorted(set(self.publish_state)) or any(
+            s not in self.checkpoint_set for s in self.publish_state
+        ):
+            raise InvalidInput(
+                f"publish_state {list(self.publish_state)} must be increasing checkpoint steps "
+                f"(checkpoint_steps and the final step {self.steps})"
             )
         if self.batch % self.world:
             raise InvalidInput(

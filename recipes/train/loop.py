@@ -14,6 +14,7 @@ and the same all-reduce, with fewer and larger kernels.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import warnings
@@ -31,7 +32,11 @@ from nscas.recipes.common.tokenise import IGNORE_INDEX, token_loss_sum, token_lo
 from nscas.recipes.train.checkpoints import CheckpointPaths
 from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.documents import TrainDocument
-from nscas.recipes.train.exchange import agree_on_parameters, gather_rng_states
+from nscas.recipes.train.exchange import (
+    agree_on_parameters,
+    gather_rng_states,
+    parameter_digest,
+)
 from nscas.recipes.train.journal import Journal
 from nscas.recipes.train.schedule import document_schedule, learning_rate, rank_share
 
@@ -75,6 +80,8 @@ class StepRecord:
     """Wall time of the update: forward, backward, gradient exchange, optimizer step."""
     bytes_communicated: int
     """Gradient bytes all-reduced in this update: every trained parameter's (0 for one rank)."""
+    parameters: str | None = None
+    """BLAKE3 hex of this rank's parameters after the update (``parameter_digests``), or None."""
 
     def entry(self, *, rank: int) -> dict[str, Any]:
         """The journal entry of this update (before chaining)."""
@@ -91,6 +98,7 @@ class StepRecord:
             "tokens": self.tokens,
             "seconds": self.seconds,
             "bytes_communicated": self.bytes_communicated,
+            **({"parameters": self.parameters} if self.parameters is not None else {}),
         }
 
 
@@ -224,6 +232,10 @@ def run_loop(
             net, model, docs, schedule[index], params, place=place, optimizer=optimizer,
             index=index, communicated=communicated, targets=targets, shape=shape,
         )
+        every = params.parameter_digests
+        if every and record.step % every == 0:
+            # After the update and outside its timing: the numerics are untouched.
+            record = dataclasses.replace(record, parameters=parameter_digest(model).hex())
         journal.append(record.entry(rank=place.rank))
         on_step(record)
         if record.step in params.checkpoint_set:

@@ -93,9 +93,17 @@ def run(ctx: RunContext) -> RecipeResult:
 
     def on_checkpoint(ready: CheckpointReady) -> None:
         parent = checkpoints[max(checkpoints)] if checkpoints else base
-        checkpoints[ready.step] = put_checkpoint(store, ready.hf_dir, step=ready.step, parent=parent)
-        # Optimizer and RNG state: for resuming, not for publication, so no record links it;
-        # a ref keeps it from garbage collection.
+        extra = None
+        if ready.step in p.publish_state:
+            # The published form of the state (safetensors and JSON), linked by the checkpoint.
+            published = ready.state_file.parent / "state"
+            if not published.is_dir():
+                raise RecipeError(f"checkpoint at step {ready.step} has no published state")
+            extra = {"state": str(store.put_tree(published))}
+        checkpoints[ready.step] = put_checkpoint(store, ready.hf_dir, step=ready.step,
+                                                 parent=parent, extra=extra)
+        # Optimizer and RNG state as torch.save wrote it: for resuming, not for publication,
+        # so no record links it; a ref keeps it from garbage collection.
         state = store.put_file(ready.state_file)
         store.ref_set(STATE_REF.format(action=ctx.action.hex[:16], step=ready.step), state)
 

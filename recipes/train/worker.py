@@ -144,8 +144,11 @@ def train_rank(spec: WorkerSpec) -> None:
     def write(step: int, rng: list[dict[str, Any]]) -> ckpt.CheckpointPaths:
         state = {"optimizer": optimizer.state_dict(), "rng": rng, "world": world,
                  "identity": identity}
+        published = (ckpt.published_state(model, optimizer, rng, step=step, world=world)
+                     if step in params.publish_state else None)
         return ckpt.write_checkpoint(
-            output_dir, step, model=model, tokenizer_dir=Path(spec.tokenizer_dir), state=state
+            output_dir, step, model=model, tokenizer_dir=Path(spec.tokenizer_dir), state=state,
+            published=published,
         )
 
     def announce(step: int, hf_dir: Path, state_file: Path) -> None:

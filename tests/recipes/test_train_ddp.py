@@ -22,7 +22,7 @@ from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec
 STEPS, BATCH = 3, 4
 STEP_KEYS = {
     "rank", "step", "loss", "targets", "weighted_targets", "lr", "grad_norm", "documents",
-    "indices", "tokens", "seconds", "bytes_communicated", "prev", "hash",
+    "indices", "tokens", "seconds", "bytes_communicated", "parameters", "prev", "hash",
 }
 
 
@@ -147,6 +147,11 @@ def test_journal_entries_record_each_update(runs: dict) -> None:
             assert result.bytes_communicated == sum(e["bytes_communicated"] for e in steps)
             assert result.update_seconds == pytest.approx(sum(e["seconds"] for e in steps))
             assert result.journal_head == json.loads(lines[-1])["hash"]
+            # parameter_digests = 1: every update's digest; at a checkpoint, the agreed one.
+            agreed = {e["step"]: e["parameters"] for e in map(json.loads, lines)
+                      if e.get("event") == "agreed"}
+            assert all(e["parameters"] == agreed[e["step"]] for e in steps if e["step"] in agreed)
+            assert len({e["parameters"] for e in steps}) == len(steps)
     losses = {w: [p.loss for p in runs["progress"][w]] for w in (1, 2)}
     assert [p.step for p in runs["progress"][2]] == [1, 2, 3]
     assert losses[2] == pytest.approx(losses[1], rel=1e-5)

@@ -109,7 +109,8 @@ def test_the_command_replays_and_names_its_seed(pipeline: Pipeline) -> None:
 
 
 @pytest.mark.parametrize("args", [("--replay-seed", "1"), ("--replay", "2", "--device", "tpu"),
-                                  ("--replay", "-1"), ("--replay-task", "x")])
+                                  ("--replay", "-1"), ("--replay-task", "x"),
+                                  ("--replay", "1", "--replay-steps", "-2")])
 def test_bad_replay_options_are_one_line(pipeline: Pipeline, args: tuple[str, ...]) -> None:
     v = nscas_verify(pipeline.receipt("eval-seed"), *args, store=pipeline.store_dir)
     assert v.code == 2 and v.stdout == ""

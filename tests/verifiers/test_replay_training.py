@@ -1,0 +1,234 @@
+"""``verify --replay N --replay-steps K``: training updates replayed from a published optimizer
+state, in the verifier's own loop, against the journal's per-update parameter digests.
+
+The forgery here is the one plain verification cannot catch: the final checkpoint swapped for
+another one, with every digest that speaks of it (the receipt's claims, the journal's step
+entry and agreement, the checkpoints tree) rewritten consistently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rfc8785
+
+from nscas.digests import Digest
+from nscas.errors import InvalidInput
+from nscas.recipes.train.config import TrainParams
+from nscas.store import Store
+from nscas.verifiers.replay import ReplayOptions
+from nscas.verifiers.verify import verify
+from tests.pipelines import run_pipeline, step, tiny_pipeline
+from tests.verifiers.conftest import nscas_verify
+
+_INPUTS = {"base": "step.init.checkpoint", "documents": "step.prepare.train",
+           "replay": "step.prepare.replay"}
+_PARAMS = {"steps": 4, "checkpoint_steps": [2, 4], "lr": 1e-3}
+PIPELINE = (tiny_pipeline(test=8, dev=4, train=16, replay=8)
+            + step("train", "train", inputs=_INPUTS, params={**_PARAMS, "publish_state": [2]})
+            + step("train-plain", "train", inputs=_INPUTS,
+                   params={**_PARAMS, "parameter_digests": 0}))
+REPLAY = ReplayOptions(count=0, seed=1, steps=2)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trained:
+    root: Path
+    store: Store
+    receipt: str
+    plain: str
+    light: Path
+    """``--no-weights`` export of ``receipt``."""
+
+    @property
+    def store_dir(self) -> Path:
+        return self.root / ".nscas"
+
+    def record(self, oid: str) -> dict[str, Any]:
+        return self.store.get_record(Digest.parse(oid))
+
+    def journal(self, receipt: str) -> list[dict[str, Any]]:
+        record = self.record(self.record(receipt)["journals"][0])
+        data = self.store.get_bytes(Digest.parse(record["entries"]))
+        return [json.loads(line) for line in data.decode().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
+    import torch
+
+    from nscas.exporting import export_bundle
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("replay-training")
+    store, steps = run_pipeline(root, PIPELINE)
+    export_bundle(store, steps["train"].receipt, root / "light", weights=False)
+    yield Trained(root=root, store=store, receipt=str(steps["train"].receipt),
+                  plain=str(steps["train-plain"].receipt), light=root / "light")
+    store.close()
+
+
+def _checks(report: Any) -> dict[str, Any]:
+    return {c.name: c for c in report.checks}
+
+
+def test_the_journal_carries_a_digest_per_update_and_the_state_is_published(
+        trained: Trained) -> None:
+    steps = [e for e in trained.journal(trained.receipt) if "event" not in e]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4]
+    assert all(len(e["parameters"]) == 64 for e in steps)
+    agreed = {e["step"]: e["parameters"] for e in trained.journal(trained.receipt)
+              if e.get("event") == "agreed"}
+    assert agreed[2] == steps[1]["parameters"] and agreed[4] == steps[3]["parameters"]
+    assert all("parameters" not in e for e in trained.journal(trained.plain)
+               if "event" not in e)
+    receipt = trained.record(trained.receipt)
+    tree = trained.record(receipt["outputs"]["checkpoints"])["entries"]
+    first = trained.record(tree["step-000002"]["id"])
+    assert "state" not in trained.record(tree["step-000004"]["id"])
+    files = trained.record(first["state"])["entries"]
+    assert sorted(files) == ["optimizer.safetensors", "state.json"]
+    state = json.loads(trained.store.get_bytes(Digest.parse(files["state.json"]["id"])))
+    assert state["format"] == "nscas-train-state/1" and state["step"] == 2
+    assert [g["weight_decay"] for g in state["groups"]] == [0.01, 0.0]
+    # Digests and a published state change nothing the training computes.
+    plain = trained.record(trained.plain)
+    assert trained.record(plain["outputs"]["checkpoint"])["params"] == \
+        trained.record(receipt["outputs"]["checkpoint"])["params"]
+    report = verify(trained.receipt, store=trained.store_dir)
+    checks = _checks(report)
+    assert report.ok, [c for c in report.checks if c.status == "failed"]
+    assert checks["train." + trained.receipt[7:15] + ".state"].status == "passed"
+    between = checks["train." + trained.receipt[7:15] + ".journals.parameters.replay"]
+    assert between.status == "skipped" and sorted(between.claimed) == ["1", "3"]
+
+
+def test_replayed_updates_reproduce_the_journal_digests_bit_for_bit_on_the_cpu(
+        trained: Trained) -> None:
+    report = verify(trained.receipt, store=trained.store_dir, replay=REPLAY)
+    check = _checks(report)["train." + trained.receipt[7:15] + ".replay.training"]
+    assert check.status == "passed", check.message
+    assert check.recomputed["replayed"] == [3, 4] and check.recomputed["from"] == [2]
+    assert check.recomputed["relative_l2"] == [0.0] and check.recomputed["max_abs"] == [0.0]
+    assert _checks(report)["replay.environment"].recomputed["steps"] == 2
+
+
+def test_a_run_without_published_state_is_not_rechecked_by_replay(trained: Trained) -> None:
+    report = verify(trained.plain, store=trained.store_dir, replay=REPLAY)
+    check = _checks(report)["train." + trained.plain[7:15] + ".replay.training"]
+    assert check.status == "skipped" and check.needs == "model"
+    assert "publish_state" in check.message
+
+
+def _forge(trained: Trained, tmp: Path, *, swap: bool) -> str:
+    """A consistent forgery of the train receipt: with ``swap``, its final checkpoint swapped
+    for one whose weights differ by 1e-3 in one value and every digest claim rewritten for
+    it; without, only the journal's step 3 digest rewritten (rechained, a new head)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from nscas.checkpoints import put_checkpoint
+    from nscas.objectstore import tree_record
+    from nscas.recipes.common.digests import sha256_stream
+    from nscas.recipes.train.exchange import parameter_digest
+    from nscas.recipes.train.journal import entry_hash
+
+    store = trained.store
+    receipt = trained.record(trained.receipt)
+    tree = trained.record(receipt["outputs"]["checkpoints"])["entries"]
+    journal = trained.journal(trained.receipt)
+    outputs, claims = dict(receipt["outputs"]), dict(receipt["claims"])
+    if swap:
+        final = trained.record(tree["step-000004"]["id"])
+        folder = tmp / "swapped"
+        store.materialise(Digest.parse(final["files"]), folder)
+        weights = load_file(folder / "model.safetensors")
+        weights["model.norm.weight"][0] += 1e-3
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        digest = parameter_digest(model).hex()
+        swapped = put_checkpoint(store, folder, step=4, parent=Digest.parse(final["parent"]))
+        outputs["checkpoint"] = str(swapped)
+        outputs["checkpoints"] = str(store.put_record(tree_record(store, {
+            "step-000002": Digest.parse(tree["step-000002"]["id"]), "step-000004": swapped})))
+        claims["parameter_digest"] = {**claims["parameter_digest"],
+                                      "value": store.get_record(swapped)["params"]}
+        claims["sha256_stream"] = {**claims["sha256_stream"], "value": sha256_stream(model)}
+        for entry in journal:
+            if entry.get("step") == 4:  # the step entry and the agreement at step 4
+                entry["parameters"] = digest
+    else:
+        for entry in journal:
+            if entry.get("step") == 3 and "event" not in entry:
+                entry["parameters"] = "0" * 64
+    prev, lines = None, []
+    for entry in journal:
+        entry["prev"] = prev
+        entry["hash"] = prev = entry_hash(entry)
+        lines.append(rfc8785.dumps(entry) + b"\n")
+    record = trained.record(receipt["journals"][0])
+    record.update(entries=str(store.put_bytes(b"".join(lines))), head=prev)
+    forged = {**receipt, "outputs": outputs, "claims": claims,
+              "journals": [str(store.put_record(record))]}
+    return str(store.put_record(forged))
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["swapped-checkpoint", "one-digest"])
+def test_a_consistent_rewrite_only_a_replay_can_see_is_caught(
+        trained: Trained, tmp_path: Path, swap: bool) -> None:
+    forged = _forge(trained, tmp_path, swap=swap)
+    name = f"train.{forged[7:15]}"
+    plain = verify(forged, store=trained.store_dir)
+    assert plain.ok, [(c.name, c.message) for c in plain.checks if c.status == "failed"]
+    if not swap:  # the rewritten digest is one plain verification declares it cannot see
+        assert _checks(plain)[f"{name}.journals.parameters.replay"].claimed["3"] == "0" * 64
+    check = _checks(verify(forged, store=trained.store_dir, replay=REPLAY))[
+        f"{name}.replay.training"]
+    assert check.status == "failed"
+    assert ("step 4: parameter digest" if swap else "step 3: parameter digest") in check.message
+
+
+def test_a_bundle_without_weights_lists_the_training_replay_as_not_rechecked(
+        trained: Trained) -> None:
+    manifest = json.loads((trained.light / "manifest.json").read_bytes())
+    state = trained.record(trained.record(trained.record(trained.record(trained.receipt)[
+        "outputs"]["checkpoints"])["entries"]["step-000002"]["id"])["state"])["entries"]
+    assert state["optimizer.safetensors"]["id"] in manifest["omitted"]
+    paths = [p for p, e in manifest["objects"].items() if e["id"] == state["state.json"]["id"]]
+    assert len(paths) == 1 and paths[0].startswith("states/") and paths[0].endswith(
+        "/state.json"), paths
+    report = verify(str(trained.light), replay=REPLAY)
+    checks = _checks(report)
+    check = checks["train." + trained.receipt[7:15] + ".replay.training"]
+    assert check.status == "skipped" and check.needs == "weights"
+    assert checks["integrity.omitted"].status == "skipped"
+    assert checks["train." + trained.receipt[7:15] + ".state"].status == "passed"
+    assert report.ok and not verify(str(trained.light), strict=True).ok
+
+
+def test_the_command_replays_training_steps(trained: Trained) -> None:
+    v = nscas_verify(trained.receipt, "--replay", "0", "--replay-steps", "1",
+                     "--replay-seed", "3", store=trained.store_dir)
+    assert v.code == 0, v.stderr
+    check = v.check("train." + trained.receipt[7:15] + ".replay.training")
+    assert check["status"] == "passed" and check["recomputed"]["replayed"] == [3]
+    refused = nscas_verify(trained.receipt, "--replay-steps", "1", store=trained.store_dir)
+    assert refused.code == 2 and refused.stdout == ""
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"publish_state": (3,)}, "publish_state"),
+    ({"publish_state": (4, 2)}, "publish_state"),
+    ({"publish_state": [2]}, "publish_state"),
+    ({"parameter_digests": -1}, "parameter_digests"),
+    ({"parameter_digests": True}, "parameter_digests"),
+])
+def test_bad_digest_and_state_params_are_refused(changes: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidInput, match=words):
+        TrainParams(steps=4, checkpoint_steps=(2, 4), **changes)
