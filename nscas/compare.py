@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
 from nscas.digests import Digest
-from nscas.dtypes import DTYPES
+from nscas.paramdiff import Incomparable, compare_params
 
 if TYPE_CHECKING:
     from nscas.objectstore import ObjectReader
@@ -19,7 +16,8 @@ Status = Literal["identical", "within-tolerance", "reproduced", "different"]
 """``reproduced``: a measurement output (``Recipe.measurements``) whose reproducible part is
 the same while its measured values (timings) differ (docs/format.md §6.6)."""
 TIMINGS_DIFFER = "timings differ"
-# Relative L2 distance below which two checkpoints count as the same computation up to rounding.
+# Relative L2 distance (nscas.paramdiff) below which two checkpoints count as the same
+# computation up to rounding.
 CHECKPOINT_TOLERANCE = 1e-3
 
 
@@ -92,35 +90,16 @@ def _compare_different(store: ObjectReader, a: Digest, b: Digest) -> Verdict:
 
 
 def _compare_params(store: ObjectReader, a: Digest, b: Digest, pa: Digest, pb: Digest) -> Verdict:
-    ta, tb = store.get_record(pa)["tensors"], store.get_record(pb)["tensors"]
-    if ta.keys() != tb.keys():
-        return Verdict(status="different", before=a, after=b, note="different tensor names")
-    diff_sq = ref_sq = 0.0
-    max_abs = 0.0
-    for name in sorted(ta):
-        x, y = ta[name], tb[name]
-        if (x["dtype"], x["shape"]) != (y["dtype"], y["shape"]):
-            return Verdict(status="different", before=a, after=b, note=f"tensor {name} changed dtype or shape")
-        if x["data"] == y["data"]:
-            ref = _array(store, x)
-            ref_sq += float(np.dot(ref, ref))
-            continue
-        u, v = _array(store, x), _array(store, y)
-        d = u - v
-        diff_sq += float(np.dot(d, d))
-        ref_sq += float(np.dot(u, u))
-        max_abs = max(max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
-    rel = math.sqrt(diff_sq) / math.sqrt(ref_sq) if ref_sq > 0 else math.inf
+    """The rerun's parameters against the first run's (the reference), by ``nscas.paramdiff``."""
+    try:
+        total = compare_params(store, pa, pb).total
+    except Incomparable as exc:
+        return Verdict(status="different", before=a, after=b, note=exc.why)
+    rel = total.relative_l2
+    if rel is None:
+        return Verdict(status="different", before=a, after=b,
+                       note="the relative L2 distance is undefined (all-zero or non-finite "
+                            "parameters)")
     status: Status = "within-tolerance" if rel <= CHECKPOINT_TOLERANCE else "different"
-    return Verdict(status=status, before=a, after=b, relative_l2=rel, max_abs_diff=max_abs)
-
-
-def _array(store: ObjectReader, tensor: dict[str, Any]) -> np.ndarray:
-    raw = store.get_bytes(Digest.parse(tensor["data"]))
-    if tensor["dtype"] == "BF16":
-        halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-        return halves.view(np.float32).astype(np.float64)
-    known = DTYPES.get(tensor["dtype"])
-    if known is None or known.numpy is None:
-        return np.frombuffer(raw, dtype=np.uint8).astype(np.float64)
-    return np.frombuffer(raw, dtype=np.dtype(known.numpy)).astype(np.float64)
+    return Verdict(status=status, before=a, after=b, relative_l2=rel,
+                   max_abs_diff=total.max_abs_diff)

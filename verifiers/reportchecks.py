@@ -17,6 +17,13 @@ Checks, each named ``report.<8 hex>.<what>``:
   (``json.learning.arms.seed.correct``, ``json.learning.comparisons[0].wins``); a member
   report.json holds that is not recomputed is a failed ``json.<path>`` too. Prose
   (``note``, ``notes``) is fixed text, regenerated and compared exactly;
+- report@2: ``json.parameters``: the ``parameters`` part (each compared pair's relative L2
+  difference, maximum absolute difference and bit-identical tensors, over all parameters, per
+  layer and per tensor) recomputed from the checkpoints' safetensors files by ``paramdiff``,
+  streamed; floats within ``float_recomputation`` (float64 sums of the same values in another
+  order), counts, names and ``identical`` exactly. Skipped (``needs="weights"``), never
+  passed, when the bundle omitted the weights: the figure and the summary page are then
+  checked against report.json's own, unrechecked ``parameters``;
 - ``json.parts``: report.json has exactly the known top-level parts (an unknown part fails);
 - ``resources_json``: resources.json holds what report.json's ``resources`` must hold;
 - ``figures.<name>.<format>``: the figure file (``training.png``) carries, in its own
@@ -54,15 +61,16 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
-from .closure import Objects, weights_omitted
-from .errors import InvalidArgument, RecordParseError
+from .closure import Objects, Unusable, weights_omitted
+from .errors import InvalidArgument, RecordParseError, VerifierError
+from .paramdiff import parameters as parameter_distances
 from .records import parse_json
 from .report import Check
 from .reportcompute import Learning, header, learning, serving, training
 from .reportfigures import FIGURE_FORMATS, FigureError, embedded, figure_data
 from .reportindex import PARTS as INDEX_PARTS
 from .reportindex import compare_index, render_index
-from .reportinputs import Inputs, load_inputs, resources
+from .reportinputs import BASELINE, Inputs, load_inputs, resources
 from .reportpage import PARTS, Answer, Task, compare_pages, render
 from .training import parameter_values
 
@@ -79,13 +87,27 @@ VERSIONS = (1, 2)
 KNOWN_PARTS = frozenset({"format", "title", "inputs", "prepared", "commitment", "learning",
                          "contract", "training", "serving", "resources", "figures"})
 """report.json's top-level members in report@1 (format ``nscas-report/2``); report@2
-(``nscas-report/3``) adds ``action``."""
+(``nscas-report/3``) adds ``action`` and ``parameters``."""
 REL_TOL = 1e-9
 ABS_TOL = 1e-12
 TOLERANCE = f"float_recomputation (relative {REL_TOL:g}, absolute {ABS_TOL:g})"
 EXACT_KEYS = frozenset({"first_loss", "last_loss", "loss_by_step", "lr_by_step",
                         "grad_norm_by_step", "x", "y"})
 """Members whose floats are copied from retained entries, so they compare exactly."""
+INEXACT_KEYS = frozenset({"parameters"})
+"""Members whose floats are all recomputed sums (report.json's ``parameters`` and the
+``parameters`` figure drawn from it, whose lines' ``y`` are distances): within the tolerance
+everywhere below them, whatever ``EXACT_KEYS`` says."""
+Exactness = bool | None
+"""How the floats below a member compare: exactly (True), within the tolerance (False), or
+within the tolerance whatever member follows (None: below an ``INEXACT_KEYS`` member)."""
+
+
+def _below(exact: Exactness, key: Any) -> Exactness:
+    """The exactness of member ``key`` of a value compared with ``exact``."""
+    if exact is None or key in INEXACT_KEYS:
+        return None
+    return exact or key in EXACT_KEYS
 _SHOWN = 5
 """How ``closure.Objects`` says a bundle left an object out (``omitted (<reason>)``)."""
 
@@ -207,7 +229,7 @@ def leaf_problem(claimed: Any, mine: Any, *, exact: bool = False) -> str | None:
 
 
 def strict_problems(claimed: Any, mine: Any, path: str = "$", *,
-                    exact: bool = False) -> list[str]:
+                    exact: Exactness = False) -> list[str]:
     """Every place ``claimed`` differs from ``mine`` (recursing only along ``mine``)."""
     out: list[str] = []
     stack = [(claimed, mine, path, exact)]
@@ -220,7 +242,7 @@ def strict_problems(claimed: Any, mine: Any, path: str = "$", *,
                 out.append(f"{where}: members not recomputed {extra[:_SHOWN]}")
             if missing:
                 out.append(f"{where}: lacks members {missing[:_SHOWN]}")
-            stack.extend((a[k], b[k], f"{where}.{k}", ex or k in EXACT_KEYS)
+            stack.extend((a[k], b[k], f"{where}.{k}", _below(ex, k))
                          for k in reversed(list(b)) if k in a)
         elif isinstance(b, list | tuple) and isinstance(a, list):
             if len(a) != len(b):
@@ -228,7 +250,7 @@ def strict_problems(claimed: Any, mine: Any, path: str = "$", *,
             stack.extend((x, y, f"{where}[{i}]", ex)
                          for i, (x, y) in reversed(list(enumerate(zip(a, b, strict=False)))))
         else:
-            problem = leaf_problem(a, b, exact=ex)
+            problem = leaf_problem(a, b, exact=bool(ex))
             if problem is not None:
                 out.append(f"{where}: {problem}")
     return out
@@ -258,7 +280,7 @@ def recipe_version(run: ReportRun) -> int | None:
 
 
 def known_parts(version: int) -> frozenset[str]:
-    return KNOWN_PARTS | {"action"} if version >= 2 else KNOWN_PARTS
+    return KNOWN_PARTS | {"action", "parameters"} if version >= 2 else KNOWN_PARTS
 
 
 def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
@@ -333,7 +355,12 @@ def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
             problems = strict_problems(state["resources_json"], mine)
             found.checks.append(_listing(f"{name}.resources_json", problems))
 
+    def params() -> None:
+        _parameters(name, objects, report, state, compare_json, found)
+
     section("learning", LEARNING_CLAIMS, learn)
+    if version >= 2:
+        section("parameters", (), params)
     section("training", TRAINING_CLAIMS, train)
     section("serving", SERVING_CLAIMS, serve)
     section("resources", (), spent)
@@ -371,6 +398,40 @@ def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
     section("weights", (), weights)
 
 
+def _parameters(name: str, objects: Objects, report: dict[str, Any] | None,
+                state: dict[str, Any], compare_json: Callable[[str, dict[str, Any]], None],
+                found: Sink) -> None:
+    """report.json's ``parameters``, recomputed from the compared arms' weights; without the
+    omitted weights, skipped, and report.json's own part kept for the figure and the page."""
+    check = f"{name}.json.parameters"
+    result: Learning | None = state.get("learning")
+    if result is None:
+        found.checks.append(Check.failed(check, "the learning part (the compared arms and "
+                                         "their checkpoints) was not recomputed"))
+        return
+    models = {arm: a["model"] for arm, a in result.section["arms"].items()}
+    try:
+        mine = parameter_distances(objects, models, result.section["comparisons"])
+    except Unusable as exc:
+        if exc.needs is None:
+            found.checks.append(Check.failed(check, f"the weights cannot be compared: "
+                                             f"{exc.object_id} is unusable: {exc.why}"))
+            return
+        found.checks.append(Check.skipped(
+            check, f"needs the omitted weights: {exc.object_id} is unusable: {exc.why}",
+            needs=exc.needs))
+        own = report.get("parameters") if report is not None else None
+        if isinstance(own, dict) and isinstance(own.get("pairs"), list):
+            state["parameters"] = own
+            state.setdefault("mine", {})["parameters"] = own
+        return
+    except VerifierError as exc:  # checkpoints of different models, a truncated file
+        found.checks.append(Check.failed(check, exc.message))
+        return
+    state["parameters"] = mine
+    compare_json("parameters", {"parameters": mine})
+
+
 def _figures(name: str, ins: Inputs, state: dict[str, Any],
              compare_json: Callable[[str, dict[str, Any]], None], found: Sink, version: int,
              action: str) -> None:
@@ -385,8 +446,13 @@ def _figures(name: str, ins: Inputs, state: dict[str, Any],
         found.checks.extend(Check.failed(f"{name}.figures.{stem}", why) for stem in files)
         return
     result: Learning = state["learning"]
+    if version >= 2 and "parameters" not in state:
+        why = "the parameters part was neither recomputed nor readable from report.json"
+        found.checks.append(Check.failed(f"{name}.json.figures", why))
+        found.checks.extend(Check.failed(f"{name}.figures.{stem}", why) for stem in files)
+        return
     mine = figure_data(result.section, state.get("training"), state.get("serving"),
-                       version=version, action=action)
+                       version=version, action=action, parameters=state.get("parameters"))
     compare_json("figures", {"figures": mine})
     for stem, data in files.items():
         figure, _, fmt = stem.rpartition(".")
@@ -401,7 +467,8 @@ def _figures(name: str, ins: Inputs, state: dict[str, Any],
                                              f"data: {exc}"))
             continue
         want = {"format": FIGURE_FORMATS[version], "figure": figure, "data": mine[figure]}
-        problems = strict_problems(carried, want)
+        problems = strict_problems(carried, want,
+                                   exact=None if figure in INEXACT_KEYS else False)
         found.checks.append(_listing(check_name, [f"{stem} {p}" for p in problems],
                                      recomputed=f"{figure} data"))
 
@@ -425,26 +492,26 @@ def _page(name: str, run: ReportRun, state: dict[str, Any], found: Sink,
                                      recomputed="byte for byte" if same else None))
 
 
-def settle(claimed: Any, mine: Any, *, exact: bool = False) -> Any:
+def settle(claimed: Any, mine: Any, *, exact: Exactness = False) -> Any:
     """``mine`` (the recomputation) with report.json's value at each leaf that is equal to it
     under the comparison rules, so that a float equal within the tolerance is shown as the
     report printed it; exact rationals elsewhere as their correctly rounded floats."""
     if isinstance(mine, dict):
         theirs = claimed if isinstance(claimed, dict) else {}
-        return {k: settle(theirs.get(k, _ABSENT), v, exact=exact or k in EXACT_KEYS)
+        return {k: settle(theirs.get(k, _ABSENT), v, exact=_below(exact, k))
                 for k, v in mine.items()}
     if isinstance(mine, list | tuple):
         items = claimed if isinstance(claimed, list) else []
         return [settle(items[i] if i < len(items) else _ABSENT, v, exact=exact)
                 for i, v in enumerate(mine)]
-    if claimed is not _ABSENT and leaf_problem(claimed, mine, exact=exact) is None:
+    if claimed is not _ABSENT and leaf_problem(claimed, mine, exact=bool(exact)) is None:
         return claimed
     return float(mine) if isinstance(mine, Fraction) else mine
 
 
 _ABSENT = object()
 INDEX_NEEDS = ("format", "title", "action", "inputs", "prepared", "commitment", "learning",
-               "contract", "training", "serving", "resources", "figures")
+               "contract", "training", "serving", "parameters", "resources", "figures")
 
 
 def _index(name: str, ins: Inputs, action: str, state: dict[str, Any], found: Sink) -> None:
@@ -497,8 +564,10 @@ def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink,
     """The output tree's files checked by name; report.json, resources.json, the pages and
     the figure files' bytes."""
     entries = objects.record_of(run.outputs["report"], "tree/1")["entries"]
+    compared = any(arm != BASELINE for arm in ins.evaluate)
     figures = ["comparison", "accuracy", *(["training"] if ins.train else []),
-               *(["serving"] if ins.serve is not None else [])]
+               *(["serving"] if ins.serve is not None else []),
+               *(["parameters"] if version >= 2 and compared else [])]
     pages = {*PAGE_FILES, *([INDEX_FILE] if version >= 2 else [])}
     expected = {*pages, *(f"{f}.{x}" for f in figures for x in FILE_FORMATS)}
     missing, extra = sorted(expected - set(entries)), sorted(set(entries) - expected)
@@ -534,7 +603,7 @@ class _Fields:
     compared: int = 0
     failed: list[Check] = field(default_factory=list)
 
-    def walk(self, claimed: Any, mine: Any, path: str, exact: bool = False) -> None:
+    def walk(self, claimed: Any, mine: Any, path: str, exact: Exactness = False) -> None:
         stack = [(claimed, mine, path, exact)]
         while stack:
             a, b, where, ex = stack.pop()
@@ -547,7 +616,7 @@ class _Fields:
                     self.failed.append(Check.failed(f"{self.prefix}.{_join(where, key)}",
                                                     "report.json lacks this member",
                                                     recomputed=b[key]))
-                stack.extend((a[k], b[k], _join(where, k), ex or k in EXACT_KEYS)
+                stack.extend((a[k], b[k], _join(where, k), _below(ex, k))
                              for k in sorted((k for k in b if k in a), key=str, reverse=True))
             elif isinstance(a, list) and isinstance(b, list | tuple):
                 if len(a) != len(b):
@@ -557,7 +626,7 @@ class _Fields:
                 stack.extend((x, y, f"{where}[{i}]", ex) for i, (x, y)
                              in reversed(list(enumerate(zip(a, b, strict=False)))))
             else:
-                problem = leaf_problem(a, b, exact=ex)
+                problem = leaf_problem(a, b, exact=bool(ex))
                 if problem is not None:
                     self.failed.append(Check.failed(f"{self.prefix}.{where}", "report.json "
                                                     f"differs from the recomputation: {problem}",

@@ -22,7 +22,10 @@ then any other trained arm, from one palette that the serving phases share. Vers
 (``ARM_COLOURS``), other arm names take ``OTHER_COLOURS`` in report order, serving phases
 and latency quantiles take ``PHASE_COLOURS``; every panel has a ``ylim`` and a ``note``: when
 every value is zero or none, a 0..1 axis (unless the panel fixes one) and the note
-``every value is 0``, else none; every figure has ``corner``: ``action <the action ID>``.
+``every value is 0``, else none; every figure has ``corner``: ``action <the action ID>``; the ``parameters`` figure (when
+the report compares any pair) draws each pair's relative L2 difference over all parameters
+(bars, ``{:.3g}``) and per layer (lines, the layers whose distance is defined), in the
+candidate arm's colour and the comparison kind's line style (``KIND_STYLES``).
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ PHASE_COLOURS = ("#0e7490", "#67c5d9")
 ZERO_NOTE = "every value is 0"
 RANK_STYLES = ("-", "--", ":", "-.")
 SIZES = {"comparison": [11.0, 3.8], "accuracy": [8.0, 4.2], "training": [12.0, 7.0],
-         "serving": [9.0, 3.8]}
+         "serving": [9.0, 3.8], "parameters": [11.0, 4.2]}
+KIND_STYLES = {"versus_seed": "-", "clean_versus_damaged": "--", "pair_versus_single": ":"}
+"""Version 2's parameters figure: a pair's line style by its comparison's kind (else ``-.``)."""
 MAX_TEXT = 64 * 1024 * 1024
 """Largest embedded text read (a decompressed iTXt chunk is cut off there)."""
 
@@ -122,10 +127,11 @@ def arm_colours(names: list[str], version: int) -> dict[str, str]:
 
 def figure_data(learning: dict[str, Any], training: dict[str, Any] | None,
                 serving: dict[str, Any] | None, *, version: int = 1,
-                action: str | None = None) -> dict[str, Any]:
-    """report.json's ``figures`` from the recomputed ``learning``, ``training`` and
-    ``serving`` parts, as report@``version`` draws them (``action``: the report's action ID,
-    shown from version 2)."""
+                action: str | None = None,
+                parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """report.json's ``figures`` from the recomputed ``learning``, ``training``, ``serving``
+    and (version 2) ``parameters`` parts, as report@``version`` draws them (``action``: the
+    report's action ID, shown from version 2)."""
     style = _Style(version=version, corner=f"action {action}" if version >= 2 else None)
     arms = learning["arms"]
     names = list(arms) + [a for a in (training or {"arms": {}})["arms"] if a not in arms]
@@ -151,7 +157,29 @@ def figure_data(learning: dict[str, Any], training: dict[str, Any] | None,
         out["training"] = _training(style, training["arms"], colours)
     if serving:
         out["serving"] = _serving(style, serving)
+    if version >= 2 and parameters is not None and parameters["pairs"]:
+        out["parameters"] = _parameters(style, parameters["pairs"], colours)
     return out
+
+
+def _parameters(style: _Style, pairs: list[dict[str, Any]],
+                colours: dict[str, str]) -> dict[str, Any]:
+    """A bar per pair (relative L2 over all parameters) and a line per pair (per layer, the
+    layers with a defined distance), in the candidate's colour."""
+    labels = [f"{p['candidate']} vs {p['baseline']}" for p in pairs]
+    overall = _bars(style, labels, [p["relative_l2"] for p in pairs],
+                    title="Relative L2 difference, all parameters",
+                    ylabel="relative L2 difference", fmt="{:.3g}",
+                    colours=[colours[p["candidate"]] for p in pairs])
+    series = [{"label": label, "colour": colours[p["candidate"]],
+               "style": KIND_STYLES.get(p["kind"], "-."),
+               "x": [x["layer"] for x in p["layers"] if x["relative_l2"] is not None],
+               "y": [x["relative_l2"] for x in p["layers"] if x["relative_l2"] is not None]}
+              for label, p in zip(labels, pairs, strict=True)]
+    lines = {"kind": "lines", "title": "Relative L2 difference by layer", "xlabel": "layer",
+             "ylabel": "relative L2 difference", "series": series}
+    style.zero(lines, [y for x in series for y in x["y"]])
+    return style.figure("parameters", 1, 2, [overall, lines])
 
 
 def _accuracy(style: _Style, arms: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:

@@ -11,8 +11,8 @@ fails only report.json's own checks.
 
 Parts, each a check ``index.<part>``: ``head`` (everything outside the sections: title,
 action corner, intro) and one per section in ``SECTIONS`` (``learning``, ``comparisons``,
-``retention``, ``training``, ``serving``, ``resources``, ``figures``, ``identity``,
-``files``), then ``exact``: the whole page, byte for byte, so an element outside any part
+``retention``, ``training``, ``serving``, ``parameters``, ``resources``, ``figures``,
+``identity``, ``files``), then ``exact``: the whole page, byte for byte, so an element outside any part
 (an injected script) still fails.
 
 The definition is the report recipe's (``nscas.recipes.report.index``); this is an
@@ -240,6 +240,31 @@ def serving(report: Report) -> str | None:
     return _section("serving", "Serving", table + facts)
 
 
+def _g(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.6g}"
+
+
+def parameters(report: Report) -> str | None:
+    pairs = (report.get("parameters") or {}).get("pairs") or []
+    if not pairs:
+        return None
+    rows = [[f"{p['candidate']} {KINDS.get(p['kind'], p['kind'])}", p["baseline"],
+             _count(p["tensors"]), _count(p["identical_tensors"]), _count(p["elements"]),
+             _g(p["relative_l2"]), _g(p["max_abs_diff"])] for p in pairs]
+    body = _table(["Pair", "Baseline", "Tensors", "Bit-identical tensors", "Parameters",
+                   "Relative L2 difference", "Max absolute difference"], rows, numeric_from=2)
+    for p in pairs:
+        tensors = [[t["name"], _count(t["elements"]), _yes(t["identical"]),
+                    _g(t["relative_l2"]), _g(t["max_abs_diff"])] for t in p["by_tensor"]]
+        body += (f"<details><summary>Per tensor: {_e(p['candidate'])} against "
+                 f"{_e(p['baseline'])}</summary>"
+                 + _table(["Tensor", "Elements", "Bit-identical", "Relative L2 difference",
+                           "Max absolute difference"], tensors)
+                 + "</details>")
+    note = f'<p class="note">{_e(report["parameters"]["note"])}</p>'
+    return _section("parameters", "Parameter differences", body + note)
+
+
 def resources(report: Report) -> str:
     part = report["resources"]
     rows = [[r["input"], r["recipe"], str(r["device_type"]), _count(r["devices_used"]),
@@ -304,6 +329,7 @@ SECTIONS: tuple[tuple[str, Section], ...] = (
     ("retention", retention),
     ("training", training),
     ("serving", serving),
+    ("parameters", parameters),
     ("resources", resources),
     ("figures", figures),
     ("identity", identity),

@@ -1,8 +1,8 @@
 """The report JSON, computed only from retained objects (docs/experiment.md §6).
 
 ``compute`` reads the input receipts and the objects they link (task records, generations,
-checks, retention losses, journals, the request log, environments, receipt times) and
-writes nothing to the store. Every value a step also claimed is recomputed and audited; a
+checks, retention losses, journals, the request log, environments, receipt times, the
+compared arms' weights) and writes nothing to the store. Every value a step also claimed is recomputed and audited; a
 single disagreement stops the report with a ``ClaimMismatch`` naming both values, so a report
 that exists had no mismatch (and says nothing more about its audit: every member of
 report.json is one a verifier recomputes). ``figures`` holds exactly what each figure draws.
@@ -29,13 +29,15 @@ from .learning import (
     load_final_test,
     score,
 )
+from .parameters import Parameters, parameters_section
 from .resources import Resources, resources_section
 from .serving import Serving, serving_section
 from .training import Training, training_section
 
 REPORT_FORMAT = "nscas-report/3"
 """Version 3 (report@2): an ``action`` member (the report's own action ID, which index.html
-and every figure show) and version-2 figure data. Version 2 (report@1): a ``figures`` part
+and every figure show), a ``parameters`` part (the compared arms' parameter distances) and
+version-2 figure data. Version 2 (report@1): a ``figures`` part
 (what each figure draws); no ``audit`` part."""
 
 
@@ -88,6 +90,8 @@ class Report:
     """The contract verdict of every arm compared with the seed."""
     training: Training | None
     serving: Serving | None
+    parameters: Parameters
+    """The distance between the parameters of each compared pair of arms."""
     resources: Resources
     figures: Mapping[str, FigureData]
     """What each figure draws, by file stem."""
@@ -104,6 +108,7 @@ class Report:
             "contract": dict(self.contract),
             "training": self.training.to_json() if self.training is not None else None,
             "serving": self.serving.to_json() if self.serving is not None else None,
+            "parameters": self.parameters.to_json(),
             "resources": self.resources.to_json(),
             "figures": {k: v.to_json() for k, v in self.figures.items()},
         }
@@ -133,6 +138,7 @@ def compute(store: Any, inputs: Mapping[str, Digest], *, title: str, action: Dig
     serving = serving_section(store, ev, audit)
     resources = resources_section(ev, price_per_host_hour)
     audit.raise_if_any()
+    parameters = parameters_section(store, arms, tuple(compared))
     commitment = ev.commit.output("commitment")
     learning = Learning(baseline=BASELINE, documents=len(tests.records),
                         held_out_variants=tests.held_out, arms=arms,
@@ -148,8 +154,9 @@ def compute(store: Any, inputs: Mapping[str, Digest], *, title: str, action: Dig
         contract=contracts,
         training=training,
         serving=serving,
+        parameters=parameters,
         resources=resources,
-        figures=figure_data(learning, training, serving, str(action)),
+        figures=figure_data(learning, training, serving, parameters, str(action)),
     )
     return Computed(report=report, tests=tests, scored=scored)
 

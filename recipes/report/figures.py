@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .learning import Learning
+    from .parameters import Parameters
     from .serving import Serving
     from .training import TrainArm, Training
 
@@ -50,6 +51,8 @@ ZERO_NOTE = "every value is 0"
 CORNER = {"x": 0.995, "y": 0.005, "fontsize": 6, "color": "#9ca3af"}
 NOTE = {"fontsize": 8, "color": "#6b7280"}
 RANK_STYLES = ("-", "--", ":", "-.")
+KIND_STYLES = {"versus_seed": "-", "clean_versus_damaged": "--", "pair_versus_single": ":"}
+"""The parameters figure: a pair's line is its candidate's colour in its comparison's style."""
 DPI = 120
 
 
@@ -299,8 +302,35 @@ def serving_data(serving: Serving, corner: str) -> FigureData:
                       corner=corner)
 
 
+def parameters_data(learning: Learning, training: Training | None, parameters: Parameters,
+                    corner: str) -> FigureData:
+    """The relative L2 difference of every compared pair: over all parameters (a bar per
+    pair) and per layer (a line per pair, its candidate's colour, its comparison's style;
+    a layer whose distance is undefined is left out)."""
+    colours = arm_colours(learning, training)
+    pairs = [p.to_json() for p in parameters.pairs]
+    labels = [f"{p['candidate']} vs {p['baseline']}" for p in pairs]
+    overall = _bars(labels, [p["relative_l2"] for p in pairs],
+                    title="Relative L2 difference, all parameters",
+                    ylabel="relative L2 difference", fmt="{:.3g}",
+                    colours=[colours[p["candidate"]] for p in pairs])
+    series = tuple(
+        LineSeries(label=text, colour=colours[p["candidate"]],
+                   style=KIND_STYLES.get(p["kind"], "-."),
+                   x=tuple(x["layer"] for x in p["layers"] if x["relative_l2"] is not None),
+                   y=tuple(x["relative_l2"] for x in p["layers"]
+                           if x["relative_l2"] is not None))
+        for text, p in zip(labels, pairs, strict=True))
+    ylim, note = _zero_axis([y for s in series for y in s.y], None)
+    by_layer = Lines(title="Relative L2 difference by layer", xlabel="layer",
+                     ylabel="relative L2 difference", series=series, ylim=ylim, note=note)
+    return FigureData(size=(11.0, 4.2), rows=1, cols=2, panels=(overall, by_layer),
+                      corner=corner)
+
+
 def figure_data(learning: Learning, training: Training | None,
-                serving: Serving | None, action: str) -> dict[str, FigureData]:
+                serving: Serving | None, parameters: Parameters,
+                action: str) -> dict[str, FigureData]:
     """report.json's ``figures``: every figure the report has data for, by file stem, each
     with ``action <action ID>`` in its corner."""
     corner = f"action {action}"
@@ -310,6 +340,8 @@ def figure_data(learning: Learning, training: Training | None,
         out["training"] = training_data(learning, training, corner)
     if serving is not None:
         out["serving"] = serving_data(serving, corner)
+    if parameters.pairs:
+        out["parameters"] = parameters_data(learning, training, parameters, corner)
     return out
 
 

@@ -3,7 +3,8 @@ a verifier that has checked report.json renders the same page from it).
 
 The page holds the headline tables of the published report (per arm: correct answers,
 accuracy, each task family, the held-out variants, valid JSON objects; the paired McNemar
-comparisons; retention; training cost; serving), every figure (linked and shown by relative
+comparisons; retention; training cost; serving; the parameter differences of the compared
+arms, per tensor in a collapsed ``<details>``), every figure (linked and shown by relative
 path, so the page works offline from a bundle or a ``nscas get`` copy), the input receipt,
 commitment and prepared IDs, links to generations.html and the raw files, and the report's
 action ID in its top right corner (an output cannot hold the ID of the receipt that links
@@ -234,6 +235,31 @@ def serving(report: Report) -> str | None:
     return _section("serving", "Serving", table + facts)
 
 
+def _g(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.6g}"
+
+
+def parameters(report: Report) -> str | None:
+    pairs = (report.get("parameters") or {}).get("pairs") or []
+    if not pairs:
+        return None
+    rows = [[f"{p['candidate']} {KINDS.get(p['kind'], p['kind'])}", p["baseline"],
+             _count(p["tensors"]), _count(p["identical_tensors"]), _count(p["elements"]),
+             _g(p["relative_l2"]), _g(p["max_abs_diff"])] for p in pairs]
+    body = _table(["Pair", "Baseline", "Tensors", "Bit-identical tensors", "Parameters",
+                   "Relative L2 difference", "Max absolute difference"], rows, numeric_from=2)
+    for p in pairs:
+        tensors = [[t["name"], _count(t["elements"]), _yes(t["identical"]),
+                    _g(t["relative_l2"]), _g(t["max_abs_diff"])] for t in p["by_tensor"]]
+        body += (f"<details><summary>Per tensor: {_e(p['candidate'])} against "
+                 f"{_e(p['baseline'])}</summary>"
+                 + _table(["Tensor", "Elements", "Bit-identical", "Relative L2 difference",
+                           "Max absolute difference"], tensors)
+                 + "</details>")
+    note = f'<p class="note">{_e(report["parameters"]["note"])}</p>'
+    return _section("parameters", "Parameter differences", body + note)
+
+
 def resources(report: Report) -> str:
     part = report["resources"]
     rows = [[r["input"], r["recipe"], str(r["device_type"]), _count(r["devices_used"]),
@@ -298,6 +324,7 @@ SECTIONS: tuple[tuple[str, Section], ...] = (
     ("retention", retention),
     ("training", training),
     ("serving", serving),
+    ("parameters", parameters),
     ("resources", resources),
     ("figures", figures),
     ("identity", identity),

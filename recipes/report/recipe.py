@@ -4,12 +4,14 @@ Inputs are receipts named by role: ``prepare``, ``commit``, ``train.<arm>``,
 ``evaluate.<arm>`` (``evaluate.seed`` is the baseline) and ``serve``. Output ``report`` is a
 tree of ``report.json``, ``resources.json``, ``index.html`` (the summary page, drawn from
 report.json alone), ``generations.html`` and figures (``comparison``, ``accuracy``,
-``training``, ``serving``; each ``.svg``, ``.png``, ``.pdf``, drawn from report.json's
+``training``, ``serving``, ``parameters``; each ``.svg``, ``.png``, ``.pdf``, drawn from report.json's
 ``figures`` and carrying that data in its own metadata). Every file is a deterministic
 function of the inputs and the action ID (which report.json, index.html and every figure
 show), so a rerun is ``identical``.
 
-Version 2 added index.html, report.json's ``action``, version-2 figure data (a fixed arm
+Version 2 added index.html, report.json's ``action`` and ``parameters`` (the distance
+between the compared arms' weights, by the ``--rerun`` verdict's ``nscas.paramdiff``),
+version-2 figure data (a fixed arm
 colour map, 0..1 axes with a note when every value is zero, the action ID in a corner) and
 compact runs of blank lines on the answer page; the verifiers still check version-1 runs by
 the version-1 definitions.
@@ -137,7 +139,9 @@ def reproducible_report(store: ObjectReader, oid: Digest) -> Any:
     and with every input receipt's ID replaced by ``<receipt>`` (a rerun's receipts differ in
     their times, so their IDs do) and its own action ID by ``<action>`` (an action names its
     inputs: the same on a ``--rerun`` of the same receipts, another one when they were rerun
-    too). Figures and pages are drawn from ``report.json`` and the action ID."""
+    too). Figures and pages are drawn from ``report.json`` and the action ID. The
+    ``parameters`` part stays: its distances are a function of the committed weights, which
+    a rerun reads again, not a measurement."""
     tree = store.get_record(oid)
     report = json.loads(store.get_bytes(Digest.parse(tree["entries"][REPORT_FILE]["id"])))
     receipts = set(report["inputs"].values())

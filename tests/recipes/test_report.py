@@ -11,20 +11,24 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from nscas.digests import Digest
 from nscas.store import init_store
 from tests.recipes.test_report_fixtures import (
     SCRIPT_ANSWER,
+    SEED_WEIGHTS,
     WALL_SECONDS,
     Experiment,
     build,
     report_files,
     run_report,
+    weights,
 )
 
 PRICE = 2.0
+FIGURES = ("comparison", "accuracy", "training", "serving", "parameters")
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +190,52 @@ def test_no_price_no_estimate(experiment: Experiment) -> None:
     assert "no price" in resources["cost_estimate"]["note"]
 
 
+def _distance(candidate: str, baseline: str, names: list[str]) -> tuple[float, float]:
+    """(relative L2, max |difference|) over ``names``, computed here with NumPy in float64."""
+    a, b = weights(candidate), weights(baseline)
+    diff = np.concatenate([a[n].astype(np.float64) - b[n].astype(np.float64) for n in names])
+    ref = np.concatenate([b[n].astype(np.float64) for n in names])
+    return float(np.linalg.norm(diff) / np.linalg.norm(ref)), float(np.max(np.abs(diff)))
+
+
+def test_the_parameters_of_every_compared_pair(done: dict[str, Any]) -> None:
+    part = done["report"]["parameters"]
+    pairs = {(p["kind"], p["candidate"], p["baseline"]): p for p in part["pairs"]}
+    assert list(pairs) == [(c["kind"], c["candidate"], c["baseline"])
+                           for c in done["report"]["learning"]["comparisons"]]
+    names = sorted(SEED_WEIGHTS)
+    for (_, candidate, baseline), p in pairs.items():
+        rel, most = _distance(candidate, baseline, names)
+        assert p["relative_l2"] == pytest.approx(rel, rel=1e-12), (candidate, baseline)
+        assert p["max_abs_diff"] == most
+        assert p["tensors"] == 3 and p["elements"] == 10
+        assert [t["name"] for t in p["by_tensor"]] == names
+        for t in p["by_tensor"]:
+            one = _distance(candidate, baseline, [t["name"]])
+            same = bool(np.array_equal(weights(candidate)[t["name"]],
+                                       weights(baseline)[t["name"]]))
+            assert t["identical"] is same
+            assert t["relative_l2"] == (0.0 if same else pytest.approx(one[0], rel=1e-12))
+            assert t["max_abs_diff"] == (0.0 if same else one[1])
+        assert p["identical_tensors"] == sum(t["identical"] for t in p["by_tensor"])
+        assert [x["layer"] for x in p["layers"]] == [0, 1]
+        layer1 = _distance(candidate, baseline, ["model.layers.1.mlp.weight"])[0]
+        assert p["layers"][1]["relative_l2"] == pytest.approx(layer1, rel=1e-12)
+    pair = pairs[("pair_versus_single", "clean-pair", "clean-single")]
+    assert pair["identical_tensors"] == 2 and pair["max_abs_diff"] == 0.125
+    assert pair["layers"][0] == {"layer": 0, "relative_l2": 0.0, "max_abs_diff": 0.0}
+    damaged = pairs[("clean_versus_damaged", "clean-single", "damaged-single")]
+    assert damaged["identical_tensors"] == 1 and damaged["max_abs_diff"] == 1.0
+    # The figure: a bar and a line per pair, in the candidate's colour.
+    figure = done["report"]["figures"]["parameters"]
+    bars, lines = figure["panels"]
+    assert bars["labels"] == [f"{c} vs {b}" for _, c, b in pairs]
+    assert bars["values"] == [p["relative_l2"] for p in pairs.values()]
+    assert [s["y"] for s in lines["series"]] == [
+        [x["relative_l2"] for x in p["layers"]] for p in pairs.values()]
+    assert [s["style"] for s in lines["series"]] == ["-", "-", "-", "--", ":"]
+
+
 def test_headline_claims_name_their_verifiers(done: dict[str, Any],
                                               experiment: Experiment) -> None:
     record = experiment.store.get_record(done["result"].receipt)
@@ -204,7 +254,7 @@ def test_headline_claims_name_their_verifiers(done: dict[str, Any],
 def test_files_in_every_format_and_the_page_escapes_answers(done: dict[str, Any]) -> None:
     files: Path = done["files"]
     magic = {"svg": b"<?xml", "png": b"\x89PNG", "pdf": b"%PDF"}
-    for name in ("comparison", "accuracy", "training", "serving"):
+    for name in FIGURES:
         for fmt, head in magic.items():
             assert (files / f"{name}.{fmt}").read_bytes().startswith(head), f"{name}.{fmt}"
     page = (files / "generations.html").read_text(encoding="utf-8")
@@ -218,8 +268,7 @@ def test_files_in_every_format_and_the_page_escapes_answers(done: dict[str, Any]
         assert f'<select id="{select}">' in page
     assert sorted(p.name for p in files.iterdir()) == sorted(
         ["report.json", "resources.json", "index.html", "generations.html"]
-        + [f"{n}.{f}" for n in ("comparison", "accuracy", "training", "serving")
-           for f in ("svg", "png", "pdf")])
+        + [f"{n}.{f}" for n in FIGURES for f in ("svg", "png", "pdf")])
 
 
 def _embedded(fmt: str, data: bytes) -> Any:
@@ -247,7 +296,7 @@ def _embedded(fmt: str, data: bytes) -> Any:
 def test_each_figure_is_its_data_and_carries_it_in_every_format(done: dict[str, Any]) -> None:
     report, files = done["report"], done["files"]
     figures = report["figures"]
-    assert list(figures) == ["comparison", "accuracy", "training", "serving"]
+    assert list(figures) == list(FIGURES)
     accuracy = figures["accuracy"]["panels"][0]
     assert accuracy["groups"][0] == "all"
     assert [s["values"][0] for s in accuracy["series"]] == [
@@ -273,8 +322,8 @@ def test_report_json_has_only_recomputable_parts(done: dict[str, Any]) -> None:
     report = done["report"]
     assert report["format"] == "nscas-report/3"
     assert set(report) == {"format", "title", "action", "inputs", "prepared", "commitment",
-                           "learning", "contract", "training", "serving", "resources",
-                           "figures"}
+                           "learning", "contract", "training", "serving", "parameters",
+                           "resources", "figures"}
     assert report["action"] == str(done["result"].action)
 
 
@@ -335,10 +384,17 @@ def test_the_summary_page_shows_the_headline_tables(done: dict[str, Any]) -> Non
     assert _row(parsed, "sort, out of 4")[1] == "3"
     assert _row(parsed, "Held-out variants (2, 3), out of 8") == [
         str(a["held_out"]["correct"]) for a in arms.values()]
-    single = _row(parsed, "clean-single versus the seed", tables=2)  # and retention
+    single = _row(parsed, "clean-single versus the seed", tables=3)  # retention, parameters
     assert single[:3] == ["seed", "9", "0"]
     assert single[3] == f"{_comparison(report, 'versus_seed', 'clean-single')['gain_points']:+.2f}"
     assert _row(parsed, "Updates") == ["4", "4", "4"]
+    pair = report["parameters"]["pairs"][-1]
+    rows = [r for r in parsed.rows if r and r[0] == "clean-pair pair versus single"]
+    assert rows[-1][1:] == ["clean-single", "3", "2", "10", f"{pair['relative_l2']:.6g}",
+                            "0.125"]
+    assert page.count("<details><summary>Per tensor: ") == len(report["parameters"]["pairs"])
+    assert ["model.layers.1.mlp.weight", "3", "no",
+            f"{pair['by_tensor'][2]['relative_l2']:.6g}", "0.125"] in parsed.rows
     assert _row(parsed, "Throughput ratio (pair / single)") == [
         f"{report['serving']['throughput_ratio']:.2f}x"]
     assert _row(parsed, "Identical outputs across phases") == ["yes"]

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from nscas.config import StepConfig
 from nscas.digests import Digest
 from nscas.recipes.commit.recipe import RECIPE as COMMIT
@@ -50,6 +52,18 @@ STEP_SECONDS = {
 BYTES_PER_STEP = {"clean-single": 0, "damaged-single": 0, "clean-pair": 1000}
 WALL_SECONDS = {"prepare": 60, "commit": 1, "train": 600, "evaluate": 120, "serve": 300}
 """Receipt wall times by recipe (started 2026-09-13T10:00:00Z)."""
+
+
+SEED_WEIGHTS = {"model.embed_tokens.weight": [1.0, 2.0, 3.0, 4.0],
+                "model.layers.0.mlp.weight": [0.5, -0.5, 1.0],
+                "model.layers.1.mlp.weight": [2.0, 0.0, -2.0]}
+CHANGES: dict[str, dict[str, tuple[int, float]]] = {
+    "clean-single": {"model.layers.0.mlp.weight": (0, 0.25)},
+    "damaged-single": {"model.embed_tokens.weight": (3, -1.0)},
+    "clean-pair": {"model.layers.0.mlp.weight": (0, 0.25),
+                   "model.layers.1.mlp.weight": (2, 0.125)},
+}
+"""(index, added value) per changed tensor of each trained arm (the parameters part)."""
 
 
 def wrong_answer(index: int) -> str:
@@ -99,10 +113,19 @@ def receipt(store: Store, recipe: str, *, inputs: Mapping[str, Digest], params: 
     return store.put_record(record)
 
 
+def weights(arm: str) -> dict[str, np.ndarray]:
+    """Each arm's tensors: the seed's ``SEED_WEIGHTS`` plus the arm's ``CHANGES``."""
+    out = {name: np.array(values, dtype="<f4") for name, values in SEED_WEIGHTS.items()}
+    for name, (index, delta) in CHANGES.get(arm, {}).items():
+        out[name][index] += np.float32(delta)
+    return out
+
+
 def checkpoint(store: Store, tmp: Path, arm: str, parent: Digest | None) -> Digest:
-    data = store.put_bytes(arm.encode().ljust(8, b"\0"))
-    params = store.put_record({"nscas": "params/1", "tensors": {
-        "w": {"dtype": "F32", "shape": [2], "data": str(data)}}})
+    tensors = {name: {"dtype": "F32", "shape": list(a.shape),
+                      "data": str(store.put_bytes(a.tobytes()))}
+               for name, a in weights(arm).items()}
+    params = store.put_record({"nscas": "params/1", "tensors": tensors})
     folder = tmp / f"ckpt-{arm}"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"arm": arm}))

@@ -51,11 +51,16 @@ def test_report_over_real_evaluations(store: Store, tmp_path: Path) -> None:
     assert versus["retention"]["mean"] == 0.0
     # the audit passed (the report exists) and leaves no member of its own behind
     assert "audit" not in report and report["format"] == "nscas-report/3"
-    assert list(report["figures"]) == ["comparison", "accuracy"]
+    assert list(report["figures"]) == ["comparison", "accuracy", "parameters"]
+    # The same committed checkpoint evaluated twice: every tensor is bit-identical.
+    (pair,) = report["parameters"]["pairs"]
+    assert pair["identical_tensors"] == pair["tensors"] > 0
+    assert (pair["relative_l2"], pair["max_abs_diff"]) == (0.0, 0.0)
     assert report["training"] is None and report["serving"] is None
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["report.json", "resources.json", "index.html", "generations.html"]
-        + [f"{n}.{f}" for n in ("comparison", "accuracy") for f in ("svg", "png", "pdf")])
+        + [f"{n}.{f}" for n in ("comparison", "accuracy", "parameters")
+           for f in ("svg", "png", "pdf")])
     page = (out / "generations.html").read_text(encoding="utf-8")
     test = store.get_record(steps["prepare"].outputs["test"])
     records = [json.loads(line) for line in store.get_bytes(

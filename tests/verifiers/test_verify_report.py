@@ -45,16 +45,18 @@ CLAIMS = {
       for arm in ARMS[1:]),
 }
 FIGURES = ("comparison", "accuracy", "training", "serving")
+"""The figures of report@1 (report@2 adds ``parameters``)."""
 FORMATS = ("svg", "png", "pdf")
 PAGE_PARTS = ("headline", "filters", "tasks", "verdicts", "answers", "exact")
 INDEX_PARTS = ("head", "learning", "comparisons", "retention", "training", "serving",
-               "resources", "figures", "identity", "files", "exact")
+               "parameters", "resources", "figures", "identity", "files", "exact")
 V1_CHECKS = ("version", "inputs", "files", "json.learning", "json.training", "json.serving",
              "json.resources", "json.header", "json.figures", "json.parts",
              "resources_json", *(f"page.{p}" for p in PAGE_PARTS),
              *(f"figures.{f}.{x}" for f in FIGURES for x in FORMATS), "weights")
 """What a report@1 run is checked for (no index.html)."""
-REPORT_CHECKS = (*V1_CHECKS, *(f"index.{p}" for p in INDEX_PARTS))
+REPORT_CHECKS = (*V1_CHECKS, *(f"index.{p}" for p in INDEX_PARTS), "json.parameters",
+                 *(f"figures.parameters.{x}" for x in FORMATS))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,6 +239,13 @@ def test_an_export_bundle_verifies_offline(experiment: Experiment, tmp_path: Pat
     weights = by_name(light)[f"{name}.weights"]
     assert weights.status == "skipped" and weights.needs == "weights"
     assert "weights" in weights.message
+    # The parameter distances need the weights: not rechecked, never passed; the figure and
+    # the page are still checked against report.json's own part.
+    distances = by_name(light)[f"{name}.json.parameters"]
+    assert distances.status == "skipped" and distances.needs == "weights"
+    for check in ("index.parameters", "index.exact", "json.figures",
+                  *(f"figures.parameters.{x}" for x in FORMATS)):
+        assert by_name(light)[f"{name}.{check}"].status == "passed", check
     assert by_name(light)[f"{name}.json.learning"].status == "passed"
 
 
@@ -249,7 +258,8 @@ def test_an_unreadable_report_json_fails_its_comparisons_not_the_claims(
     report = verify(tampered, store=experiment.store_dir)
     name = label(tampered)
     checks = by_name(report)
-    parts = ("learning", "training", "serving", "resources", "header", "figures", "parts")
+    parts = ("learning", "training", "serving", "resources", "header", "figures", "parts",
+             "parameters")
     assert failed(report) == {f"{name}.files.report.json", f"{name}.weights",
                               *(f"{name}.json.{part}" for part in parts)}
     assert all(checks[f"{name}.claims.{claim}"].status == "passed" for claim in CLAIMS)
@@ -510,7 +520,9 @@ def test_a_report_at_version_1_is_checked_by_the_version_1_definitions(
 
     def to_v1(out: Path) -> None:
         data = json.loads((out / "report.json").read_text(encoding="utf-8"))
-        del data["action"]
+        del data["action"], data["parameters"], data["figures"]["parameters"]
+        for fmt in FORMATS:
+            (out / f"parameters.{fmt}").unlink()
         data["format"] = "nscas-report/2"
         data["figures"] = _v1_figures(data["figures"], list(data["learning"]["arms"]))
         (out / "report.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -559,3 +571,74 @@ def test_a_report_at_version_1_is_checked_by_the_version_1_definitions(
     n = label(newer)
     assert {f"{n}.files", f"{n}.json.format", f"{n}.json.action", f"{n}.page.exact",
             f"{n}.figures.comparison.svg"} <= bad
+
+
+def _report_json(e: Experiment) -> dict[str, Any]:
+    tree = e.record(e.record(e.report)["outputs"]["report"])
+    return json.loads(e.store.get_bytes(Digest.parse(tree["entries"]["report.json"]["id"])))
+
+
+def test_the_parameter_distances_are_recomputed_from_the_weights(
+        experiment: Experiment) -> None:
+    """Every compared pair, against distances computed here with NumPy from the stored
+    tensors (float64, whole arrays: the test's own, unstreamed definition)."""
+    import numpy as np
+
+    part = _report_json(experiment)["parameters"]
+    arms = _report_json(experiment)["learning"]["arms"]
+    assert [(p["candidate"], p["baseline"]) for p in part["pairs"]] == [
+        ("clean-single", "seed"), ("clean-pair", "seed"), ("clean-pair", "clean-single")]
+
+    def values(arm: str) -> dict[str, Any]:
+        tensors = experiment.record(arms[arm]["parameter_digest"])["tensors"]
+        assert {t["dtype"] for t in tensors.values()} == {"F32"}
+        return {n: np.frombuffer(experiment.store.get_bytes(Digest.parse(t["data"])),
+                                 dtype="<f4").astype(np.float64)
+                for n, t in sorted(tensors.items())}
+
+    for pair in part["pairs"]:
+        a, b = values(pair["baseline"]), values(pair["candidate"])
+        d = np.concatenate([b[n] - a[n] for n in a])
+        ref = np.concatenate(list(a.values()))
+        assert pair["relative_l2"] == pytest.approx(
+            float(np.linalg.norm(d) / np.linalg.norm(ref)), rel=1e-9)
+        assert pair["max_abs_diff"] == float(np.max(np.abs(d)))
+        assert pair["identical_tensors"] == sum(np.array_equal(a[n], b[n]) for n in a)
+        assert pair["layers"] and [x["layer"] for x in pair["layers"]] == sorted(
+            {int(n.split(".")[2]) for n in a if n.startswith("model.layers.")})
+    name = label(experiment.report)
+    check = by_name(verify(experiment.report, store=experiment.store_dir))[
+        f"{name}.json.parameters"]
+    assert check.status == "passed"
+
+
+def test_a_forged_parameter_distance_fails_naming_it(experiment: Experiment,
+                                                     tmp_path: Path) -> None:
+    def change(data: dict[str, Any]) -> None:
+        pairs = data["parameters"]["pairs"]
+        pairs[2]["relative_l2"] *= 1.001  # a pair that is closer than it is
+        pairs[0]["by_tensor"][1]["identical"] = not pairs[0]["by_tensor"][1]["identical"]
+        pairs[1]["max_abs_diff"] *= 1 + 1e-12  # within float_recomputation: not a finding
+
+    tampered = restore_report(experiment, tmp_path, edit_json(change))
+    name = label(tampered)
+    assert failed(verify(tampered, store=experiment.store_dir)) == {
+        f"{name}.json.parameters.pairs[2].relative_l2",
+        f"{name}.json.parameters.pairs[0].by_tensor[1].identical"}
+
+
+def test_a_parameters_figure_or_page_row_that_differs_fails(experiment: Experiment,
+                                                            tmp_path: Path) -> None:
+    pair = _report_json(experiment)["parameters"]["pairs"][-1]
+    shown = f"{pair['relative_l2']:.6g}"
+
+    def edit(out: Path) -> None:
+        edit_json(lambda d: d["figures"]["parameters"]["panels"][1]["series"][0]["y"].__setitem__(
+            0, d["figures"]["parameters"]["panels"][1]["series"][0]["y"][0] * 2))(out)
+        edit_index(f'<td class="n">{shown}</td>', '<td class="n">0</td>')(out)
+
+    tampered = restore_report(experiment, tmp_path, edit)
+    name = label(tampered)
+    assert failed(verify(tampered, store=experiment.store_dir)) == {
+        f"{name}.json.figures.parameters.panels[1].series[0].y[0]",
+        f"{name}.index.parameters", f"{name}.index.exact"}

@@ -1,0 +1,81 @@
+"""The parameter comparison: how far apart the compared arms' trained weights are, apart from
+task quality (report.json ``parameters``; docs/experiment.md §6.5).
+
+One pair per paired comparison of ``learning`` (each arm against the seed, clean against
+damaged, the pair against the single), in that order: the candidate's parameters against the
+baseline's by ``nscas.paramdiff`` (the ``--rerun`` verdict's distance), over all tensors, per
+layer and per tensor. Tensors are streamed one of each model at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nscas.digests import Digest
+from nscas.errors import RecipeError
+from nscas.paramdiff import Incomparable, ParamsDiff, Sums, compare_params
+
+from .learning import ArmSummary, Comparison
+
+NOTE = ("relative_l2 = ||candidate - baseline|| / ||baseline|| over float64 values (0 when "
+        "they are equal, null where undefined); max_abs_diff = max |candidate - baseline|; "
+        "identical: the same raw bytes; a layer is the tensors named layers.<n>.")
+"""Fixed prose of the ``parameters`` part, regenerated exactly by the verifiers."""
+
+
+def _sums(s: Sums) -> dict[str, Any]:
+    return {"relative_l2": s.relative_l2, "max_abs_diff": s.max_abs_diff}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParameterPair:
+    """One compared pair of arms (``parameters.pairs[]``)."""
+
+    kind: str
+    candidate: str
+    baseline: str
+    diff: ParamsDiff
+
+    def to_json(self) -> dict[str, Any]:
+        total = self.diff.total
+        return {
+            "kind": self.kind, "candidate": self.candidate, "baseline": self.baseline,
+            "candidate_parameters": str(self.diff.candidate),
+            "baseline_parameters": str(self.diff.baseline),
+            "tensors": len(self.diff.tensors), "elements": total.elements,
+            "identical_tensors": self.diff.identical_tensors, **_sums(total),
+            "layers": [{"layer": n, **_sums(s)} for n, s in self.diff.layers().items()],
+            "by_tensor": [{"name": t.name, "elements": t.sums.elements,
+                           "identical": t.identical, **_sums(t.sums)}
+                          for t in self.diff.tensors],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parameters:
+    """report.json's ``parameters`` part."""
+
+    pairs: tuple[ParameterPair, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"note": NOTE, "pairs": [p.to_json() for p in self.pairs]}
+
+
+def parameters_section(store: Any, arms: Mapping[str, ArmSummary],
+                       comparisons: tuple[Comparison, ...]) -> Parameters:
+    """The distance of every compared pair's parameters; an architecture mismatch is a
+    ``RecipeError`` naming both arms."""
+    pairs = []
+    for c in comparisons:
+        base, cand = arms[c.baseline], arms[c.candidate]
+        try:
+            diff = compare_params(store, Digest.parse(base.parameter_digest),
+                                  Digest.parse(cand.parameter_digest))
+        except Incomparable as exc:
+            raise RecipeError(f"arm {c.candidate!r} ({cand.model}) and arm {c.baseline!r} "
+                              f"({base.model}): {exc.message}") from None
+        pairs.append(ParameterPair(kind=c.kind, candidate=c.candidate, baseline=c.baseline,
+                                   diff=diff))
+    return Parameters(pairs=tuple(pairs))
