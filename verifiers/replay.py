@@ -341,12 +341,27 @@ def _model(objects: Objects, checkpoint: str, device: str) -> Iterator[Any]:
             with objects.as_file(entry["id"], name=path.name) as source:
                 shutil.copyfile(source, target)  # a bundle's file or a copy removed after
         try:
-            model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
+            with _quiet():
+                model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
         except Exception as exc:  # transformers raises many kinds for a directory it cannot load
             raise Unusable(checkpoint, f"does not load as a model ({type(exc).__name__}: "
                            f"{exc})") from None
         model.to(device).eval()
         yield model
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """No transformers progress bar on the auditor's terminal while a model loads."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _replay_one(model: Any, line: Mapping[str, Any], device: str, precision: str) -> Outcome:
