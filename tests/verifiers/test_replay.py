@@ -103,6 +103,10 @@ def test_the_command_replays_and_names_its_seed(pipeline: Pipeline) -> None:
     replayed = [n for n in statuses if n.endswith(".replay")]
     assert len(replayed) == 2 and {statuses[n] for n in replayed} == {"passed"}
     assert v.check("replay.environment")["recomputed"]["seed"] == 5
+    # The losses the replay recomputed are no longer listed as not rechecked.
+    assert not [n for n in statuses if n.endswith(".retention.losses")]
+    plain = nscas_verify(pipeline.receipt("eval-again"), store=pipeline.store_dir)
+    assert [n for n in plain.statuses() if n.endswith(".retention.losses")]
     drawn = nscas_verify(pipeline.receipt("eval-again"), "--replay", "1",
                          store=pipeline.store_dir)
     assert drawn.code == 0 and "--replay-seed" in drawn.stderr  # the drawn seed is printed
