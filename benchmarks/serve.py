@@ -150,6 +150,8 @@ def main() -> None:
     parser.add_argument("--pin", type=int, default=0, metavar="N",
                         help="keep each replica on N CPUs of its own (serve-model --cpus); "
                              "0: let the OS place them")
+    parser.add_argument("--only", choices=("replicas", "batching"),
+                        help="run one of the two comparisons (default: both)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="nscas-bench-serve-") as tmp:
@@ -180,13 +182,16 @@ def main() -> None:
                                            model_digest=served.model_digest)
                 note(f"idle replica beside the {args.idle_beside} one at {idle}")
                 asyncio.run(warm_up(args, served, (idle,)))
-            replicas = asyncio.run(measure_replicas(args, served, first, second))
-            note("starting the batched replica")
-            (batched,) = group.wait_ready([start(args.batch, base)], timeout=args.timeout,
-                                          model_digest=served.model_digest)
-            note(f"batched replica ready at {batched}")
-            batching = asyncio.run(measure_batching(args, served, first, batched))
-            sizes, decoding = _replica_stats(batched)
+            replicas = batching = None
+            if args.only != "batching":
+                replicas = asyncio.run(measure_replicas(args, served, first, second))
+            if args.only != "replicas":
+                note("starting the batched replica")
+                (batched,) = group.wait_ready([start(args.batch, base)], timeout=args.timeout,
+                                              model_digest=served.model_digest)
+                note(f"batched replica ready at {batched}")
+                batching = asyncio.run(measure_batching(args, served, first, batched))
+            sizes, decoding = _replica_stats(first if batching is None else batched)
     print(f"model: {served.described}; device {args.device}"
           + (f" ({gpus} GPUs, {args.precision}, first replica on GPU "
              f"{args.first_gpu % gpus})" if gpus
@@ -198,14 +203,17 @@ def main() -> None:
               f"replica during the replicas comparison{where}")
     print(f"{args.requests} requests per run; max_new_tokens {args.max_new_tokens}; "
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
-    print()
-    table(f"1. replicas (max_batch 1, concurrency {args.pair_concurrency})", replicas,
-          target=1.9, notes=[f"service time, {line}" for line in service_by_pair_replica(replicas)])
-    print()
-    table(f"2. dynamic batching (one replica, concurrency {args.batch_concurrency})", batching,
-          target=3.0)
-    print(f"batches of the max_batch {args.batch} replica, warm-up included (size: count): "
-          + ", ".join(f"{k}: {v}" for k, v in sizes.items()))
+    if replicas is not None:
+        print()
+        table(f"1. replicas (max_batch 1, concurrency {args.pair_concurrency})", replicas,
+              target=1.9,
+              notes=[f"service time, {line}" for line in service_by_pair_replica(replicas)])
+    if batching is not None:
+        print()
+        table(f"2. dynamic batching (one replica, concurrency {args.batch_concurrency})",
+              batching, target=3.0)
+        print(f"batches of the max_batch {args.batch} replica, warm-up included (size: count): "
+              + ", ".join(f"{k}: {v}" for k, v in sizes.items()))
 
 
 def prepare(tmp: Path, args: argparse.Namespace) -> Served:
