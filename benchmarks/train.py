@@ -23,7 +23,15 @@ are dropped; --steps updates are timed. Peak memory is CUDA max allocated (CPU: 
 largest over the ranks. With ``--deterministic both`` every side runs with deterministic
 algorithms on and off, and the table shows the cost of the setting.
 
+``--sync diloco --inner-steps H ...`` runs instead, on the same inputs and for the same
+documents, nscas synchronous (ddp) at every --world, and DiLoCo (docs/experiment.md §3.13) at
+every world above one and every H, deterministic off unless --deterministic on, and prints
+one table side by side: median inner update, median outer step, bytes this rank sent (the
+journals' payload bytes, not interface counters), and the wall time of the training loop.
+
 Examples:
+    .venv/bin/python benchmarks/train.py --preset llama-tiny --device cpu --world 1 2 \
+        --sync diloco --inner-steps 2 4 --steps 8 --warmup-steps 0 --length 128
     .venv/bin/python benchmarks/train.py --preset llama-tiny --device cpu --world 1 \\
         --steps 12 --warmup-steps 2 --length 256
     python3 benchmarks/train.py --preset smollm2-1.7b --device cuda --world 1 2 \\
@@ -127,7 +135,14 @@ def main() -> None:
     parser.add_argument("--fast", type=int, default=None, metavar="MICRO_BATCH",
                         help="also run nscas with this micro_batch, without and with compile "
                              "(deterministic off), against the published one pass per document")
+    parser.add_argument("--sync", choices=("ddp", "diloco"), default="ddp",
+                        help="diloco: the synchronous-vs-DiLoCo table instead (see above)")
+    parser.add_argument("--inner-steps", type=int, nargs="+", default=[8],
+                        help="DiLoCo's H values for --sync diloco")
     args = parser.parse_args()
+    if args.sync == "diloco" and any(
+            h < 1 or (args.warmup_steps + args.steps) % h for h in args.inner_steps):
+        parser.error("every --inner-steps must divide --warmup-steps + --steps")
     if args.steps < 1 or args.warmup_steps < 0 or args.length < 4 or args.repeats < 1:
         parser.error("need --steps >= 1, --warmup-steps >= 0, --length >= 4, --repeats >= 1")
     for world in args.world:
@@ -159,6 +174,12 @@ def main() -> None:
         else:
             tokenizer, base, parameters, vocab = build_inputs(root, args)
             write_documents(documents, synthetic_documents(args.batch * total, args.length, vocab))
+        if args.sync == "diloco":
+            sync_table(args, [run_sync(root / f"sync-{w}-{h}", args, world=w, inner_steps=h,
+                                       base=base, tokenizer=tokenizer, documents=documents)
+                              for w in args.world for h in (None, *args.inner_steps)
+                              if h is None or w > 1], parameters=parameters)
+            return
         for world in args.world:
             buckets = args.bucket_mb if world > 1 else args.bucket_mb[:1]
             runs: dict[str, list[Measured]] = {}
@@ -297,6 +318,73 @@ def run_nscas(out: Path, args: argparse.Namespace, *, world: int, bucket_mb: int
     )
     shutil.rmtree(out)  # a 1.7B checkpoint is tens of GB
     return measured
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncMeasured:
+    """One run of the synchronous-vs-DiLoCo table (rank 0's journal and result)."""
+
+    label: str
+    world: int
+    inner: float
+    """Median inner (or synchronous) update seconds over the timed updates."""
+    outer: float | None
+    """Median outer-step seconds (DiLoCo only)."""
+    outer_steps: int
+    bytes_sent: int
+    """Bytes rank 0 put into all-reduces over the whole run (journal payload bytes)."""
+    wall: float
+    """The training loop's wall time (loading excluded; checkpoints and digests included)."""
+    loss: float
+    """Rank 0's loss of the last update."""
+
+
+def run_sync(out: Path, args: argparse.Namespace, *, world: int, inner_steps: int | None,
+             base: Path, tokenizer: Path, documents: Path) -> SyncMeasured:
+    from nscas.recipes.train.journal import effective_outer_steps
+
+    total = args.warmup_steps + args.steps
+    local = args.batch // world
+    micro = local if args.micro_batch == "all" else min(int(args.micro_batch), local)
+    diloco = {"sync": "diloco", "inner_steps": inner_steps} if inner_steps else {}
+    params = TrainParams(
+        steps=total, batch=args.batch, checkpoint_steps=(total,), max_length=args.length,
+        world=world, device=args.device, deterministic=args.deterministic == "on",
+        schedule_seed=SCHEDULE_SEED, micro_batch=micro, **diloco,
+    )
+    spec = WorkerSpec(base_dir=str(base), documents=(str(documents),), output_dir=str(out),
+                      tokenizer_dir=str(tokenizer), params=params)
+    outcome = run_training(spec, env=thread_env(args.threads))
+    entries = read_journal(outcome.journals[0]).entries
+    steps = effective_steps(entries)
+    outer = effective_outer_steps(entries)
+    lead = min(outcome.results, key=lambda r: r.rank)
+    measured = SyncMeasured(
+        label=f"diloco H={inner_steps}" if inner_steps else "ddp", world=world,
+        inner=statistics.median(e["seconds"] for e in steps[args.warmup_steps:]),
+        outer=statistics.median(e["seconds"] for e in outer) if outer else None,
+        outer_steps=len(outer), bytes_sent=lead.bytes_communicated, wall=lead.loop_seconds,
+        loss=steps[-1]["loss"],
+    )
+    shutil.rmtree(out)
+    return measured
+
+
+def sync_table(args: argparse.Namespace, rows: list[SyncMeasured], *, parameters: int) -> None:
+    total = args.warmup_steps + args.steps
+    print(f"model: {args.preset}, {parameters:,} parameters; device {args.device}; "
+          f"{total} updates x {args.batch} documents x {args.length} tokens per run; torch "
+          f"threads {args.threads} per rank; deterministic {args.deterministic}")
+    one = next((r for r in rows if r.world == 1 and r.label == "ddp"), None)
+    print(f"{'run':<16}{'world':>6}{'update s':>11}{'outer s':>10}{'outer':>7}"
+          f"{'bytes sent':>15}{'wall s':>9}{'vs 1 rank':>10}{'last loss':>11}")
+    for r in rows:
+        outer = f"{r.outer:.4f}" if r.outer is not None else "-"
+        ratio = f"{one.wall / r.wall:.2f}x" if one is not None else "-"
+        print(f"{r.label:<16}{r.world:>6}{r.inner:>11.4f}{outer:>10}{r.outer_steps:>7}"
+              f"{r.bytes_sent:>15,}{r.wall:>9.2f}{ratio:>10}{r.loss:>11.5f}")
+    print("update s: median inner update (rank 0); bytes sent: payload bytes rank 0 put into "
+          "all-reduces; wall: training loop; vs 1 rank: one rank's wall / this wall")
 
 
 def run_bare(out: Path, args: argparse.Namespace, *, world: int, base: Path, documents: Path,

@@ -123,6 +123,12 @@ PARAMS: dict[str, dict[str, Param]] = {
         "rdzv_endpoint": _rerun(_endpoint), "timeout_seconds": _rerun(_int(1)), "checkpoint_timeout_seconds": _rerun(_int(1)),
         # Which step entries carry a digest, and which checkpoints carry a state: both checked.
         "parameter_digests": _r(_int()), "publish_state": _r(_steps_list),
+        # The outer-step shape is rechecked from the journals; the outer optimizer and the
+        # inner one leave no trace but the numbers (docs/experiment.md §3.13).
+        "sync": _r(_one_of("ddp", "diloco")), "inner_steps": _r(_int(1)),
+        "outer_lr": _rerun(_num(0.0, open_lo=True)),
+        "outer_momentum": _rerun(lambda v: _num(0.0, 1.0)(v) and v < 1),
+        "optimizer": _rerun(_one_of("adamw", "sgd")),
     },
     "evaluate@1": _EVALUATE,
     "evaluate@2": _EVALUATE,  # the same params; its timings moved to an output of their own
@@ -165,6 +171,15 @@ RULES: dict[str, tuple[tuple[str, Callable[[Mapping[str, Any]], bool]], ...]] = 
         ("publish_state names checkpoint steps",
          lambda p: all(s in p["checkpoint_steps"] or s == p["steps"]
                        for s in p["publish_state"])),
+        ("a ddp run takes one inner step per update",
+         lambda p: p["sync"] == "diloco" or p["inner_steps"] == 1),
+        ("a diloco run's steps are a multiple of inner_steps",
+         lambda p: p["sync"] != "diloco" or p["steps"] % p["inner_steps"] == 0),
+        ("a diloco run's checkpoint steps are multiples of inner_steps",
+         lambda p: p["sync"] != "diloco"
+         or all(s % p["inner_steps"] == 0 for s in p["checkpoint_steps"])),
+        ("a diloco run publishes no optimizer state",
+         lambda p: p["sync"] != "diloco" or not p["publish_state"]),
     ),
 }
 """Relations between valid params that every run of the recipe satisfies."""

@@ -46,13 +46,17 @@ from .throughput import ServeRun, check_serving
 from .training import (
     agreement_check,
     bytes_check,
+    diloco_checks,
+    effective_outer_steps,
     effective_steps,
+    is_diloco,
     journal_checks,
     lr_check,
     parameter_digest_checks,
     parameter_findings,
     parameter_values,
     published_state_check,
+    run_checkpoints,
     run_values,
     schedule_check,
     weighted_targets_check,
@@ -374,7 +378,7 @@ def _train(objects: Objects, run: Run, found: Findings) -> None:
     journal_ids = list(journals.values()) if isinstance(journals, dict) else list(journals)
     checks, ranks = journal_checks(objects, journal_ids, name)
     found.checks.extend(checks)
-    found.checks.append(agreement_check(ranks, name))
+    found.checks.append(agreement_check(ranks, name, run.params))
     # Wall time and memory are measurements no retained data can recompute; the journal/1
     # records carry what each rank measured, so the claim must be exactly what they say.
     records = []
@@ -424,16 +428,27 @@ def _train(objects: Objects, run: Run, found: Findings) -> None:
         set(sets.get("documents", {}).get("ids", [])), name))
     pvalues, failed, needs = (parameter_findings(objects, run.outputs["checkpoint"])
                               if "checkpoint" in run.outputs else ({}, {}, {}))
+    diloco = is_diloco(run.params)
     found.checks.append(bytes_check(
         every_step, world=run.params.get("world"), parameters=pvalues.get("parameters"),
         not_rechecked=needs.get("parameters"),
-        why_not=failed.get("parameters", "the run output no checkpoint"), name=name))
-    values, problems = run_values(steps)
+        why_not=failed.get("parameters", "the run output no checkpoint"), name=name,
+        diloco=diloco))
+    if diloco:
+        found.section(f"{name}.journals.outer", (), lambda: found.checks.extend(
+            diloco_checks(ranks, run.params, name=name, parameters=pvalues.get("parameters"),
+                          parameter_bytes=pvalues.get("parameter_bytes"),
+                          rebuilt=_rebuilt_digests(objects, run),
+                          not_rechecked=needs.get("parameter_bytes"),
+                          why_not=failed.get("parameter_bytes",
+                                             "the run output no checkpoint"))))
+    values, problems = run_values(steps, effective_outer_steps(ranks[0]) if diloco else ())
     if problems:
         found.checks.append(Check.failed(f"{name}.journals.steps", "; ".join(problems)))
     found.values.update(values)
     for rank in sorted(ranks):
-        rank_values, _ = run_values(effective_steps(ranks[rank]))
+        rank_values, _ = run_values(effective_steps(ranks[rank]),
+                                    effective_outer_steps(ranks[rank]) if diloco else ())
         for key, value in rank_values.items():
             found.per_rank.setdefault(key, []).append(value)
     agreed = [e.get("parameters") for e in ranks[0] if e.get("event") == "agreed"]
@@ -442,6 +457,16 @@ def _train(objects: Objects, run: Run, found: Findings) -> None:
             f"{name}.journals.final_parameters", agreed[-1] == found.values["agreed_parameters"],
             claimed=agreed[-1], recomputed=found.values["agreed_parameters"],
             message="the ranks' last agreed digest is not that of the output checkpoint"))
+
+
+def _rebuilt_digests(objects: Objects, run: Run) -> dict[int, str]:
+    """Step -> the ranks' digest rebuilt from the weights of that step's checkpoint."""
+    rebuilt = {}
+    for step, checkpoint in run_checkpoints(objects, run).items():
+        values, _failed, _needs = parameter_findings(objects, checkpoint)
+        if "agreed_parameters" in values:
+            rebuilt[step] = values["agreed_parameters"]
+    return rebuilt
 
 
 def _serve(objects: Objects, run: Run, found: Findings) -> None:

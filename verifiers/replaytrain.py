@@ -101,6 +101,13 @@ def same_hardware(run: Run, device: str) -> bool:
 
 def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: float | None,
                 name: str) -> Check:
+    if run.params.get("sync", "ddp") != "ddp":
+        return Check.skipped(name, "DiLoCo runs (sync = diloco) are not replayed: every rank's "
+                             "inner optimizer is its own and none is published, and this loop "
+                             "replays synchronous AdamW updates only", needs="model")
+    if run.params.get("optimizer", "adamw") != "adamw":
+        return Check.skipped(name, f"optimizer {run.params.get('optimizer')!r} is not replayed "
+                             "(this loop replays AdamW)", needs="model")
     checkpoints = run_checkpoints(objects, run)
     published = [(step, oid) for step, oid in sorted(checkpoints.items())
                  if "state" in objects.record_of(oid, "checkpoint/1")]

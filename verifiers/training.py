@@ -8,6 +8,11 @@
 - Journals: each rank's hash chain and head (``schedule.check_journal``); the ranks agree
   step by step; each step's documents are the seeded schedule's batch; the per-run claims
   (updates, update seconds, bytes communicated, ...) are recomputed from the step entries.
+- DiLoCo runs (``sync = "diloco"``, docs/experiment.md §3.13): each rank's step entries name
+  the documents it took (``local_indices``, its share ``indices[r::W]``) and its own weighted
+  target count; ``outer`` events follow every ``inner_steps``-th step, the same on every
+  rank, their digest the checkpoint's at checkpoint steps, their bytes the checkpoint's
+  parameter bytes (``diloco_checks``).
 
 Step entries of the train recipe are the entries with a ``step`` and no ``event``; steps are
 numbered from 1 (step ``s`` trains batch ``s - 1`` of the schedule); ``documents`` holds
@@ -106,14 +111,16 @@ class Weights:
                 hasher.update(stream.read(spec.nbytes))
         return hasher.hexdigest()
 
-    def counts(self) -> tuple[int, int]:
-        """(tensors, scalars) over the weight files."""
-        tensors = scalars = 0
+    def counts(self) -> tuple[int, int, int]:
+        """(tensors, scalars, bytes) over the weight files: bytes is Σ numel × element size
+        of the stored dtypes."""
+        tensors = scalars = size = 0
         for path in self.paths:
             for spec in read_header(path).tensors.values():
                 tensors += 1
                 scalars += math.prod(spec.shape)
-        return tensors, scalars
+                size += spec.nbytes
+        return tensors, scalars, size
 
 
 def registration_order(config: Mapping[str, Any], names: set[str]) -> list[str] | None:
@@ -157,8 +164,8 @@ def checkpoint_checks(objects: Objects, checkpoint: str) -> list[Check]:
                           message="the params/1 rebuilt from the weight files differs")]
 
 
-PARAMETER_CLAIMS = ("parameter_digest", "tensors", "parameters", "sha256_stream",
-                    "agreed_parameters")
+PARAMETER_CLAIMS = ("parameter_digest", "tensors", "parameters", "parameter_bytes",
+                    "sha256_stream", "agreed_parameters")
 
 
 def parameter_values(objects: Objects, checkpoint: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -187,7 +194,8 @@ def _parameter_values(objects: Objects, checkpoint: str) -> tuple[
     try:
         with Weights(objects, checkpoint) as weights:
             values["parameter_digest"] = weights.params().id
-            values["tensors"], values["parameters"] = weights.counts()
+            values["tensors"], values["parameters"], values["parameter_bytes"] = (
+                weights.counts())
             order = weights.order()
             if order is None:
                 reason = ("registration order unknown for this architecture, so the ranks' "
@@ -281,8 +289,19 @@ def _close(a: Any, b: Any) -> bool:
     return a == b
 
 
-def agreement_check(ranks: Mapping[int, list[Mapping[str, Any]]], name: str) -> Check:
-    """Every rank made the same steps on the same documents with the same numbers."""
+GLOBAL_STEP_KEYS = ("documents", "indices", "targets", "weighted_targets", "lr")
+"""Step-entry members every rank shares in a DiLoCo run (the rest are the rank's own)."""
+
+
+def is_diloco(params: Mapping[str, Any]) -> bool:
+    """A DiLoCo run (``sync = "diloco"``); actions from before the param are ddp."""
+    return params.get("sync", "ddp") == "diloco"
+
+
+def agreement_check(ranks: Mapping[int, list[Mapping[str, Any]]], name: str,
+                    params: Mapping[str, Any] | None = None) -> Check:
+    """Every rank made the same steps on the same documents with the same numbers (in a
+    DiLoCo run: the same global batch and lr; ``diloco_checks`` compares the outer steps)."""
     if len(ranks) < 2:
         return Check.passed(f"{name}.journals.agree", recomputed=len(ranks),
                             message="one rank: nothing to compare")
@@ -298,9 +317,10 @@ def agreement_check(ranks: Mapping[int, list[Mapping[str, Any]]], name: str) -> 
         if [e.get("step") for e in steps] != [e.get("step") for e in base]:
             problems.append(f"rank {rank}: other step numbers than rank {base_rank}")
             continue
+        keys = (GLOBAL_STEP_KEYS if params is not None and is_diloco(params)
+                else (*GLOBAL_STEP_KEYS, "loss", "grad_norm", "parameters"))
         for mine, theirs in zip(steps, base, strict=True):
-            for key in ("documents", "indices", "targets", "weighted_targets", "lr", "loss",
-                        "grad_norm", "parameters"):
+            for key in keys:
                 if not _close(mine.get(key), theirs.get(key)):
                     problems.append(f"rank {rank} step {mine.get('step')}: {key} differs")
         agreed = [(e.get("step"), e.get("parameters")) for e in entries
@@ -359,9 +379,12 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def run_values(steps: list[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """Claims recomputed from one rank's effective step entries. Counts must be integers in
-    every entry (a float count is a problem, never summed); seconds must be finite numbers."""
+def run_values(steps: list[Mapping[str, Any]], outer: Sequence[Mapping[str, Any]] = ()
+               ) -> tuple[dict[str, Any], list[str]]:
+    """Claims recomputed from one rank's effective step entries (and, for DiLoCo, its
+    effective outer steps: their seconds count in ``update_seconds``, their ``bytes_sent`` in
+    ``bytes_communicated``). Counts must be integers in every entry (a float count is a
+    problem, never summed); seconds must be finite numbers."""
     problems = []
     for key in ("seconds", *INTEGER_FIELDS):
         check = _is_real if key == "seconds" else _is_int
@@ -371,21 +394,29 @@ def run_values(steps: list[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str
         if bad:
             what = "a finite number" if key == "seconds" else "a non-negative integer"
             problems.append(f"steps {bad[:3]} lack {what} {key!r}")
+    bad_outer = [e.get("outer_step") for e in outer
+                 if not (_is_real(e.get("seconds")) and math.isfinite(e["seconds"])
+                         and _is_int(e.get("bytes_sent")) and e["bytes_sent"] >= 0)]
+    if bad_outer:
+        problems.append(f"outer steps {bad_outer[:3]} lack finite seconds or integer bytes_sent")
     if problems or not steps:
         return {}, problems or ["no step entries"]
     seconds = [float(e["seconds"]) for e in steps]
-    total = math.fsum(seconds)
+    total = math.fsum([*seconds, *(float(e["seconds"]) for e in outer)])
     tokens = sum(e["tokens"] for e in steps)
     values: dict[str, Any] = {
         "updates": len(steps),
         "update_seconds": Tolerance(total, why=SUM_TOLERANCE),
         "median_update_seconds": Tolerance(statistics.median(seconds), why=SUM_TOLERANCE),
-        "bytes_communicated": sum(e["bytes_communicated"] for e in steps),
+        "bytes_communicated": (sum(e["bytes_communicated"] for e in steps)
+                               + sum(e["bytes_sent"] for e in outer)),
         "targets": sum(e["targets"] for e in steps),
         "weighted_targets": sum(e["weighted_targets"] for e in steps),
         "tokens": tokens,
         "tokens_per_second": Tolerance(tokens / total if total > 0 else 0.0, why=SUM_TOLERANCE),
     }
+    if outer:
+        values["outer_steps"] = len(outer)
     return values, []
 
 
@@ -472,13 +503,20 @@ def weighted_targets_check(steps: list[Mapping[str, Any]], params: Mapping[str, 
 
 def bytes_check(steps: list[Mapping[str, Any]], *, world: Any, parameters: int | None,
                 not_rechecked: tuple[Needs, str] | None, why_not: str | None,
-                name: str) -> Check:
+                name: str, diloco: bool = False) -> Check:
     """Each update all-reduces every trained parameter's FP32 gradient once when the world
-    has more than one rank: ``bytes_communicated = 4 · parameters`` per step, ``0`` alone."""
+    has more than one rank: ``bytes_communicated = 4 · parameters`` per step, ``0`` alone.
+    A DiLoCo inner step communicates nothing: 0 (its outer steps carry the bytes)."""
     check = f"{name}.journals.bytes_communicated"
     values = [e.get("bytes_communicated") for e in steps]
     if not _is_int(world) or world < 1:
         return Check.failed(check, f"the params give no world size ({world!r})")
+    if diloco:
+        wrong = [e.get("step") for e, v in zip(steps, values, strict=True)
+                 if not _is_int(v) or v != 0]
+        return Check.verdict(check, not wrong, claimed=values[0] if values else None,
+                             recomputed=0, message=f"steps {wrong[:3]} communicate bytes, but "
+                             "a diloco inner step communicates none")
     if world == 1:
         expected: int | None = 0
     elif parameters is not None:
@@ -538,6 +576,9 @@ def parameter_digest_checks(objects: Objects, run: Any,
     replay of training rechecks (docs/verify.md), by step, skipped as needing a model run."""
     name = run.name
     every = digest_steps(run.params)
+    # DiLoCo: a step's digest is the rank's own, before any outer step; the outer events'
+    # digests are the ones compared with agreements and checkpoints (diloco_checks).
+    local = is_diloco(run.params)
     checkpoints = run_checkpoints(objects, run)
     rebuilt: dict[int, str] = {}
     for step, checkpoint in checkpoints.items():
@@ -563,6 +604,10 @@ def parameter_digest_checks(objects: Objects, run: Any,
                 problems.append(f"rank {rank} step {step}: parameters {str(digest)[:20]!r} is "
                                 "not a BLAKE3 hex digest")
                 continue
+            if local:
+                if rank == min(ranks):
+                    between[str(step)] = digest
+                continue
             if step in agreed and agreed[step] != digest:
                 problems.append(f"rank {rank} step {step}: the digest is not the one agreed "
                                 "at that step")
@@ -574,11 +619,159 @@ def parameter_digest_checks(objects: Objects, run: Any,
     checks = [_problems(f"{name}.journals.parameters", problems,
                         recomputed=f"every {every} update(s)" if every else "none")]
     if between:
-        checks.append(Check.skipped(
-            f"{name}.journals.parameters.replay",
-            f"{len(between)} per-update digest(s) between checkpoints are rechecked only by "
-            "replaying the training (--replay-steps, from a published state)",
-            needs="model", claimed=between))
+        why = (f"{len(between)} per-update digest(s) of rank {min(ranks)}'s own inner steps "
+               "(diloco) would need a rerun of every rank; no replay of DiLoCo exists"
+               if local else
+               f"{len(between)} per-update digest(s) between checkpoints are rechecked only "
+               "by replaying the training (--replay-steps, from a published state)")
+        checks.append(Check.skipped(f"{name}.journals.parameters.replay", why,
+                                    needs="model", claimed=between))
+    return checks
+
+
+# --- DiLoCo outer steps ------------------------------------------------------------------
+
+OUTER_KEYS = frozenset({"event", "rank", "step", "outer_step", "pseudo_gradient_norm",
+                        "bytes_sent", "seconds", "parameters", "prev", "hash"})
+"""Exactly the members of an ``outer`` event (docs/experiment.md §3.8)."""
+
+
+def effective_outer_steps(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``outer`` events that led to the final parameters (a ``resume`` from step k drops
+    those after k written before it), in journal order."""
+    kept: list[Mapping[str, Any]] = []
+    for entry in entries:
+        if entry.get("event") == "resume":
+            start = entry.get("from_step")
+            kept = [e for e in kept if _is_int(e.get("step")) and _is_int(start)
+                    and e["step"] <= start]
+        elif entry.get("event") == "outer":
+            kept.append(entry)
+    return kept
+
+
+def diloco_checks(ranks: Mapping[int, list[Mapping[str, Any]]], params: Mapping[str, Any], *,
+                  name: str, parameters: int | None, element_size: int | None = None,
+                  parameter_bytes: int | None = None, rebuilt: Mapping[int, str] | None = None,
+                  not_rechecked: tuple[Needs, str] | None = None,
+                  why_not: str | None = None) -> list[Check]:
+    """The DiLoCo evidence of a run's journals:
+
+    - ``<run>.journals.diloco.schedule``: each rank's step entry names ``local_indices``
+      ``indices[r::W]`` (the documents it took of the seeded batch) and an integer
+      ``local_weighted_targets``; over the ranks these sum to the step's ``weighted_targets``;
+    - ``<run>.journals.outer``: every rank's effective ``outer`` events are exactly one per
+      ``inner_steps`` steps (``step = outer_step · H``, ``steps / H`` of them), each with
+      exactly the documented members, a finite non-negative norm and seconds and a digest;
+    - ``<run>.journals.outer.agree``: all ranks record the same digest, norm and bytes after
+      every outer step; at a step with an ``agreed`` event the digest is the agreed one, at a
+      checkpoint step (``rebuilt``) the one rebuilt from the checkpoint's weights;
+    - ``<run>.journals.outer.bytes``: ``bytes_sent`` is the checkpoint's parameter bytes
+      (Σ numel × element size, ``parameter_bytes``, or ``parameters × element_size``) on two
+      or more ranks, 0 on one.
+    """
+    world, steps, h = params.get("world"), params.get("steps"), params.get("inner_steps")
+    if not (_is_int(world) and world >= 1 and _is_int(steps) and steps >= 1 and _is_int(h)
+            and h >= 1):
+        return [Check.failed(f"{name}.journals.outer", f"the params give no usable DiLoCo "
+                             f"shape (world {world!r}, steps {steps!r}, inner_steps {h!r})")]
+    schedule_problems: list[str] = []
+    shares: dict[Any, list[Any]] = {}
+    for rank, entries in sorted(ranks.items()):
+        for entry in effective_steps(entries):
+            step, indices = entry.get("step"), entry.get("indices")
+            local, weighted = entry.get("local_indices"), entry.get("local_weighted_targets")
+            if not isinstance(indices, list) or local != indices[rank::world]:
+                schedule_problems.append(f"rank {rank} step {step}: local_indices are not "
+                                         f"its share indices[{rank}::{world}]")
+            if not _is_int(weighted) or weighted < 1:
+                schedule_problems.append(f"rank {rank} step {step}: local_weighted_targets "
+                                         f"{weighted!r} is not a positive integer")
+                continue
+            shares.setdefault(step, []).append((weighted, entry.get("weighted_targets")))
+    if len(ranks) == world:
+        for step, pairs in sorted(shares.items(), key=lambda kv: str(kv[0])):
+            total = sum(w for w, _ in pairs)
+            if len(pairs) == world and total != pairs[0][1]:
+                schedule_problems.append(f"step {step}: the ranks' local_weighted_targets sum "
+                                         f"to {total}, not weighted_targets {pairs[0][1]!r}")
+    checks = [_problems(f"{name}.journals.diloco.schedule", schedule_problems,
+                        recomputed=len(shares))]
+
+    expected = [(k * h, k) for k in range(1, steps // h + 1)]
+    shape_problems: list[str] = []
+    per_rank: dict[int, list[Mapping[str, Any]]] = {}
+    for rank, entries in sorted(ranks.items()):
+        outer = effective_outer_steps(entries)
+        per_rank[rank] = outer
+        got = [(e.get("step"), e.get("outer_step")) for e in outer]
+        if got != expected:
+            shape_problems.append(f"rank {rank}: outer steps at (step, outer_step) {got[:3]}..."
+                                  f" ({len(got)}), expected {expected[:3]}... ({len(expected)})")
+        for e in outer:
+            where = f"rank {rank} outer step {e.get('outer_step')!r}"
+            if set(e) != OUTER_KEYS:
+                shape_problems.append(f"{where}: members {sorted(set(e) ^ OUTER_KEYS)} differ "
+                                      "from the documented ones")
+            for key in ("pseudo_gradient_norm", "seconds"):
+                v = e.get(key)
+                if not (_is_real(v) and math.isfinite(v) and v >= 0):
+                    shape_problems.append(f"{where}: {key} {v!r} is not a finite number >= 0")
+            if not _is_digest(e.get("parameters")):
+                shape_problems.append(f"{where}: parameters is not a BLAKE3 hex digest")
+    checks.append(_problems(f"{name}.journals.outer", shape_problems,
+                            recomputed=len(expected)))
+
+    agree_problems: list[str] = []
+    base_rank = min(per_rank) if per_rank else None
+    for rank, outer in sorted(per_rank.items()):
+        agreed = {e.get("step"): e.get("parameters") for e in ranks[rank]
+                  if e.get("event") == "agreed"}
+        for e in outer:
+            step, digest = e.get("step"), e.get("parameters")
+            if step in agreed and agreed[step] != digest:
+                agree_problems.append(f"rank {rank} step {step}: the outer digest is not the "
+                                      "one agreed at that step")
+            if rebuilt and step in rebuilt and rebuilt[step] != digest:
+                agree_problems.append(f"rank {rank} step {step}: the outer digest is not that "
+                                      "of the checkpoint's weights")
+        if rank == base_rank:
+            continue
+        mine = [(e.get("outer_step"), e.get("parameters"), e.get("bytes_sent")) for e in outer]
+        theirs = [(e.get("outer_step"), e.get("parameters"), e.get("bytes_sent"))
+                  for e in per_rank[base_rank]]
+        if mine != theirs:
+            agree_problems.append(f"rank {rank}: outer steps (digest or bytes) differ from "
+                                  f"rank {base_rank}'s")
+        elif not all(_close(a.get("pseudo_gradient_norm"), b.get("pseudo_gradient_norm"))
+                     for a, b in zip(outer, per_rank[base_rank], strict=True)):
+            agree_problems.append(f"rank {rank}: pseudo-gradient norms differ from rank "
+                                  f"{base_rank}'s")
+    checks.append(_problems(f"{name}.journals.outer.agree", agree_problems,
+                            recomputed=len(per_rank)))
+
+    bytes_name = f"{name}.journals.outer.bytes"
+    if parameter_bytes is None and parameters is not None and element_size is not None:
+        parameter_bytes = parameters * element_size
+    if world == 1:
+        want: int | None = 0
+    elif parameter_bytes is not None:
+        want = parameter_bytes
+    elif not_rechecked is not None:
+        checks.append(Check.skipped(bytes_name, "the bytes per outer step follow from the "
+                                    "checkpoint's parameters: " + not_rechecked[1],
+                                    needs=not_rechecked[0]))
+        return checks
+    else:
+        checks.append(Check.failed(bytes_name, f"the parameter bytes are unknown: {why_not}"))
+        return checks
+    sent = [(rank, e.get("outer_step"), e.get("bytes_sent")) for rank, outer in
+            sorted(per_rank.items()) for e in outer]
+    wrong = [(r, s) for r, s, b in sent if not _is_int(b) or b != want]
+    checks.append(Check.verdict(
+        bytes_name, not wrong, claimed=sent[0][2] if sent else None, recomputed=want,
+        message=f"(rank, outer step) {wrong[:3]} do not send {want} bytes "
+                f"({'one rank: none' if world == 1 else 'numel x element size of every parameter'})"))
     return checks
 
 

@@ -97,6 +97,23 @@ class TrainParams:
     """Checkpoint steps whose optimizer and RNG state is published with the checkpoint (its
     ``state`` member, docs/format.md §3.3): safetensors and JSON, not a pickle, so a verifier
     can replay the updates after it."""
+    sync: str = "ddp"
+    """How ranks combine their work (docs/experiment.md §3.3 and §3.13): ``ddp``, one
+    synchronous update per step, gradients all-reduced by DDP (the published method); or
+    ``diloco``, every rank a learner of its own for ``inner_steps`` updates, then an outer
+    step: the ranks average their pseudo-gradients (θ_outer − θ_local) with one all-reduce,
+    an outer SGD with Nesterov momentum updates θ_outer, and every rank adopts it."""
+    inner_steps: int = 1
+    """DiLoCo's H: inner updates between outer steps (``sync = "diloco"`` only); ``steps`` and
+    every checkpoint step must be multiples of it."""
+    outer_lr: float = 0.7
+    """Learning rate of the outer SGD (``sync = "diloco"`` only; OpenDiLoCo's 0.7)."""
+    outer_momentum: float = 0.9
+    """Nesterov momentum of the outer SGD (``sync = "diloco"`` only; OpenDiLoCo's 0.9); 0 is
+    plain SGD."""
+    optimizer: str = "adamw"
+    """The optimizer of every update (DiLoCo's inner one): ``adamw`` (the published method) or
+    ``sgd`` (plain SGD, no momentum, the same weight-decay groups, coupled decay)."""
 
     def __post_init__(self) -> None:
         _check_int(self, "steps", low=1)
@@ -150,6 +167,7 @@ class TrainParams:
                 f"publish_state {list(self.publish_state)} must be increasing checkpoint steps "
                 f"(checkpoint_steps and the final step {self.steps})"
             )
+        self._check_sync()
         if self.batch % self.world:
             raise InvalidInput(
                 f"batch ({self.batch}) is not divisible by world ({self.world}): "
@@ -183,6 +201,44 @@ class TrainParams:
             )
         if self.nnodes > 1 and int(port) == 0:
             raise InvalidInput("rdzv_endpoint needs a fixed port when nnodes > 1")
+
+    def _check_sync(self) -> None:
+        if self.sync not in ("ddp", "diloco"):
+            raise InvalidInput(f"sync must be 'ddp' or 'diloco', not {self.sync!r}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise InvalidInput(f"optimizer must be 'adamw' or 'sgd', not {self.optimizer!r}")
+        if self.publish_state and self.optimizer != "adamw":
+            raise InvalidInput("publish_state needs optimizer = 'adamw': a published state is "
+                               "AdamW's, and a replay of training replays AdamW")
+        _check_int(self, "inner_steps", low=1)
+        if not _is_number(self.outer_lr) or not self.outer_lr > 0:
+            raise InvalidInput(f"outer_lr must be a positive number, not {self.outer_lr!r}")
+        if not _is_number(self.outer_momentum) or not 0 <= self.outer_momentum < 1:
+            raise InvalidInput(f"outer_momentum must be a number in [0, 1), "
+                               f"not {self.outer_momentum!r}")
+        if self.sync == "ddp":
+            defaults = {"inner_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}
+            changed = [n for n, v in defaults.items() if getattr(self, n) != v]
+            if changed:
+                verb = "apply" if len(changed) > 1 else "applies"
+                raise InvalidInput(f"{', '.join(changed)} {verb} to sync = 'diloco' only; "
+                                   "this run has sync = 'ddp'")
+            return
+        h = self.inner_steps
+        if self.steps % h:
+            raise InvalidInput(f"steps ({self.steps}) is not a multiple of inner_steps ({h}): "
+                               "a diloco run ends on an outer step")
+        off = [s for s in self.checkpoint_steps if s % h]
+        if off:
+            raise InvalidInput(f"checkpoint_steps {off} are not multiples of inner_steps ({h}): "
+                               "a diloco checkpoint lies on an outer-step boundary")
+        if self.publish_state:
+            raise InvalidInput("publish_state is not supported with sync = 'diloco': every rank "
+                               "holds its own inner optimizer state, which no replay rebuilds")
+
+    @property
+    def diloco(self) -> bool:
+        return self.sync == "diloco"
 
     @property
     def nproc_per_node(self) -> int:

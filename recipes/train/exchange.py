@@ -104,6 +104,14 @@ def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
+def gather_objects(value: Any, *, group: Any) -> list[Any] | None:
+    """Every rank's ``value`` (picklable, CPU tensors) on rank 0, in rank order; None elsewhere."""
+    rank = dist.get_rank(group)
+    gathered: list[Any] | None = [None] * dist.get_world_size(group) if rank == 0 else None
+    dist.gather_object(value, gathered, dst=0, group=group)
+    return gathered
+
+
 def gather_rng_states(device: torch.device, *, group: Any) -> list[dict[str, Any]]:
     """Every rank's RNG states, in rank order (rank 0 saves them all in a checkpoint)."""
     gathered: list[Any] = [None] * dist.get_world_size(group)

@@ -117,3 +117,16 @@ def effective_steps(entries: list[dict[str, Any]] | tuple[dict[str, Any], ...]) 
         elif "step" in entry and "event" not in entry:
             kept[entry["step"]] = entry
     return [kept[s] for s in sorted(kept)]
+
+
+def effective_outer_steps(entries: list[dict[str, Any]] | tuple[dict[str, Any], ...]
+                          ) -> list[dict[str, Any]]:
+    """The ``outer`` events (diloco) that led to the final parameters, in order: a ``resume``
+    from step k discards those after k written before it, as ``effective_steps`` does."""
+    kept: dict[int, dict[str, Any]] = {}
+    for entry in entries:
+        if entry.get("event") == "resume":
+            kept = {s: e for s, e in kept.items() if s <= entry["from_step"]}
+        elif entry.get("event") == "outer":
+            kept[entry["step"]] = entry
+    return [kept[s] for s in sorted(kept)]

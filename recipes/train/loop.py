@@ -9,6 +9,12 @@ accumulate locally under ``no_sync`` and are all-reduced once, with the last loc
 ``micro_batch`` > 1 groups a rank's documents (in schedule order) into right-padded passes of
 up to that many and backpropagates ``Σ_group loss_i·W·w_i/S`` per pass: the same objective
 and the same all-reduce, with fewer and larger kernels.
+
+``sync = "diloco"`` (docs/experiment.md §3.13) makes every rank a learner of its own: at
+step s rank r still takes ``batch[r::W]`` of the seeded schedule's batch s, but backpropagates
+``loss_i·w_i/S_r`` with ``S_r`` its own documents' weighted target count, clips its own
+gradient and steps its own optimizer; nothing is communicated. After every ``inner_steps``
+steps ``diloco.OuterStep`` averages the pseudo-gradients and every rank adopts θ_outer.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from nscas.errors import RecipeError
 from nscas.recipes.common.tokenise import IGNORE_INDEX, token_loss_sum, token_loss_sums
 from nscas.recipes.train.checkpoints import CheckpointPaths
 from nscas.recipes.train.config import TrainParams
+from nscas.recipes.train.diloco import OuterRecord, OuterStep
 from nscas.recipes.train.documents import TrainDocument
 from nscas.recipes.train.exchange import (
     agree_on_parameters,
+    gather_objects,
     gather_rng_states,
     parameter_digest,
 )
@@ -82,6 +90,11 @@ class StepRecord:
     """Gradient bytes all-reduced in this update: every trained parameter's (0 for one rank)."""
     parameters: str | None = None
     """BLAKE3 hex of this rank's parameters after the update (``parameter_digests``), or None."""
+    local_indices: tuple[int, ...] | None = None
+    """diloco: the schedule positions this rank trained on (``indices[rank::world]``)."""
+    local_weighted_targets: int | None = None
+    """diloco: ``S_r``, the weighted target count of this rank's documents, which normalises
+    its loss."""
 
     def entry(self, *, rank: int) -> dict[str, Any]:
         """The journal entry of this update (before chaining)."""
@@ -99,11 +112,16 @@ class StepRecord:
             "seconds": self.seconds,
             "bytes_communicated": self.bytes_communicated,
             **({"parameters": self.parameters} if self.parameters is not None else {}),
+            **({"local_indices": list(self.local_indices),
+                "local_weighted_targets": self.local_weighted_targets}
+               if self.local_indices is not None else {}),
         }
 
 
-CheckpointWriter = Callable[[int, list[dict[str, Any]]], CheckpointPaths]
-"""``(step, every rank's RNG state) -> paths``: writes a checkpoint (called on rank 0 only)."""
+CheckpointWriter = Callable[[int, list[dict[str, Any]], list[Any] | None], CheckpointPaths]
+"""``(step, every rank's RNG state, every rank's optimizer state or None) -> paths``: writes a
+checkpoint (called on rank 0 only); the optimizer states are gathered for diloco only, where
+every rank's inner optimizer is its own."""
 CheckpointCallback = Callable[[int, Path, Path], None]
 """``on_checkpoint(step, hf_dir, state_file)`` after a checkpoint is complete (rank 0 only)."""
 
@@ -120,8 +138,9 @@ def configure_determinism(*, deterministic: bool) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def make_optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW:
-    """AdamW with weight decay on tensors of two or more dimensions only."""
+def make_optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.Optimizer:
+    """AdamW (or plain SGD, ``optimizer = "sgd"``) with weight decay on tensors of two or
+    more dimensions only."""
     trained = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in trained if p.ndim >= 2], "weight_decay": params.weight_decay},
@@ -130,6 +149,8 @@ def make_optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.A
     # On CUDA one fused kernel updates every tensor (the same AdamW, deterministic); the
     # per-tensor-list default costs several times its launches for 1.7B parameters.
     on_cuda = bool(trained) and trained[0].is_cuda
+    if params.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=params.lr)
     return torch.optim.AdamW(
         groups, lr=params.lr, betas=params.betas, eps=params.eps, fused=True if on_cuda else None
     )
@@ -205,11 +226,14 @@ def run_loop(
     write_checkpoint: CheckpointWriter,
     on_step: Callable[[StepRecord], None],
     on_checkpoint: CheckpointCallback,
+    outer: OuterStep | None = None,
 ) -> None:
     """Make updates ``start_step + 1 .. params.steps``, each reported to ``on_step``.
 
     Ranks agree on a parameter digest first and at every checkpoint (the final step is always
-    one); every update is journaled and fsync'ed before the next begins.
+    one); every update is journaled and fsync'ed before the next begins. With ``outer``
+    (``sync = "diloco"``) every ``inner_steps``-th update is followed by an outer step, whose
+    digest the ranks agree on before it is journaled.
     """
     schedule = document_schedule(
         len(docs), steps=params.steps, batch=params.batch, seed=params.schedule_seed
@@ -219,8 +243,9 @@ def run_loop(
 
     # A document's target count scans its labels; count once, not twice per update.
     targets = [doc.targets for doc in docs]
-    communicated = gradient_bytes(model) if place.world > 1 else 0
-    net = wrap_ddp(model, params, place=place) if place.world > 1 else model
+    diloco = outer is not None
+    communicated = gradient_bytes(model) if place.world > 1 and not diloco else 0
+    net = wrap_ddp(model, params, place=place) if place.world > 1 and not diloco else model
     shape = None
     if params.compile:
         net = torch.compile(net, dynamic=False)
@@ -231,6 +256,7 @@ def run_loop(
         record = _update(
             net, model, docs, schedule[index], params, place=place, optimizer=optimizer,
             index=index, communicated=communicated, targets=targets, shape=shape,
+            local_objective=diloco,
         )
         every = params.parameter_digests
         if every and record.step % every == 0:
@@ -238,15 +264,44 @@ def run_loop(
             record = dataclasses.replace(record, parameters=parameter_digest(model).hex())
         journal.append(record.entry(rank=place.rank))
         on_step(record)
+        if outer is not None and record.step % params.inner_steps == 0:
+            _outer_step(outer, model, place=place, journal=journal, step=record.step,
+                        inner_steps=params.inner_steps)
         if record.step in params.checkpoint_set:
             _agree(model, place=place, journal=journal, step=record.step,
                    where=f"at step {record.step}")
             rng = gather_rng_states(place.device, group=place.control)
+            inner = (gather_objects(_to_cpu(optimizer.state_dict()), group=place.control)
+                     if diloco else None)
             if place.rank == 0:
-                paths = write_checkpoint(record.step, rng)
+                paths = write_checkpoint(record.step, rng, inner)
                 on_checkpoint(record.step, paths.hf_dir, paths.state_file)
             # The others wait on the patient group while rank 0 writes.
             dist.barrier(group=place.control)
+
+
+def _outer_step(outer: OuterStep, model: torch.nn.Module, *, place: Placement,
+                journal: Journal, step: int, inner_steps: int) -> None:
+    norm, seconds = outer.step()
+    number = step // inner_steps
+    if not math.isfinite(norm):
+        raise RecipeError(f"training diverged at outer step {number}: pseudo-gradient norm {norm}")
+    # Outside the timing: every rank's digest, exchanged before anything is journaled.
+    digest = agree_on_parameters(model, group=place.control, where=f"after outer step {number}")
+    journal.append(OuterRecord(step=step, outer_step=number, pseudo_gradient_norm=norm,
+                               bytes_sent=outer.bytes_sent, seconds=seconds,
+                               parameters=digest).entry(rank=place.rank))
+
+
+def _to_cpu(value: Any) -> Any:
+    """An optimizer state dict with every tensor on the CPU (to gather and pickle it)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
 
 
 def compiled_length(docs: Sequence[TrainDocument]) -> int:
@@ -297,10 +352,15 @@ def _update(
     communicated: int,
     targets: Sequence[int],
     shape: tuple[int, int] | None = None,
+    local_objective: bool = False,
 ) -> StepRecord:
     world, device = place.world, place.device
     local = rank_share(batch, rank=place.rank, world=world)
     weighted_targets = sum(docs[i].weight * targets[i] for i in batch)
+    # ddp: loss_i·W·w_i/S, which DDP's average turns into the global objective's gradient;
+    # diloco: loss_i·w_i/S_r, the rank's own objective (W = 1 and S = S_r below).
+    local_weighted = sum(docs[i].weight * targets[i] for i in local)
+    scale_world, normaliser = (1, local_weighted) if local_objective else (world, weighted_targets)
     lr = learning_rate(index, lr=params.lr, warmup=params.warmup, steps=params.steps)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -313,16 +373,17 @@ def _update(
     passes = [local[k : k + size] for k in range(0, len(local), size)]
     for position, group in enumerate(passes):
         last = position == len(passes) - 1
-        sync = contextlib.nullcontext() if last or world == 1 else net.no_sync()
+        sync = (contextlib.nullcontext() if last or world == 1 or local_objective
+                else net.no_sync())
         with sync:
             if len(group) == 1 and shape is None:  # docs/experiment.md §3's method, bit for bit
                 doc = docs[group[0]]
                 sums = document_loss_sum(net, doc, device=device).reshape(1)
-                (sums[0] * (world * doc.weight / weighted_targets)).backward()
+                (sums[0] * (scale_world * doc.weight / normaliser)).backward()
             else:
                 sums = documents_loss_sums(net, [docs[i] for i in group], device=device,
                                            shape=shape)
-                scale = [world * docs[i].weight / weighted_targets for i in group]
+                scale = [scale_world * docs[i].weight / normaliser for i in group]
                 (sums * torch.tensor(scale, device=device)).sum().backward()
         for i, loss_sum in zip(group, sums.detach().double(), strict=True):
             weighted_loss += docs[i].weight * loss_sum
@@ -331,9 +392,9 @@ def _update(
     _synchronise(device)
     seconds = time.perf_counter() - started
 
-    if world > 1:
+    if world > 1 and not local_objective:
         dist.all_reduce(weighted_loss)
-    loss = weighted_loss.item() / weighted_targets
+    loss = weighted_loss.item() / normaliser
     norm = grad_norm.item()
     step = index + 1
     if not (math.isfinite(loss) and math.isfinite(norm)):
@@ -350,6 +411,8 @@ def _update(
         tokens=sum(len(docs[i].input_ids) for i in batch),
         seconds=seconds,
         bytes_communicated=communicated,
+        local_indices=tuple(local) if local_objective else None,
+        local_weighted_targets=local_weighted if local_objective else None,
     )
 
 

@@ -45,14 +45,15 @@ class RankResult:
     updates: int
     """Updates made (equal to ``steps`` when the run completes)."""
     update_seconds: float
-    """Sum of the per-update wall times."""
+    """Sum of the per-update wall times (diloco: and of the outer steps')."""
     median_update_seconds: float
     loop_seconds: float
     """Wall time of this session's loop, checkpoints and digest exchanges included."""
     peak_memory_bytes: int
     """CUDA: peak allocated bytes on this rank's GPU; CPU: the process's peak RSS."""
     bytes_communicated: int
-    """Gradient bytes all-reduced by DDP over all updates (0 for one rank)."""
+    """Bytes all-reduced over all updates: DDP's gradients, or (diloco) the outer steps'
+    pseudo-gradients (0 for one rank)."""
     targets: int
     """Labelled tokens over all updates."""
     weighted_targets: int
@@ -72,6 +73,8 @@ class RankResult:
     """Step this session started from, if it resumed an interrupted run."""
     host: str
     """Hostname of the rank."""
+    outer_steps: int = 0
+    """diloco: outer steps made (0 for ddp)."""
 
     def write(self, path: Path) -> None:
         body = {"format": RESULT_FORMAT, **asdict(self)}

@@ -151,6 +151,8 @@ def run(ctx: RunContext) -> RecipeResult:
         "tokens_per_second": Claim(value=lead.tokens_per_second, verifier="journals"),
         "end_of_turn": Claim(value=turn.to_json(), verifier="template"),
     }
+    if p.diloco:
+        claims["outer_steps"] = Claim(value=lead.outer_steps, verifier="journals")
     return RecipeResult(outputs={"checkpoint": final, "checkpoints": all_ckpts}, claims=claims,
                         journals=tuple(journals))
 

@@ -30,10 +30,11 @@ from nscas.recipes.common.lifetime import exit_with_owner
 from nscas.recipes.init.presets import load_hf_dir
 from nscas.recipes.train import checkpoints as ckpt
 from nscas.recipes.train.config import WorkerSpec
+from nscas.recipes.train.diloco import OuterStep
 from nscas.recipes.train.documents import TrainDocument, read_documents
 from nscas.recipes.train.events import CheckpointReady, StepProgress, WorkerEvent, event_line
-from nscas.recipes.train.exchange import broadcast_object, restore_rng_state
-from nscas.recipes.train.journal import Journal, effective_steps
+from nscas.recipes.train.exchange import broadcast_object, parameter_digest, restore_rng_state
+from nscas.recipes.train.journal import Journal, effective_outer_steps, effective_steps
 from nscas.recipes.train.loop import (
     Placement,
     StepRecord,
@@ -129,21 +130,32 @@ def train_rank(spec: WorkerSpec) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     optimizer = make_optimizer(model, params)
+    outer = OuterStep(model, params, world=world) if params.diloco else None
 
     if start_step:
         state = ckpt.read_state(ckpt.paths_for(output_dir, start_step), device=device)
         if state.get("world") != world or state.get("identity") != identity:
             raise RecipeError(f"checkpoint at step {start_step} in {output_dir} belongs to another run")
-        optimizer.load_state_dict(state["optimizer"])
+        if outer is not None:
+            _resume_outer(state, outer, model, optimizer, rank=rank, step=start_step)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         restore_rng_state(state["rng"][rank], device)
     if rank == 0:
         for done in ckpt.completed_checkpoints(output_dir):
             _emit(CheckpointReady(step=done.step, hf_dir=done.hf_dir,
                                   state_file=done.state_file, resumed=True))
 
-    def write(step: int, rng: list[dict[str, Any]]) -> ckpt.CheckpointPaths:
-        state = {"optimizer": optimizer.state_dict(), "rng": rng, "world": world,
-                 "identity": identity}
+    def write(step: int, rng: list[dict[str, Any]], inner: list[Any] | None
+              ) -> ckpt.CheckpointPaths:
+        state: dict[str, Any] = {"optimizer": optimizer.state_dict(), "rng": rng,
+                                 "world": world, "identity": identity}
+        if outer is not None:
+            # Every rank's own inner optimizer, the outer SGD's momentum, and θ_outer's
+            # digest (θ_outer is the checkpoint's weights: every rank adopted it).
+            state["inner_optimizers"] = inner
+            state["outer"] = {"optimizer": outer.state_dict(),
+                              "parameters": parameter_digest(model).hex()}
         published = (ckpt.published_state(model, optimizer, rng, step=step, world=world)
                      if step in params.publish_state else None)
         return ckpt.write_checkpoint(
@@ -166,6 +178,7 @@ def train_rank(spec: WorkerSpec) -> None:
         run_loop(
             model, docs, params, place=place, optimizer=optimizer, start_step=start_step,
             journal=journal, write_checkpoint=write, on_step=reporter.step, on_checkpoint=announce,
+            outer=outer,
         )
         loop_seconds = time.perf_counter() - started
         result = _result(
@@ -173,6 +186,21 @@ def train_rank(spec: WorkerSpec) -> None:
             sha256=sha256_stream(model) if rank == 0 else None, resumed_from=start_step or None,
         )
     result.write(result_path(output_dir, rank))
+
+
+def _resume_outer(state: dict[str, Any], outer: OuterStep, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer, *, rank: int, step: int) -> None:
+    """A diloco rank's resume: its own inner optimizer, the outer momentum, and θ_outer from
+    the loaded weights, which must be the θ_outer the state names."""
+    saved = state.get("outer")
+    inner = state.get("inner_optimizers")
+    if not isinstance(saved, dict) or not isinstance(inner, list) or len(inner) <= rank:
+        raise RecipeError(f"checkpoint at step {step} holds no diloco outer state")
+    if parameter_digest(model).hex() != saved["parameters"]:
+        raise RecipeError(f"checkpoint at step {step}: its weights are not the θ_outer its "
+                          "state names")
+    optimizer.load_state_dict(inner[rank])
+    outer.load_state_dict(saved["optimizer"])
 
 
 class _Reporter:
@@ -202,9 +230,11 @@ def _result(
     resumed_from: int | None,
 ) -> RankResult:
     steps = effective_steps(journal.entries)
+    outer = effective_outer_steps(journal.entries)
     agreed = [e for e in journal.entries if e.get("event") == "agreed"]
     seconds = [e["seconds"] for e in steps]
-    update_seconds = sum(seconds)
+    # diloco: the outer steps' time and bytes belong to the updates too.
+    update_seconds = sum(seconds) + sum(e["seconds"] for e in outer)
     tokens = sum(e["tokens"] for e in steps)
     if place.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(place.device)
@@ -218,7 +248,9 @@ def _result(
         median_update_seconds=statistics.median(seconds) if seconds else 0.0,
         loop_seconds=loop_seconds,
         peak_memory_bytes=peak,
-        bytes_communicated=sum(e["bytes_communicated"] for e in steps),
+        bytes_communicated=(sum(e["bytes_communicated"] for e in steps)
+                            + sum(e["bytes_sent"] for e in outer)),
+        outer_steps=len(outer),
         targets=sum(e["targets"] for e in steps),
         weighted_targets=sum(e["weighted_targets"] for e in steps),
         tokens=tokens,
