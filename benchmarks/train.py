@@ -26,8 +26,11 @@ algorithms on and off, and the table shows the cost of the setting.
 ``--sync diloco --inner-steps H ...`` runs instead, on the same inputs and for the same
 documents, nscas synchronous (ddp) at every --world, and DiLoCo (docs/experiment.md §3.13) at
 every world above one and every H, deterministic off unless --deterministic on, and prints
-one table side by side: median inner update, median outer step, bytes this rank sent (the
-journals' payload bytes, not interface counters), and the wall time of the training loop.
+one table side by side: median inner update, median outer step, bytes rank 0 put into
+all-reduces (the journals' payload bytes), bytes the host's network interfaces sent during the
+run (/proc/net/dev: every rank and all traffic, as the published run reported them; ranks on
+one host send over loopback, NCCL too with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), and the
+wall time of the training loop.
 
 Examples:
     .venv/bin/python benchmarks/train.py --preset llama-tiny --device cpu --world 1 2 \
@@ -333,6 +336,10 @@ class SyncMeasured:
     outer_steps: int
     bytes_sent: int
     """Bytes rank 0 put into all-reduces over the whole run (journal payload bytes)."""
+    wire_bytes: int | None
+    """Bytes every network interface of this host sent during the run, all ranks and all
+    traffic (rendezvous, control group, checkpoints' gathers) together, from /proc/net/dev:
+    what the published run reported; None where the counters cannot be read."""
     wall: float
     """The training loop's wall time (loading excluded; checkpoints and digests included)."""
     loss: float
@@ -354,7 +361,9 @@ def run_sync(out: Path, args: argparse.Namespace, *, world: int, inner_steps: in
     )
     spec = WorkerSpec(base_dir=str(base), documents=(str(documents),), output_dir=str(out),
                       tokenizer_dir=str(tokenizer), params=params)
+    before = interface_tx_bytes()
     outcome = run_training(spec, env=thread_env(args.threads))
+    after = interface_tx_bytes()
     entries = read_journal(outcome.journals[0]).entries
     steps = effective_steps(entries)
     outer = effective_outer_steps(entries)
@@ -363,11 +372,24 @@ def run_sync(out: Path, args: argparse.Namespace, *, world: int, inner_steps: in
         label=f"diloco H={inner_steps}" if inner_steps else "ddp", world=world,
         inner=statistics.median(e["seconds"] for e in steps[args.warmup_steps:]),
         outer=statistics.median(e["seconds"] for e in outer) if outer else None,
-        outer_steps=len(outer), bytes_sent=lead.bytes_communicated, wall=lead.loop_seconds,
-        loss=steps[-1]["loss"],
+        outer_steps=len(outer), bytes_sent=lead.bytes_communicated,
+        wire_bytes=None if before is None or after is None else after - before,
+        wall=lead.loop_seconds, loss=steps[-1]["loss"],
     )
     shutil.rmtree(out)
     return measured
+
+
+def interface_tx_bytes() -> int | None:
+    """Bytes sent so far by every network interface of this host (loopback included: ranks on
+    one host talk over it, NCCL too when P2P and shared memory are disabled), or None where
+    /proc/net/dev cannot be read."""
+    try:
+        lines = Path("/proc/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        return None
+    # "  lo: rx_bytes rx_packets ... (8 receive fields) tx_bytes ...": field 8 after the colon.
+    return sum(int(line.split(":", 1)[1].split()[8]) for line in lines if ":" in line)
 
 
 def sync_table(args: argparse.Namespace, rows: list[SyncMeasured], *, parameters: int) -> None:
@@ -377,14 +399,18 @@ def sync_table(args: argparse.Namespace, rows: list[SyncMeasured], *, parameters
           f"threads {args.threads} per rank; deterministic {args.deterministic}")
     one = next((r for r in rows if r.world == 1 and r.label == "ddp"), None)
     print(f"{'run':<16}{'world':>6}{'update s':>11}{'outer s':>10}{'outer':>7}"
-          f"{'bytes sent':>15}{'wall s':>9}{'vs 1 rank':>10}{'last loss':>11}")
+          f"{'bytes sent':>15}{'interfaces':>15}{'wall s':>9}{'vs 1 rank':>10}"
+          f"{'last loss':>11}")
     for r in rows:
         outer = f"{r.outer:.4f}" if r.outer is not None else "-"
         ratio = f"{one.wall / r.wall:.2f}x" if one is not None else "-"
+        wire = f"{r.wire_bytes:,}" if r.wire_bytes is not None else "-"
         print(f"{r.label:<16}{r.world:>6}{r.inner:>11.4f}{outer:>10}{r.outer_steps:>7}"
-              f"{r.bytes_sent:>15,}{r.wall:>9.2f}{ratio:>10}{r.loss:>11.5f}")
+              f"{r.bytes_sent:>15,}{wire:>15}{r.wall:>9.2f}{ratio:>10}{r.loss:>11.5f}")
     print("update s: median inner update (rank 0); bytes sent: payload bytes rank 0 put into "
-          "all-reduces; wall: training loop; vs 1 rank: one rank's wall / this wall")
+          "all-reduces; interfaces: bytes this host's network interfaces sent during the run "
+          "(/proc/net/dev, all ranks and all traffic; other traffic on the host counts too); "
+          "wall: training loop; vs 1 rank: one rank's wall / this wall")
 
 
 def run_bare(out: Path, args: argparse.Namespace, *, world: int, base: Path, documents: Path,
