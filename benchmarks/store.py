@@ -14,21 +14,29 @@ Sections (``--only`` picks some):
   records  log --limit 20 and lineage on stores of 100,000 and 1,000,000 records
   memory   peak RSS of adding a 4 GiB sparse safetensors file
   parts    what a put costs, part by part (read, hashes, zstd sample, fsync'ed write)
+  team     a team store (PostgreSQL + S3; the test harness's servers, tests/store/services.py,
+           moto on 127.0.0.1): nscas add vs dvc add + dvc push to the same endpoint; bytes a
+           push of the second checkpoint sends, counted on the wire by a relay; log and
+           lineage on 100,000 and 1,000,000 records (``team-add``, ``team-push``,
+           ``team-records`` pick one part)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +46,14 @@ import rfc8785
 import zstandard
 from safetensors.numpy import save_file
 
+from nscas import canonical, kinds
 from nscas.digests import Digest
 from nscas.fsck import fsck
 from nscas.lineage import lineage
+from nscas.opening import open_store
+from nscas.reading import StoreReader
 from nscas.store import Store, init_store
+from nscas.storeconfig import S3Settings, StoreConfig
 
 REPO = Path(__file__).resolve().parents[1]
 NSCAS = REPO / ".venv" / "bin" / "nscas"
@@ -65,16 +77,21 @@ class Bench:
         if self.args.cold and self.can_drop:
             _try_drop_caches()
 
-    def timed(self, cmd: list[str], *, cwd: Path | None = None) -> Sample:
-        """Wall-clock and CPU seconds of one command (which must succeed)."""
+    def timed(self, cmd: list[str], *, cwd: Path | None = None,
+              stdout: list[bytes] | None = None) -> Sample:
+        """Wall-clock and CPU seconds of one command (which must succeed); its output is
+        appended to ``stdout`` if given."""
         self.drop()
         c0 = _cpu(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        out = subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        out = subprocess.run(cmd, cwd=cwd, stderr=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL if stdout is None else subprocess.PIPE,
                              env={**os.environ, "DVC_NO_ANALYTICS": "1"})
         dt = time.perf_counter() - t0
         if out.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed: {out.stderr.decode()[-2000:]}")
+        if stdout is not None:
+            stdout.append(out.stdout)
         return dt, _cpu(resource.RUSAGE_CHILDREN) - c0
 
     def timed_call(self, fn: Callable[[], object]) -> Sample:
@@ -302,50 +319,11 @@ def _fsck_ok(store: Store, *, full: bool = False) -> None:
 
 
 def build_records(store: Store, total: int, state: dict[str, Any]) -> None:
-    """Grow ``store`` to ``total`` records: groups of 10 training runs of 4 records each.
-
-    Each run: action/1 (inputs.base = the previous checkpoint), checkpoint/1 (parent chain of
-    10 per group), journal/1, receipt/1, plus one small blob. All share one code tree, one
-    params record and one environment, so those have ever more parents.
-    """
-    if not state:
-        blob = store.put_bytes(b"shared weights")
-        tree = store.put_record({"nscas": "tree/1", "entries": {
-            "model.safetensors": {"id": str(blob), "size": 14,
-                                  "sha256": hashlib.sha256(b"shared weights").hexdigest()}}})
-        params = store.put_record({"nscas": "params/1", "tensors": {
-            "w": {"dtype": "U8", "shape": [14], "data": str(blob)}}})
-        env = store.put_record({"nscas": "environment/1", "python": "3.11", "platform": "linux",
-                                "packages": {}, "torch": None, "devices": [], "determinism": {}})
-        state.update(tree=str(tree), params=str(params), env=str(env), run=0, records=3,
-                     first_ckpt=None)
+    """Grow ``store`` to ``total`` records through ``put_records``, in batches of 20,000."""
     batch: list[dict[str, Any]] = []
-    prev: str | None = None
-    while state["records"] < total:
-        i = state["run"]
-        step = i % 10
-        if step == 0:
-            prev = None
-        blob = store.put_bytes(b"journal of run %d\n" % i)  # tiny: inline
-        action = {"nscas": "action/1", "recipe": "train@1", "code": state["tree"],
-                  "inputs": {"base": prev} if prev else {}, "params": {"run": i, "lr": 0.001}}
-        ckpt = {"nscas": "checkpoint/1", "files": state["tree"], "params": state["params"],
-                "step": step, "parent": prev, "run": i}
-        journal = {"nscas": "journal/1", "rank": 0, "world": 1, "entries": str(blob),
-                   "head": hashlib.sha256(b"%d" % i).hexdigest()}
-        ids = [_id(action), _id(ckpt), _id(journal)]
-        receipt = {"nscas": "receipt/1", "action": ids[0], "environment": state["env"],
-                   "outputs": {"checkpoint": ids[1]}, "journals": [ids[2]],
-                   "claims": {"loss": {"value": 1.0 / (i + 1), "verifier": "train-loss"}},
-                   "started": "2025-01-01T00:00:00Z", "finished": "2025-01-01T00:01:00Z",
-                   "status": "succeeded"}
-        batch += [action, ckpt, journal, receipt]
-        if step == 0 and state.get("probe_for") != total and state["records"] >= total // 2:
-            state["probe_ckpt"], state["probe_for"] = ids[1], total  # a group's first, mid-store
-        state["last_receipt"] = _id(receipt)
-        prev = ids[1]
-        state["run"] += 1
-        state["records"] += 4
+    for blob, records in record_runs(state, total, rfc8785.dumps):
+        store.put_bytes(blob)
+        batch += [value for value, _ in records]
         if len(batch) >= 20_000:
             store.put_records(batch)
             batch = []
@@ -353,8 +331,63 @@ def build_records(store: Store, total: int, state: dict[str, Any]) -> None:
         store.put_records(batch)
 
 
-def _id(value: dict[str, Any]) -> str:
-    return "blake3:" + blake3.blake3(rfc8785.dumps(value)).hexdigest()
+def record_runs(state: dict[str, Any], total: int, encode: Callable[[Any], bytes]
+                ) -> Iterator[tuple[bytes, list[tuple[dict[str, Any], bytes]]]]:
+    """The records that grow a store to ``total``: groups of 10 training runs of 4 records each,
+    each run as (its small blob, [(record, its canonical bytes by ``encode``)]).
+
+    Each run: action/1 (inputs.base = the previous checkpoint), checkpoint/1 (parent chain of
+    10 per group), journal/1, receipt/1, plus one small blob. All share one code tree, one
+    params record and one environment, so those have ever more parents.
+    """
+    if not state:
+        blob = b"shared weights"
+        tree = {"nscas": "tree/1", "entries": {
+            "model.safetensors": {"id": _blob_id(blob), "size": 14,
+                                  "sha256": hashlib.sha256(blob).hexdigest()}}}
+        params = {"nscas": "params/1", "tensors": {
+            "w": {"dtype": "U8", "shape": [14], "data": _blob_id(blob)}}}
+        env = {"nscas": "environment/1", "python": "3.11", "platform": "linux",
+               "packages": {}, "torch": None, "devices": [], "determinism": {}}
+        shared = [(r, encode(r)) for r in (tree, params, env)]
+        state.update(tree=_hex_id(shared[0][1]), params=_hex_id(shared[1][1]),
+                     env=_hex_id(shared[2][1]), run=0, records=3, prev=None)
+        yield blob, shared
+    while state["records"] < total:
+        i = state["run"]
+        step = i % 10
+        prev = None if step == 0 else state["prev"]
+        blob = b"journal of run %d\n" % i  # tiny: inline
+        action = {"nscas": "action/1", "recipe": "train@1", "code": state["tree"],
+                  "inputs": {"base": prev} if prev else {}, "params": {"run": i, "lr": 0.001}}
+        ckpt = {"nscas": "checkpoint/1", "files": state["tree"], "params": state["params"],
+                "step": step, "parent": prev, "run": i}
+        journal = {"nscas": "journal/1", "rank": 0, "world": 1, "entries": _blob_id(blob),
+                   "head": hashlib.sha256(b"%d" % i).hexdigest()}
+        done = [(value, encode(value)) for value in (action, ckpt, journal)]
+        ids = [_hex_id(data) for _, data in done]
+        receipt = {"nscas": "receipt/1", "action": ids[0], "environment": state["env"],
+                   "outputs": {"checkpoint": ids[1]}, "journals": [ids[2]],
+                   "claims": {"loss": {"value": 1.0 / (i + 1), "verifier": "train-loss"}},
+                   "started": "2025-01-01T00:00:00Z", "finished": "2025-01-01T00:01:00Z",
+                   "status": "succeeded"}
+        done.append((receipt, encode(receipt)))
+        if step == 0 and state.get("probe_for") != total and state["records"] >= total // 2:
+            state["probe_ckpt"], state["probe_for"] = ids[1], total  # a group's first, mid-store
+        state["last_receipt"] = _hex_id(done[3][1])
+        state["prev"] = ids[1]
+        state["run"] += 1
+        state["records"] += 4
+        yield blob, done
+
+
+def _hex_id(data: bytes) -> str:
+    return "blake3:" + blake3.blake3(data).hexdigest()
+
+
+def _blob_id(data: bytes) -> str:
+    """The ID ``put_bytes`` gives these bytes (a small blob: BLAKE3 of the bytes)."""
+    return _hex_id(data)
 
 
 def bench_records(b: Bench) -> None:
@@ -373,24 +406,7 @@ def bench_records(b: Bench) -> None:
         built = time.perf_counter() - t0
         n = store.counts()["records"]
         print(f"store of {n} records built in {built:.0f} s", file=sys.stderr)
-        receipt, env, probe = state["last_receipt"], state["env"], state["probe_ckpt"]
-        queries: list[tuple[str, Callable[[], object], list[str]]] = [
-            ("log --limit 20", lambda: store.log(limit=20), ["log", "--limit", "20"]),
-            ("lineage RECEIPT (up, unbounded)",
-             lambda r=receipt: lineage(store, Digest.parse(r)), ["lineage", receipt]),
-            ("lineage ENV --down (200 shown)",
-             lambda e=env: lineage(store, Digest.parse(e), direction="down"),
-             ["lineage", env, "--down"]),
-            ("lineage CKPT --down (its chain)",
-             lambda p=probe: lineage(store, Digest.parse(p), direction="down"),
-             ["lineage", probe, "--down"]),
-        ]
-        rows: list[Row] = []
-        for label, fn, argv in queries:
-            fn()  # warm the page cache once; then the measured runs
-            rows.append((f"{label} (library)", [b.timed_call(fn) for _ in range(max(5, b.args.runs))], ""))
-            rows.append((f"{label} (CLI)", [b.timed([str(NSCAS), "--store", str(d), *argv])
-                                            for _ in range(b.args.runs)], ""))
+        rows = query_rows(b, store, state, d)
         rows.append(("nscas log --limit 20 on an EMPTY store (CLI floor)", cli_floor, "start-up"))
         out[str(n)] = table(f"4. queries on a store of {n:,} records "
                             f"({(d / '.nscas' / 'nscas.db').stat().st_size / MiB:.0f} MiB database)",
@@ -407,6 +423,30 @@ def bench_records(b: Bench) -> None:
         out["ratios"] = {a["command"]: c["median_s"] / a["median_s"]
                          for a, c in zip(out[small], out[big], strict=True)}
     b.results["records"] = out
+
+
+def query_rows(b: Bench, store: StoreReader, state: dict[str, Any], where: Path) -> list[Row]:
+    """log and lineage on a store ``build_records`` (or ``build_pg_records``) grew: in-process
+    (median of at least 5 after one warm-up call) and through the CLI (a fresh process each)."""
+    receipt, env, probe = state["last_receipt"], state["env"], state["probe_ckpt"]
+    queries: list[tuple[str, Callable[[], object], list[str]]] = [
+        ("log --limit 20", lambda: store.log(limit=20), ["log", "--limit", "20"]),
+        ("lineage RECEIPT (up, unbounded)",
+         lambda r=receipt: lineage(store, Digest.parse(r)), ["lineage", receipt]),
+        ("lineage ENV --down (200 shown)",
+         lambda e=env: lineage(store, Digest.parse(e), direction="down"),
+         ["lineage", env, "--down"]),
+        ("lineage CKPT --down (its chain)",
+         lambda p=probe: lineage(store, Digest.parse(p), direction="down"),
+         ["lineage", probe, "--down"]),
+    ]
+    rows: list[Row] = []
+    for label, fn, argv in queries:
+        fn()  # warm the page cache once; then the measured runs
+        rows.append((f"{label} (library)", [b.timed_call(fn) for _ in range(max(5, b.args.runs))], ""))
+        rows.append((f"{label} (CLI)", [b.timed([str(NSCAS), "--store", str(where), *argv])
+                                        for _ in range(b.args.runs)], ""))
+    return rows
 
 
 def bench_memory(b: Bench) -> None:
@@ -471,6 +511,347 @@ def bench_parts(b: Bench, f1: Path) -> None:
     b.results["parts"] = table(f"6. parts of a put over {size / (1 << 30):.2f} GiB", rows)
 
 
+# ----------------------------------------------------------------------------- team store
+
+class Relay:
+    """A TCP relay on 127.0.0.1 in front of a server, counting the bytes clients send through
+    it: what goes over the wire to the server (requests, headers and bodies alike), measured
+    outside nscas, whatever nscas itself reports."""
+
+    def __init__(self, port: int) -> None:
+        self.upstream = port
+        self.sent = 0
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.sent = self.connections = 0
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            with self._lock:
+                self.connections += 1
+            left = [2]  # directions still open; the last one to end closes both sockets
+            for src, dst, count in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, count, left),
+                                 daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, count: bool, left: list[int]) -> None:
+        buf = bytearray(1 << 20)
+        try:
+            while n := src.recv_into(buf):
+                if count:
+                    with self._lock:
+                        self.sent += n
+                dst.sendall(memoryview(buf)[:n])
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+        with self._lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            src.close()
+            dst.close()
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def _s3(endpoint: str):  # type: ignore[no-untyped-def]
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def bucket_bytes(endpoint: str, bucket: str) -> int:
+    """Bytes the service holds in ``bucket`` (its own listing)."""
+    pages = _s3(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return sum(item["Size"] for page in pages for item in page.get("Contents", []))
+
+
+def empty_bucket(endpoint: str, bucket: str) -> None:
+    """Delete what a run left in ``bucket`` (moto keeps it in memory and /tmp)."""
+    c = _s3(endpoint)
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            c.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+
+
+def _bucket_of(config: StoreConfig) -> str:
+    return config.objects.removeprefix("s3://").split("/", 1)[0]
+
+
+def _dvc_repo(b: Bench, name: str, endpoint: str, bucket: str) -> Path:
+    """A fresh dvc repository whose default remote is ``s3://bucket/dvc`` at ``endpoint``
+    (credentials from the AWS environment variables, as nscas gets them)."""
+    dvc = str(b.args.dvc)
+    repo = b.fresh(name)
+    for cmd in (["init", "--no-scm", "-q"], ["config", "core.analytics", "false"],
+                ["remote", "add", "-d", "team", f"s3://{bucket}/dvc"],
+                ["remote", "modify", "team", "endpointurl", endpoint]):
+        subprocess.run([dvc, *cmd], cwd=repo, check=True, stdout=subprocess.DEVNULL)
+    return repo
+
+
+def bench_team(b: Bench, f1: Path, f2: Path, parts: set[str]) -> None:
+    """The team store's three targets, against the servers the test suite starts: Debian's
+    PostgreSQL (here with fsync on) and moto's S3 server, both on 127.0.0.1."""
+    sys.path.insert(0, str(REPO))
+    from tests.store.services import S3_KEYS, TeamServices, start_moto, start_postgres
+
+    os.environ.update(S3_KEYS)
+    pg = start_postgres(fsync=True)
+    if isinstance(pg, str):
+        raise SystemExit(f"team section: {pg}")
+    moto = start_moto()
+    if isinstance(moto, str):
+        pg.stop()
+        raise SystemExit(f"team section: {moto}")
+    services = TeamServices(postgres=pg, moto=moto)
+    b.results["team"] = {}
+    try:
+        if "add" in parts:
+            bench_team_add(b, services, f1)
+        if "push" in parts:
+            bench_team_push(b, services, f1, f2)
+        if "records" in parts:
+            bench_team_records(b, services)
+    finally:
+        moto.process.kill()
+        moto.process.wait()
+        pg.stop()
+
+
+def bench_team_add(b: Bench, services: Any, f1: Path) -> None:
+    """nscas add into PostgreSQL + S3 against dvc add + dvc push to the same S3 endpoint; the
+    two sides' order alternates from run to run."""
+    t: dict[str, list[Sample]] = {k: [] for k in ("nscas", "dvc_add", "dvc_push", "dvc")}
+    endpoint = services.moto.endpoint
+    for run in range(b.args.runs):
+        print(f"team add: run {run + 1}/{b.args.runs}", file=sys.stderr)
+        sides = ["nscas", "dvc"] if run % 2 == 0 else ["dvc", "nscas"]
+        for side in sides:
+            if side == "nscas":
+                config = services.config()
+                s = b.fresh("team-add-store")
+                init_store(s, config).close()
+                t["nscas"].append(b.timed([str(NSCAS), "--store", str(s / ".nscas" / "store.toml"),
+                                           "add", str(f1)]))
+                empty_bucket(endpoint, _bucket_of(config))
+            elif b.args.dvc:
+                bucket = services.moto.new_bucket()
+                repo = _dvc_repo(b, "team-dvc-repo", endpoint, bucket)
+                shutil.copyfile(f1, repo / "model.safetensors")
+                add = b.timed([str(b.args.dvc), "add", "-q", "model.safetensors"], cwd=repo)
+                push = b.timed([str(b.args.dvc), "push", "-q"], cwd=repo)
+                t["dvc_add"].append(add)
+                t["dvc_push"].append(push)
+                t["dvc"].append((add[0] + push[0], add[1] + push[1]))
+                shutil.rmtree(repo)
+                empty_bucket(endpoint, bucket)
+    b.results["team"]["add"] = table(
+        "7. add a 1 GiB safetensors file to a team store (PostgreSQL + S3 on moto, loopback)", [
+            ("dvc add + dvc push", t["dvc"], "one sum per run; s3 remote at the same endpoint"),
+            ("  dvc add", t["dvc_add"], "MD5, copy into the cache"),
+            ("  dvc push", t["dvc_push"], "the 1 GiB file to S3 (multipart)"),
+            ("nscas add (CLI)", t["nscas"], "64 chunks to S3 (temporary key, copy, delete), "
+                                            "one PostgreSQL transaction"),
+        ], base="dvc add + dvc push" if b.args.dvc else None)
+
+
+def bench_team_push(b: Bench, services: Any, f1: Path, f2: Path) -> None:
+    """Push the first checkpoint, then the second (90 % of its tensors unchanged), from a local
+    store to a fresh team store each run; the team store reaches PostgreSQL and S3 through
+    relays that count the bytes sent."""
+    local = b.fresh("push-local")
+    with init_store(local) as store:
+        store.ref_set("bench/one", store.put_file(f1))
+        store.ref_set("bench/two", store.put_file(f2))
+    pg_relay, s3_relay = Relay(services.postgres.port), Relay(int(services.moto.endpoint.rsplit(":", 1)[1]))
+    endpoint = services.moto.endpoint
+    size = f2.stat().st_size
+    times: dict[str, list[Sample]] = {"one": [], "two": []}
+    sent: dict[str, list[dict[str, int]]] = {"one": [], "two": []}
+    try:
+        for run in range(b.args.runs):
+            print(f"team push: run {run + 1}/{b.args.runs}", file=sys.stderr)
+            direct = services.config()
+            config = StoreConfig(
+                database=direct.database.replace(f":{services.postgres.port}/", f":{pg_relay.port}/"),
+                objects=direct.objects, s3=S3Settings(endpoint_url=f"http://127.0.0.1:{s3_relay.port}"))
+            remote = b.fresh("push-remote")
+            init_store(remote, config).close()
+            name = f"team{run}"
+            subprocess.run([str(NSCAS), "--store", str(local), "remote", "add", name,
+                            str(remote / ".nscas" / "store.toml")], check=True,
+                           stdout=subprocess.DEVNULL)
+            bucket = _bucket_of(config)
+            for which in ("one", "two"):
+                held = bucket_bytes(endpoint, bucket)
+                pg_relay.reset()
+                s3_relay.reset()
+                out: list[bytes] = []
+                times[which].append(b.timed([str(NSCAS), "--store", str(local), "push",
+                                             f"bench/{which}", "--to", name, "--json"], stdout=out))
+                sent[which].append({"s3_wire": s3_relay.sent, "pg_wire": pg_relay.sent,
+                                    "s3_connections": s3_relay.connections,
+                                    "claimed": json.loads(out[0])["bytes_sent"],
+                                    "stored": bucket_bytes(endpoint, bucket) - held})
+            empty_bucket(endpoint, bucket)
+        dvc_sent = _dvc_second_push(b, services, s3_relay, f1, f2) if b.args.dvc else None
+    finally:
+        pg_relay.close()
+        s3_relay.close()
+    shutil.rmtree(local)
+
+    def med(which: str, key: str) -> float:
+        return statistics.median(x[key] for x in sent[which])
+
+    r = b.results["team"]
+    r["push"] = table("8. push to a team store (bytes counted on the wire by relays)", [
+        ("nscas push first checkpoint", times["one"], f"S3 {med('one', 's3_wire') / MiB:.1f} MiB "
+         f"+ PostgreSQL {med('one', 'pg_wire') / MiB:.2f} MiB sent"),
+        ("nscas push second checkpoint", times["two"], f"S3 {med('two', 's3_wire') / MiB:.1f} MiB "
+         f"+ PostgreSQL {med('two', 'pg_wire') / MiB:.2f} MiB sent"),
+    ], base="nscas push first checkpoint")
+    r["push_bytes"] = sent
+    frac = (med("two", "s3_wire") + med("two", "pg_wire")) / size
+    print(f"\nsecond push: {frac:.2%} of the file's {size:,} bytes went over the wire "
+          f"(S3 {med('two', 's3_wire') / size:.2%}, PostgreSQL {med('two', 'pg_wire') / size:.3%}; "
+          f"{med('two', 's3_connections'):.0f} S3 connections); nscas claims "
+          f"{med('two', 'claimed') / size:.2%}; the bucket grew by {med('two', 'stored') / size:.2%}. "
+          f"First push: {(med('one', 's3_wire') + med('one', 'pg_wire')) / size:.2%} on the wire.")
+    r["push_second_fraction"] = frac
+    if dvc_sent is not None:
+        print(f"dvc push of the same second checkpoint (one run): {dvc_sent / size:.2%} of it on "
+              "the wire")
+        r["dvc_second_push_fraction"] = dvc_sent / size
+
+
+def _dvc_second_push(b: Bench, services: Any, relay: Relay, f1: Path, f2: Path) -> int:
+    """What dvc push sends for the second checkpoint after the first (bytes on the wire)."""
+    bucket = services.moto.new_bucket()
+    repo = _dvc_repo(b, "push-dvc-repo", f"http://127.0.0.1:{relay.port}", bucket)
+    dvc = str(b.args.dvc)
+    shutil.copyfile(f1, repo / "model.safetensors")
+    for _ in range(2):
+        subprocess.run([dvc, "add", "-q", "model.safetensors"], cwd=repo, check=True)
+        relay.reset()
+        subprocess.run([dvc, "push", "-q"], cwd=repo, check=True)
+        shutil.copyfile(f2, repo / "model.next")
+        os.replace(repo / "model.next", repo / "model.safetensors")
+    shutil.rmtree(repo)
+    empty_bucket(services.moto.endpoint, bucket)
+    return relay.sent
+
+
+def build_pg_records(database: str, total: int, state: dict[str, Any]) -> float:
+    """Grow a team store's database to ``total`` records: those ``build_records`` puts, loaded
+    by COPY in one transaction (``put_records`` on PostgreSQL is about 1 ms a record).
+
+    The rows are the store's own: each record checked by ``kinds.validate``, its bytes the RFC
+    8785 canonical encoding (``json.dumps`` where that is the same bytes, no floats; checked
+    against ``canonical.encode`` every 97th record), links from ``canonical.iter_links``, every
+    row after the rows it links to (the closure holds; the foreign keys check it). Returns the
+    seconds the COPY took.
+    """
+    import psycopg
+
+    now = time.time()
+    objects: list[tuple[Any, ...]] = []
+    links: list[tuple[str, str, str]] = []
+    for blob, records in record_runs(state, total, _fast_canonical):
+        objects.append((blake3.blake3(blob).hexdigest(), len(blob), hashlib.sha256(blob).hexdigest(),
+                        None, "inline", "raw", len(blob), blob, now))
+        for value, data in records:
+            if len(objects) % 97 == 0 and data != canonical.encode(value):
+                raise SystemExit(f"fast encoding differs from canonical.encode for {value}")
+            kind = kinds.validate(value)
+            hex_id = blake3.blake3(data).hexdigest()
+            objects.append((hex_id, len(data), hashlib.sha256(data).hexdigest(), kind, "inline",
+                            "raw", len(data), data, now))
+            links.extend((hex_id, path, d.hex) for path, d in canonical.iter_links(value))
+    t0 = time.perf_counter()
+    with psycopg.connect(database) as c, c.cursor() as cur:  # one transaction
+        with cur.copy("COPY objects (id, size, sha256, kind, storage, codec, stored_size, data, "
+                      "created) FROM STDIN") as copy:
+            for row in objects:
+                copy.write_row(row)
+        with cur.copy("COPY links (parent, path, child) FROM STDIN") as copy:
+            for link in links:
+                copy.write_row(link)
+    with psycopg.connect(database, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE")  # what autovacuum does for a store in use: index-only scans
+    return time.perf_counter() - t0
+
+
+def _fast_canonical(value: Any) -> bytes:
+    """RFC 8785 bytes: ``json.dumps`` gives the same for ASCII keys and no floats."""
+    if _has_float(value):
+        return rfc8785.dumps(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    return False
+
+
+def bench_team_records(b: Bench, services: Any) -> None:
+    config = services.config()
+    d = b.fresh("team-records")
+    init_store(d, config).close()
+    where = d / ".nscas" / "store.toml"
+    empty = b.fresh("team-empty")
+    init_store(empty, services.config()).close()
+    sqlite_empty = b.fresh("empty-store")
+    init_store(sqlite_empty).close()
+    floor_pg: list[Sample] = []
+    floor_sqlite: list[Sample] = []
+    for _ in range(b.args.runs):
+        floor_pg.append(b.timed([str(NSCAS), "--store", str(empty / ".nscas" / "store.toml"),
+                                 "log", "--limit", "20"]))
+        floor_sqlite.append(b.timed([str(NSCAS), "--store", str(sqlite_empty), "log", "--limit",
+                                     "20"]))
+    state: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    for total in b.args.records:
+        t0 = time.perf_counter()
+        copy_s = build_pg_records(config.database, total, state)
+        built = time.perf_counter() - t0
+        with open_store(where, readonly=True) as store:
+            n = store.counts()["records"]
+            for probe in (state["last_receipt"], state["env"], state["probe_ckpt"]):
+                canonical.decode(store.get_bytes(Digest.parse(probe)))  # re-hashed as read
+            print(f"team store of {n} records built in {built:.0f} s ({copy_s:.0f} s of COPY)",
+                  file=sys.stderr)
+            rows = query_rows(b, store, state, where)
+        rows.append(("nscas log --limit 20 on an EMPTY team store (CLI floor)", floor_pg,
+                     "start-up, psycopg, one connection"))
+        rows.append(("nscas log --limit 20 on an EMPTY SQLite store (CLI floor)", floor_sqlite,
+                     "start-up"))
+        out[str(n)] = table(f"9. queries on a team store of {n:,} records (PostgreSQL)", rows)
+        out[f"{n}_build_s"] = built
+    b.results["team"]["records"] = out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dvc", type=Path, help="path to a dvc executable (its column is skipped if absent)")
@@ -507,6 +888,14 @@ def main() -> None:
         bench_parts(b, f1)
     if "records" in only:
         bench_records(b)
+    team = {part for part in ("add", "push", "records")
+            if "team" in only or f"team-{part}" in only}
+    if team:
+        if not f1.exists():
+            make_checkpoint(f1)
+        if not f2.exists():
+            make_second(f1, f2)
+        bench_team(b, f1, f2, team)
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(b.results, indent=1))

@@ -31,7 +31,10 @@ class Producers:
 
 def producers(store: StoreReader, oid: Digest) -> Producers:
     """Every succeeded receipt whose ``outputs`` name ``oid``, earliest (``started``, ID) first."""
-    parents = sorted({link.parent for link in store.links_to(oid)})
+    # Only a receipt's $.outputs links can name it: an object shared as an input (a code tree,
+    # an environment) has parents by the hundred thousand, none of which need reading.
+    parents = sorted({link.parent for link in store.links_to(oid, path_prefix="$.outputs")
+                      if link.path[9:10] in (".", "[")})
     found = []
     for parent, kind in sorted(store.kinds_of(parents).items()):
         if kind != "receipt/1":

@@ -136,8 +136,10 @@ class StoreReader:
         c = self._connect()
         try:
             check_revision(c, self.root, postgres.schema_revision(c))
-        finally:
+        except BaseException:
             c.close()
+            raise
+        self._release(c)  # the first read's connection: one connect per command, not two
 
     def _database_error(self, exc: BaseException) -> StoreError:
         if self._pg is not None:
@@ -434,9 +436,14 @@ class StoreReader:
                              (oid.hex,)).fetchall()
         return [Link(parent=oid, path=path, child=Digest(child)) for path, child in rows]
 
-    def links_to(self, oid: Digest, limit: int | None = None) -> list[Link]:
-        sql = "SELECT parent, path FROM links WHERE child = ? ORDER BY parent, path"
+    def links_to(self, oid: Digest, limit: int | None = None, *,
+                 path_prefix: str | None = None) -> list[Link]:
+        """The links to ``oid``; with ``path_prefix``, only those whose path starts so."""
+        sql = "SELECT parent, path FROM links WHERE child = ?"
         args: tuple[Any, ...] = (oid.hex,)
+        if path_prefix is not None:
+            sql, args = sql + " AND substr(path, 1, ?) = ?", (*args, len(path_prefix), path_prefix)
+        sql += " ORDER BY parent, path"
         if limit is not None:
             sql, args = sql + " LIMIT ?", (*args, limit)
         with self._read() as c:

@@ -47,9 +47,20 @@ class S3Chunks:
         self.url = url
         self.bucket = parts.netloc
         self.prefix = parts.path.strip("/")
-        self._client = client(settings)
+        self._settings = settings
+        self._made: object = None  # the boto3 client, made on first use (see _client)
         self._mtimes: dict[str, float] = {}  # last listing's LastModified by key
         self._lock = threading.Lock()
+
+    @property
+    def _client(self):  # type: ignore[no-untyped-def]
+        """The boto3 client, made when first needed: importing boto3 and building a client
+        takes about 0.5 s, which a command that reads only metadata (log, lineage) never pays."""
+        if self._made is None:
+            with self._lock:
+                if self._made is None:
+                    self._made = client(self._settings)
+        return self._made
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)

@@ -67,6 +67,8 @@ class Postgres:
     data: Path
     port: int
     prefix: list[str]
+    fsync: bool = False
+    """Off for the tests (nothing they check needs it); benchmarks/store.py turns it on."""
 
     def url(self, db: str = "postgres", *, password: str = PG_PASSWORD) -> str:
         return f"postgresql://{PG_USER}:{password}@127.0.0.1:{self.port}/{db}"
@@ -84,15 +86,16 @@ class Postgres:
                         "-t", "60", *args], check=True, capture_output=True)
 
     def start(self) -> None:
+        fsync = "on" if self.fsync else "off"
         self.pg_ctl("-o", f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 "
-                          "-c fsync=off -c max_connections=200", "-l", str(self.data / "log"),
+                          f"-c fsync={fsync} -c max_connections=200", "-l", str(self.data / "log"),
                     "start")
 
     def stop(self) -> None:
         self.pg_ctl("-m", "fast", "stop")
 
 
-def start_postgres() -> Postgres | str:
+def start_postgres(*, fsync: bool = False) -> Postgres | str:
     """A running server, or why none can start here."""
     bin_ = _pg_bin()
     if bin_ is None:
@@ -108,7 +111,7 @@ def start_postgres() -> Postgres | str:
     subprocess.run([*prefix, str(bin_ / "initdb"), "-D", str(data), "-U", PG_USER,
                     "--pwfile", str(pwfile), "--auth=scram-sha-256", "--locale=C",
                     "--encoding=UTF8"], check=True, capture_output=True)
-    pg = Postgres(bin=bin_, data=data, port=free_port(), prefix=prefix)
+    pg = Postgres(bin=bin_, data=data, port=free_port(), prefix=prefix, fsync=fsync)
     pg.start()
     return pg
 
