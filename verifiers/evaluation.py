@@ -206,6 +206,11 @@ def generation_checks(scored: Scored, *, max_new_tokens: Any, tokenizer: Any, eo
             problems.append(f"line {number}: hit_token_limit contradicts {len(out)} tokens")
         if isinstance(max_new_tokens, int) and len(out) > max_new_tokens:
             problems.append(f"line {number}: {len(out)} tokens exceed max_new_tokens")
+        elif isinstance(max_new_tokens, int) and not ended and len(out) < max_new_tokens:
+            # Generation stops at an end-of-turn (or eos) token or at max_new_tokens, nowhere
+            # else (docs/format.md §6): anything shorter is a cut answer.
+            problems.append(f"line {number}: stops after {len(out)} tokens, neither at an "
+                            f"end-of-turn token nor at max_new_tokens ({max_new_tokens})")
         if keys >= TIMING_KEYS and (why := _rate_problem(number, len(out), g)):
             problems.append(why)
     checks = [_problems(f"{name}.generations", problems, recomputed=len(scored.generations))]

@@ -4,17 +4,10 @@ Plain verification rechecks everything derived from the retained answers but tak
 that the answers came from the committed checkpoint. ``nscas verify --replay N`` closes that
 gap for a sample the producer cannot choose: N test tasks per evaluated arm, drawn with the
 auditor's seed (plus any task the auditor names), are fed through the checkpoint with the
-retained answer as the continuation of the retained prompt (docs/format.md §7.8). Greedy
-decoding (docs/experiment.md §4.2) means each retained output token must be the model's
-highest-scoring token after the tokens before it; the first position where it is not is
-reported with both tokens and the logit margin there, so that a near tie flipped by other
-hardware or precision reads differently from a forged answer.
-
-One forward pass over prompt and answer gives every position's logits at once: the answer's
-prefix is the retained one up to the first difference, so this is greedy regeneration up to
-that point, one prompt at a time, without padding (each row of a batched run computes what
-it would alone, docs/experiment.md §4.2). The model comes from the checkpoint's own files
-through transformers and torch; nothing here imports nscas (docs/format.md §7.1).
+retained answer as the continuation of the retained prompt (docs/format.md §7.8), and each is
+judged by ``greedy``: identical to a greedy decoding, consistent with one up to near ties,
+or not. The model comes from the checkpoint's own files through transformers and torch;
+nothing here imports nscas (docs/format.md §7.1).
 """
 
 from __future__ import annotations
@@ -33,6 +26,7 @@ from .chat import TemplateError, end_of_turn, template_source, turns_renderer
 from .closure import Objects, Unusable, weights_omitted
 from .errors import RecordParseError
 from .evaluation import generation_keys, load_tokenizer, losses_of
+from .greedy import Answer, Precision, Tolerance, answer_scores, judge, stopping_problem
 from .report import Check
 from .runs import Run
 from .taskchecks import read_lines
@@ -41,9 +35,6 @@ IGNORE = -100
 RETENTION_TOLERANCE = 1e-3
 """Largest relative difference between a replayed and a retained retention loss: FP32 sums of
 the same token losses in another order, or on other hardware."""
-NEAR_TIE = 0.05
-"""Logit margins below this at a differing position are reported as near ties: a greedy
-choice that other kernels, hardware or precision can flip (BF16 rounds logits to about 0.4 %)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,27 +57,6 @@ class ReplayOptions:
     steps: int = 0
     """Training updates replayed after each published optimizer state (``replaytrain``);
     0: none."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Outcome:
-    """One replayed answer."""
-
-    task: str
-    position: int | None
-    """The first answer position whose token is not the greedy choice; None if none is."""
-    retained: int | None = None
-    replayed: int | None = None
-    margin: float | None = None
-    """Logit of the greedy choice minus that of the retained token, at ``position``."""
-
-    def describe(self) -> str:
-        if self.position is None:
-            return f"{self.task}: identical"
-        kind = "a near tie" if self.margin is not None and self.margin < NEAR_TIE else \
-            "not a near tie"
-        return (f"{self.task}: answer token {self.position} is {self.retained}, the greedy "
-                f"choice {self.replayed} by a logit margin of {self.margin:.4g} ({kind})")
 
 
 def sample_tasks(ids: Sequence[str], options: ReplayOptions) -> list[str]:
@@ -138,14 +108,14 @@ def replay_evaluations(objects: Objects, runs: Sequence[Run], options: ReplayOpt
     precisions = set()
     for run in evaluations:
         name = f"{run.name}.replay"
-        precision = _precision(run, options.device)
-        precisions.add(precision)
+        tolerance = Tolerance(run=run_precision(run), replay=replay_precision(run, options.device))
+        precisions.add(tolerance.replay)
         if weights_omitted(objects, run.inputs["model"]):
             checks.append(Check.skipped(name, "the bundle omits the weights a replay needs",
                                         needs="weights"))
             continue
         try:
-            checks.extend(_replay_run(objects, run, options, precision, deadline, name))
+            checks.extend(_replay_run(objects, run, options, tolerance, deadline, name))
         except Unusable as exc:
             checks.append(Check.failed(name, f"cannot replay: {exc}"))
     trained = replay_trainings(objects, runs, options)
@@ -161,46 +131,84 @@ def replay_evaluations(objects: Objects, runs: Sequence[Run], options: ReplayOpt
     return checks
 
 
-def _precision(run: Run, device: str) -> str:
-    """The run's autocast precision where the replay can use it: BF16 only on CUDA."""
-    asked = run.params.get("precision", "bf16")
-    return "bf16" if device == "cuda" and asked == "bf16" else "fp32"
+def run_precision(run: Run) -> Precision:
+    """What the run's decoder computed in: BF16 autocast only for ``precision = "bf16"`` on
+    CUDA (docs/experiment.md §4.2), FP32 otherwise."""
+    cuda = run.params.get("device") == "cuda"
+    return "bf16" if cuda and run.params.get("precision", "bf16") == "bf16" else "fp32"
 
 
-def _replay_run(objects: Objects, run: Run, options: ReplayOptions, precision: str,
+def replay_precision(run: Run, device: str) -> Precision:
+    """The run's precision where the replay's device can compute in it: BF16 only on CUDA."""
+    return "bf16" if device == "cuda" and run_precision(run) == "bf16" else "fp32"
+
+
+def _replay_run(objects: Objects, run: Run, options: ReplayOptions, tolerance: Tolerance,
                 deadline: float | None, name: str) -> list[Check]:
     lines = _generations(objects, run)
     ids = [g["id"] for g in lines]
     by_id = {g["id"]: g for g in lines}
     chosen = sample_tasks(ids, options)
     unknown = [t for t in options.tasks if t not in by_id]
-    outcomes: list[Outcome] = []
+    limit = run.params.get("max_new_tokens")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise Unusable(run.id, "has no positive integer max_new_tokens to check answers with")
+    _tokenizer, stops = load_tokenizer(objects, run.inputs["model"])
+    if not stops:
+        raise Unusable(run.inputs["model"], "names no end-of-turn token, so the answers' "
+                       "stopping rule cannot be checked")
+    answers: list[Answer] = []
     left: list[str] = []
     with _model(objects, run.inputs["model"], options.device) as model:
         for done, task in enumerate(chosen):
             if deadline is not None and time.monotonic() > deadline:
                 left = chosen[done:]
                 break
-            outcomes.append(_replay_one(model, by_id[task], options.device, precision))
+            answers.append(replay_answer(model, by_id[task], stops=stops, max_new_tokens=limit,
+                                         device=options.device, tolerance=tolerance))
             if options.progress is not None:
                 options.progress(run.name, done + 1, len(chosen))
         retention = _retention(objects, run, model, options.device, deadline)
-    differing = [o for o in outcomes if o.position is not None]
-    summary = (f"{len(outcomes) - len(differing)} of {len(outcomes)} replayed answers "
-               f"identical (seed {options.seed}, {options.device} {precision})")
+    return [answers_check(name, answers, left, unknown, tolerance, options),
+            *([] if retention is None else [retention])]
+
+
+def answers_check(name: str, answers: Sequence[Answer], left: Sequence[str],
+                   unknown: Sequence[str], tolerance: Tolerance, options: ReplayOptions
+                   ) -> Check:
+    """``<run>.replay``: failed if an answer failed, not rechecked if one is unexplained or
+    the time bound left some, else passed."""
+    by = {v: [a for a in answers if a.verdict == v]
+          for v in ("identical", "consistent", "unexplained", "failed")}
+    where = (f"seed {options.seed}, replayed on {options.device} in "
+             f"{tolerance.replay.upper()}, run in {tolerance.run.upper()}")
+    summary = f"{len(answers)} replayed ({where}): {len(by['identical'])} identical"
+    deviations = [d for a in answers for d in a.deviations if d.deficit <= d.tolerance]
+    if by["consistent"]:
+        largest = max(deviations, key=lambda d: d.deficit / d.tolerance)
+        task = next(a.task for a in answers if largest in a.deviations)
+        summary += (f", {len(by['consistent'])} consistent within near ties (largest deficit "
+                    f"{largest.deficit:.3g} at {task} token {largest.position}, tolerance "
+                    f"{largest.tolerance:.3g})")
+    for verdict, label in (("unexplained", "not rechecked"), ("failed", "failed")):
+        if by[verdict]:
+            summary += f", {len(by[verdict])} {label}"
     if unknown:
         summary += f"; not among this run's tasks: {', '.join(unknown)}"
-    detail = "; ".join(o.describe() for o in differing[:5])
-    recomputed = {"replayed": [o.task for o in outcomes],
-                  "differing": [o.task for o in differing]}
-    if differing:
-        answers = Check.failed(name, f"{summary}; {detail}", recomputed=recomputed)
-    elif left:
-        answers = Check.skipped(name, f"{summary}; the time bound left {len(left)} unreplayed",
-                                needs="model")
-    else:
-        answers = Check.passed(name, recomputed=recomputed, message=summary)
-    return [answers] if retention is None else [answers, retention]
+    detail = "; ".join(a.describe() for a in (by["failed"] or by["unexplained"])[:5])
+    recomputed: dict[str, Any] = {v: [a.task for a in group] for v, group in by.items()}
+    recomputed["replayed"] = [a.task for a in answers]
+    recomputed["largest_deficit"] = max((d.deficit for a in answers for d in a.deviations),
+                                        default=0.0)
+    recomputed["tolerance"] = tolerance.describe()
+    if by["failed"]:
+        return Check.failed(name, f"{summary}; {detail}", recomputed=recomputed)
+    if by["unexplained"]:
+        return Check.skipped(name, f"{summary}; {detail}", needs="model")
+    if left:
+        return Check.skipped(name, f"{summary}; the time bound left {len(left)} unreplayed",
+                             needs="model")
+    return Check.passed(name, recomputed=recomputed, message=summary)
 
 
 def _retention(objects: Objects, run: Run, model: Any, device: str,
@@ -364,24 +372,16 @@ def _quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _replay_one(model: Any, line: Mapping[str, Any], device: str, precision: str) -> Outcome:
-    import contextlib
-
-    import torch
-
+def replay_answer(model: Any, line: Mapping[str, Any], *, stops: set[int],
+                  max_new_tokens: int, device: str, tolerance: Tolerance) -> Answer:
+    """One generation line judged against ``model`` (``greedy.judge``), its stopping rule
+    with it."""
     prompt, out = list(line["prompt_ids"]), list(line["output_ids"])
-    ids = torch.tensor([prompt + out[:-1]], dtype=torch.long, device=device)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16"
-                else contextlib.nullcontext())
-    with torch.no_grad(), autocast:
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-    scores = logits[len(prompt) - 1:]
+    stopping = stopping_problem(out, stops, max_new_tokens)
+    try:
+        scores = answer_scores(model, prompt, out, device, tolerance.replay)
+    except (IndexError, RuntimeError, ValueError) as exc:  # ids the model cannot take
+        raise Unusable(str(line["id"]), f"does not go through the model ({exc})") from None
     if max(out) >= scores.shape[-1]:
         raise Unusable(str(line["id"]), "an output id lies beyond the model's vocabulary")
-    greedy = scores.argmax(dim=-1).tolist()
-    for position, (want, got) in enumerate(zip(out, greedy, strict=True)):
-        if want != got:
-            row = scores[position]
-            return Outcome(task=line["id"], position=position, retained=want, replayed=got,
-                           margin=float(row[got] - row[want]))
-    return Outcome(task=line["id"], position=None)
+    return judge(str(line["id"]), out, scores, tolerance, stopping)

@@ -1,17 +1,22 @@
 """Replay of training: K updates after a published optimizer state, in the verifier's own loop.
 
 ``nscas verify --replay N --replay-steps K`` takes every checkpoint of a train run that
-carries a published state (train param ``publish_state``; docs/format.md §3.3), loads its
-weights (FP32) and its optimizer and torch RNG state (safetensors and JSON: no pickle), and
-makes updates ``s+1 .. s+K`` as docs/experiment.md §3 specifies them: the journal's batch of
-document indices (the seeded schedule, which plain verification already rebuilt), each
+carries a published state (train param ``publish_state``; docs/format.md §3.3), and makes
+updates ``s+1 .. s+K`` again from its weights (FP32) and its optimizer and torch RNG state
+(safetensors and JSON: no pickle) as docs/experiment.md §3 specifies them: the journal's batch
+of document indices (the seeded schedule, which plain verification already rebuilt), each
 document tokenised with the base checkpoint's own chat template and ``tokenizer.json`` (labels
 as ``replay._encode`` gives them for retention probes), the objective ``Σ w_i·loss_i / S``
 backpropagated per document (or per padded pass of ``micro_batch`` documents), the learning
 rate of the schedule, the gradient norm clipped, AdamW with the run's betas, eps and weight
-decay groups, BF16 autocast only where the run used CUDA and the replay does too. After each
-update the BLAKE3 digest of the parameters (registration order, raw bytes) is compared with
-the journal's ``parameters``, and the loss and gradient norm with the journal's.
+decay groups, BF16 autocast only where the run used CUDA and the replay does too, and a
+``deterministic`` run's numeric settings (docs/format.md §7.8). After each update the BLAKE3
+digest of the parameters (registration order, raw bytes) is compared with the journal's
+``parameters``, and the loss and gradient norm with the journal's.
+
+This module reads and checks what the replay needs and judges what it computed; the
+arithmetic runs in a process of its own (``replaystep``), which applies the run's numeric
+settings before CUDA starts there and reports them back.
 
 Two ranks are replayed in one process: each rank's share accumulates its own gradient, which
 DDP scales by 1/W and sums; for W = 2 both operations are exact in floating point, so the
@@ -23,19 +28,20 @@ Nothing here imports nscas (docs/format.md §7.1): plain torch, transformers and
 from __future__ import annotations
 
 import contextlib
-import math
+import os
+import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
-
-import blake3
 
 from .chat import TemplateError, end_of_turn, template_source, turns_renderer
 from .closure import Objects, Unusable, weights_omitted
 from .errors import RecordParseError
 from .evaluation import load_tokenizer
-from .replay import ReplayOptions, _encode, _model
+from .replay import ReplayOptions, _encode
+from .replaystep import Document, Group, ReplayStepError, Request, Settings, Update, compute
 from .report import Check
 from .runs import Run
 from .taskchecks import read_lines
@@ -50,7 +56,6 @@ from .training import (
 EXACT_WORLDS = (1, 2)
 """Worlds whose gradient all-reduce the replay reproduces exactly (scaling by 1/2 and one
 addition are exact)."""
-OPTIMIZER_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +75,8 @@ class Replayed:
     replayed step, when there is one."""
     left: int = 0
     """Updates the time bound left unreplayed."""
+    settings: Settings | None = None
+    """The numeric settings the replay process computed under (None if it did not run)."""
 
 
 def replay_trainings(objects: Objects, runs: Sequence[Run], options: ReplayOptions
@@ -97,6 +104,14 @@ def same_hardware(run: Run, device: str) -> bool:
     """Whether the replay computes as the run did: the same device kind (and so precision)
     and a world whose all-reduce it reproduces exactly."""
     return run.params.get("device") == device and run.params.get("world", 1) in EXACT_WORLDS
+
+
+def reproducible(run: Run, device: str) -> bool:
+    """Whether the run's digests are expected bit for bit from this replay: the same
+    hardware, and on CUDA a ``deterministic`` run (without it, kernels such as the embedding
+    backward sum in an order that changes from one run to the next)."""
+    return same_hardware(run, device) and (device != "cuda"
+                                           or bool(run.params.get("deterministic", True)))
 
 
 def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: float | None,
@@ -134,10 +149,12 @@ def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: fl
         else "fp32"
     where = f"{options.device} {precision}"
     replayed = [s for r in results for s in r.steps]
+    settings = next((r.settings for r in results if r.settings is not None), None)
     recomputed = {"replayed": replayed, "from": [r.start for r in results],
                   "device": options.device, "precision": precision,
                   "relative_l2": [r.relative_l2 for r in results],
-                  "max_abs": [r.max_abs for r in results]}
+                  "max_abs": [r.max_abs for r in results],
+                  "settings": None if settings is None else asdict(settings)}
     if not replayed:
         left = sum(r.left for r in results)
         why = (f"the time bound left {left} update(s) unreplayed" if left
@@ -158,6 +175,10 @@ def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: fl
         return Check.skipped(name, f"{summary}; trained on {run.params.get('device')} with "
                              f"{run.params.get('world')} rank(s), so not bit for bit: "
                              + "; ".join(differing[:3]), needs="model", recomputed=recomputed)
+    if differing and not reproducible(run, options.device):
+        return Check.skipped(name, f"{summary}; trained on cuda with deterministic off, so "
+                             "its digests are not reproducible: " + "; ".join(differing[:3]),
+                             needs="model", recomputed=recomputed)
     if differing:
         return Check.failed(name, f"{summary}; " + "; ".join(differing[:5]),
                             recomputed=recomputed)
@@ -191,17 +212,6 @@ def _rank0_steps(objects: Objects, run: Run) -> tuple[dict[int, Mapping[str, Any
     raise Unusable(run.id, "no journal of rank 0")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Document:
-    input_ids: list[int]
-    labels: list[int]
-    weight: int
-
-    @property
-    def targets(self) -> int:
-        return sum(1 for t in self.labels if t != -100)
-
-
 class _Documents:
     """The run's training documents (the ``documents`` set's records, then ``replay``'s),
     tokenised on demand with the base checkpoint's template."""
@@ -231,271 +241,116 @@ class _Documents:
         except TemplateError as exc:
             raise Unusable(base, str(exc)) from None
         self._tokenizer = tokenizer
-        self._cache: dict[int, _Document] = {}
+        self._cache: dict[int, Document] = {}
 
-    def __getitem__(self, index: int) -> _Document:
+    def __getitem__(self, index: int) -> Document:
         if index not in self._cache:
             try:
                 ids, labels = _encode(self.lines[index], self._render, self._tokenizer,
                                       self._turn)
             except (TemplateError, ValueError) as exc:
                 raise Unusable(self.ids[index], f"cannot be tokenised: {exc}") from None
-            self._cache[index] = _Document(input_ids=ids, labels=labels,
-                                           weight=self.weights[index])
+            self._cache[index] = Document(input_ids=tuple(ids), labels=tuple(labels),
+                                          weight=self.weights[index])
         return self._cache[index]
 
 
-@contextlib.contextmanager
-def _determinism(on: bool) -> Iterator[None]:
-    """The run's deterministic algorithms for the replay, and the process's flags after it."""
-    import torch
-
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(on)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
 
 
 def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count: int,
                  journal: tuple[dict[int, Mapping[str, Any]], dict[int, str]],
                  checkpoints: Mapping[int, str], device: str,
                  deadline: float | None) -> Replayed:
-    import torch
-
     record = objects.record_of(checkpoint, "checkpoint/1")
     state, problems = state_record_problems(objects, run, start, record)
     if state is None:
         raise Unusable(record["state"], "; ".join(problems))
-    entries = objects.record_of(record["state"], "tree/1")["entries"]
-    tensors = _load_safetensors(objects, entries[STATE_TENSORS]["id"])
     steps, agreed = journal
     docs = _Documents(objects, run)
     params = run.params
-    world = params.get("world", 1)
-    autocast = device == "cuda" and params.get("device") == "cuda"
-    differing: list[str] = []
-    replayed: list[int] = []
-    compared = 0
-    with _model(objects, checkpoint, device) as model, \
-            _determinism(bool(params.get("deterministic", True))), \
-            torch.random.fork_rng(devices=[torch.device(device)] if device == "cuda" else []):
-        if "rng/0/torch" in tensors:
-            torch.set_rng_state(tensors["rng/0/torch"])
-        if device == "cuda" and "rng/0/cuda" in tensors:
-            torch.cuda.set_rng_state(tensors["rng/0/cuda"])
-        model.config.use_cache = False
-        if params.get("gradient_checkpointing"):
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
-        optimizer = _optimizer(model, state, tensors, params, device)
-        for index in range(start, start + count):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            step = index + 1
-            entry = steps.get(step)
-            if entry is None or not isinstance(entry.get("indices"), list):
-                differing.append(f"step {step}: the journal has no batch to replay")
-                break
-            loss, norm, lr = _update(model, optimizer, docs, entry["indices"], params,
-                                     index=index, world=world, autocast=autocast,
-                                     device=device)
-            replayed.append(step)
-            what = []
-            for key, mine in (("loss", loss), ("grad_norm", norm), ("lr", lr)):
-                if entry.get(key) != mine:
-                    what.append(f"{key} {mine!r}, the journal's {entry.get(key)!r}")
-            expected = entry.get("parameters", agreed.get(step))
-            if expected is not None:
-                compared += 1
-                digest = parameter_digest(model)
-                if digest != expected:
-                    what.append(f"parameter digest {digest[:16]}…, the journal's "
-                                f"{str(expected)[:16]}…")
-            if what:
-                differing.append(f"step {step}: " + ", ".join(what))
-        distance = (_distance(objects, model, checkpoints[replayed[-1]])
-                    if replayed and replayed[-1] in checkpoints else (None, None))
-    return Replayed(start=start, steps=tuple(replayed), differing=tuple(differing),
-                    compared=compared, relative_l2=distance[0], max_abs=distance[1],
-                    left=count - len(replayed))
-
-
-def _load_safetensors(objects: Objects, oid: str) -> dict[str, Any]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    with objects.as_file(oid, "optimizer.safetensors") as path:
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise Unusable(oid, f"is not a safetensors file ({exc})") from None
-
-
-def _optimizer(model: Any, state: Mapping[str, Any], tensors: Mapping[str, Any],
-               params: Mapping[str, Any], device: str) -> Any:
-    """AdamW as the run made it (docs/experiment.md §3.5), loaded with the published state."""
-    import torch
-
-    named = dict(model.named_parameters())
-    groups = state["groups"]
-    missing = [n for g in groups for n in g["params"] if n not in named]
-    if missing:
-        raise Unusable(str(state.get("step")), f"names parameters the model lacks: {missing[:3]}")
+    updates, gap = [], []
+    for index in range(start, start + count):
+        entry = steps.get(index + 1)
+        if entry is None or not isinstance(entry.get("indices"), list):
+            gap.append(f"step {index + 1}: the journal has no batch to replay")
+            break
+        batch = entry["indices"]
+        if not batch or not all(isinstance(i, int) and not isinstance(i, bool)
+                                and 0 <= i < len(docs.ids) for i in batch):
+            raise Unusable("journal", f"step {index + 1}'s batch names a document index the "
+                           "inputs lack")
+        updates.append(Update(step=index + 1, indices=tuple(batch), lr=learning_rate(
+            index, lr=params.get("lr", 3e-5), warmup=params.get("warmup", 8),
+            steps=params["steps"])))
+    if not updates:
+        return Replayed(start=start, steps=(), differing=tuple(gap), compared=0)
     betas = params.get("betas", [0.9, 0.95])
-    optimizer = torch.optim.AdamW(
-        [{"params": [named[n] for n in g["params"]], "weight_decay": g["weight_decay"]}
-         for g in groups],
-        lr=params.get("lr", 3e-5), betas=(betas[0], betas[1]), eps=params.get("eps", 1e-8),
-        fused=True if device == "cuda" else None)
-    saved = optimizer.state_dict()
-    values: dict[int, dict[str, Any]] = {}
-    index = 0
-    for group in groups:
-        for name in group["params"]:
-            found = {k: tensors[f"{k}/{name}"] for k in OPTIMIZER_KEYS if f"{k}/{name}" in tensors}
-            if found:
-                if set(found) != set(OPTIMIZER_KEYS) or found["exp_avg"].shape != named[
-                        name].shape or found["exp_avg_sq"].shape != named[name].shape:
-                    raise Unusable(name, "its published AdamW state is incomplete or misshapen")
-                values[index] = found
-            index += 1
-    for saved_group, group in zip(saved["param_groups"], groups, strict=True):
-        saved_group["lr"] = group["lr"]
-    optimizer.load_state_dict({"state": values, "param_groups": saved["param_groups"]})
-    return optimizer
+    state_entries = objects.record_of(record["state"], "tree/1")["entries"]
+    with contextlib.ExitStack() as files:
+        work = Path(files.enter_context(tempfile.TemporaryDirectory(prefix="nscas-replay-")))
+        request = Request(
+            model_dir=str(_checkpoint_dir(objects, checkpoint, work / "model", files)),
+            state_file=str(files.enter_context(objects.as_file(
+                state_entries[STATE_TENSORS]["id"], STATE_TENSORS))),
+            groups=tuple(Group(params=tuple(g["params"]), weight_decay=g["weight_decay"],
+                               lr=g["lr"]) for g in state["groups"]),
+            device=device, autocast=device == "cuda" and params.get("device") == "cuda",
+            deterministic=bool(params.get("deterministic", True)),
+            gradient_checkpointing=bool(params.get("gradient_checkpointing", False)),
+            world=params.get("world", 1), micro_batch=params.get("micro_batch", 1),
+            clip=params.get("clip", 1.0), lr=params.get("lr", 3e-5),
+            betas=(betas[0], betas[1]), eps=params.get("eps", 1e-8), updates=tuple(updates),
+            documents={i: docs[i] for u in updates for i in u.indices},
+            compare={u.step: _weight_files(objects, checkpoints[u.step], files)
+                     for u in updates if u.step in checkpoints},
+            seconds=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        try:
+            result = compute(request, work)
+        except ReplayStepError as exc:
+            raise Unusable(exc.subject, exc.why) from None
+    lrs = {u.step: u.lr for u in updates}
+    differing, compared = [], 0
+    for measured in result.updates:
+        entry = steps[measured.step]
+        what = []
+        for key, mine in (("loss", measured.loss), ("grad_norm", measured.grad_norm),
+                          ("lr", lrs[measured.step])):
+            if entry.get(key) != mine:
+                what.append(f"{key} {mine!r}, the journal's {entry.get(key)!r}")
+        expected = entry.get("parameters", agreed.get(measured.step))
+        if expected is not None:
+            compared += 1
+            if measured.parameters != expected:
+                what.append(f"parameter digest {measured.parameters[:16]}…, the journal's "
+                            f"{str(expected)[:16]}…")
+        if what:
+            differing.append(f"step {measured.step}: " + ", ".join(what))
+    return Replayed(start=start, steps=tuple(m.step for m in result.updates),
+                    differing=tuple(differing + gap), compared=compared,
+                    relative_l2=result.relative_l2, max_abs=result.max_abs,
+                    left=len(updates) - len(result.updates), settings=result.settings)
 
 
-def _update(model: Any, optimizer: Any, docs: _Documents, batch: list[int],
-            params: Mapping[str, Any], *, index: int, world: int, autocast: bool,
-            device: str) -> tuple[float, float, float]:
-    """One update (docs/experiment.md §3.3): returns the objective, the gradient norm before
-    clipping and the learning rate, as the journal records them."""
-    import torch
-
-    if not all(isinstance(i, int) and 0 <= i < len(docs.ids) for i in batch):
-        raise Unusable("journal", "a batch names a document index the inputs lack")
-    weighted_targets = sum(docs[i].weight * docs[i].targets for i in batch)
-    lr = learning_rate(index, lr=params.get("lr", 3e-5), warmup=params.get("warmup", 8),
-                       steps=params["steps"])
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    trained = list(model.parameters())
-    size = params.get("micro_batch", 1)
-    shares, losses = [], []
-    for rank in range(world):
-        local = batch[rank::world]
-        if world > 1:
-            for p in trained:
-                p.grad = None
-        weighted = torch.zeros((), dtype=torch.float64, device=device)
-        for start in range(0, len(local), size):
-            group = local[start:start + size]
-            if len(group) == 1:
-                doc = docs[group[0]]
-                sums = _loss_sums(model, [doc], device, autocast, padded=False)
-                (sums[0] * (world * doc.weight / weighted_targets)).backward()
-            else:
-                sums = _loss_sums(model, [docs[i] for i in group], device, autocast,
-                                  padded=True)
-                scale = [world * docs[i].weight / weighted_targets for i in group]
-                (sums * torch.tensor(scale, device=device)).sum().backward()
-            for i, loss_sum in zip(group, sums.detach().double(), strict=True):
-                weighted += docs[i].weight * loss_sum
-        losses.append(weighted)
-        if world > 1:  # DDP scales each rank's gradient by 1/W, then sums them
-            shares.append([None if p.grad is None else p.grad.mul(1.0 / world)
-                           for p in trained])
-    if world > 1:
-        for position, p in enumerate(trained):
-            parts = [share[position] for share in shares if share[position] is not None]
-            p.grad = None if not parts else _sum(parts)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), params.get("clip", 1.0))
-    optimizer.step()
-    total = _sum(losses)
-    return total.item() / weighted_targets, grad_norm.item(), lr
+def _checkpoint_dir(objects: Objects, checkpoint: str, root: Path,
+                    files: contextlib.ExitStack) -> Path:
+    """A directory of ``checkpoint``'s files (links to verified copies kept open in
+    ``files``), for the replay process to load."""
+    tree = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
+    for rel, entry in sorted(tree["entries"].items()):
+        path = PurePosixPath(rel)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise Unusable(checkpoint, f"names an unsafe file path {rel!r}")
+        target = root.joinpath(*path.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = files.enter_context(objects.as_file(entry["id"], name=path.name))
+        os.symlink(Path(source).resolve(), target)
+    return root
 
 
-def _sum(parts: list[Any]) -> Any:
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
-
-
-def _loss_sums(model: Any, group: Sequence[_Document], device: str, autocast: bool, *,
-               padded: bool) -> Any:
-    """Summed FP32 next-token cross-entropy of each document: one unpadded pass for one
-    document, else one right-padded pass (padding masked and unlabelled)."""
-    import torch
-    import torch.nn.functional as F
-
-    rows, longest = len(group), max(len(doc.input_ids) for doc in group)
-    input_ids = torch.zeros((rows, longest), dtype=torch.long)
-    labels = torch.full((rows, longest), -100, dtype=torch.long)
-    mask = torch.zeros((rows, longest), dtype=torch.long)
-    for row, doc in enumerate(group):
-        n = len(doc.input_ids)
-        input_ids[row, :n] = torch.tensor(doc.input_ids)
-        labels[row, :n] = torch.tensor(doc.labels)
-        mask[row, :n] = 1
-    masked = padded and bool((mask == 0).any())
-    context = (torch.autocast("cuda", dtype=torch.bfloat16) if autocast
-               else contextlib.nullcontext())
-    with context:
-        logits = model(input_ids=input_ids.to(device),
-                       attention_mask=mask.to(device) if masked else None,
-                       use_cache=False).logits
-    shifted = logits[:, :-1, :].float()
-    targets = labels[:, 1:].to(shifted.device)
-    if not padded:
-        total = F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1),
-                                ignore_index=-100, reduction="sum")
-        return total.reshape(1)
-    per_token = F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1),
-                                ignore_index=-100, reduction="none")
-    return per_token.view(targets.shape).sum(dim=1)
-
-
-def parameter_digest(model: Any) -> str:
-    """BLAKE3 hex of the raw little-endian bytes of every parameter in registration order
-    (tied ones once): the digest the ranks agree on (docs/experiment.md §3.7)."""
-    import sys
-
-    import torch
-
-    hasher = blake3.blake3()
-    for _name, param in model.named_parameters():
-        flat = param.detach().to("cpu").contiguous().reshape(-1)
-        raw = flat.view(torch.uint8)
-        if sys.byteorder == "big" and flat.element_size() > 1:
-            raw = raw.reshape(-1, flat.element_size()).flip(1).reshape(-1)
-        hasher.update(memoryview(raw.numpy()))
-    return hasher.hexdigest()
-
-
-def _distance(objects: Objects, model: Any, checkpoint: str) -> tuple[float, float]:
-    """Relative L2 distance and largest absolute difference of the model's parameters from
-    the weight files of ``checkpoint``."""
-    import torch
-
-    files = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
-    stored: dict[str, Any] = {}
-    for rel, entry in sorted(files["entries"].items()):
-        if rel.endswith(".safetensors"):
-            stored.update(_load_safetensors(objects, entry["id"]))
-    diff = ref = 0.0
-    worst = 0.0
-    for name, param in model.named_parameters():
-        if name not in stored or tuple(stored[name].shape) != tuple(param.shape):
-            raise Unusable(checkpoint, f"its weights lack parameter {name} as replayed")
-        mine = param.detach().to("cpu", torch.float64)
-        theirs = stored[name].to(torch.float64)
-        delta = mine - theirs
-        diff += float((delta * delta).sum())
-        ref += float((theirs * theirs).sum())
-        worst = max(worst, float(delta.abs().max())) if delta.numel() else worst
-    return math.sqrt(diff) / max(math.sqrt(ref), 1e-30), worst
+def _weight_files(objects: Objects, checkpoint: str, files: contextlib.ExitStack
+                  ) -> tuple[str, ...]:
+    """The verified ``*.safetensors`` files of ``checkpoint`` (kept open in ``files``)."""
+    tree = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
+    return tuple(str(files.enter_context(objects.as_file(entry["id"], PurePosixPath(rel).name)))
+                 for rel, entry in sorted(tree["entries"].items())
+                 if rel.endswith(".safetensors"))

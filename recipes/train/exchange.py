@@ -7,6 +7,7 @@ These go over a CPU (gloo) group with a patient timeout, because they follow slo
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import blake3
@@ -32,10 +33,75 @@ class ParameterMismatch(RecipeError):
         self.tensor = tensor
 
 
-def parameter_digest(model: torch.nn.Module) -> bytes:
-    """BLAKE3 of the raw bytes of every parameter, in registration order (tied ones once)."""
-    hasher = blake3.blake3()
-    for _name, param in model.named_parameters():
+STAGING_BYTES = 256 << 20
+"""Most bytes of one pinned host buffer through which a GPU model's parameters are hashed."""
+
+
+class HostStaging:
+    """A host buffer, reused from one digest to the next, that a GPU model's parameters are
+    copied into (pinned: direct DMA, no page faults, no driver bounce copy) a buffer-full at a
+    time: every copy enqueued without blocking, then one synchronisation, then the bytes hashed.
+
+    A copy of each tensor into fresh pageable memory, one at a time, costs a host allocation,
+    its page faults and the driver's own staging copy for every parameter of every digest.
+    """
+
+    def __init__(self, size: int, *, pin: bool) -> None:
+        self.buffer = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=pin)
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module) -> HostStaging | None:
+        """A pinned buffer for ``model`` if its parameters live on a GPU; None otherwise (a CPU
+        model's parameters are hashed where they are)."""
+        params = list(model.parameters())
+        if not params or params[0].device.type != "cuda":
+            return None
+        total = sum(p.numel() * p.element_size() for p in params)
+        return cls(min(total, STAGING_BYTES), pin=True)
+
+    def hash_into(self, hasher: Any, tensors: list[torch.Tensor]) -> None:
+        """``hasher.update`` with the raw bytes of ``tensors``, in order (little-endian hosts)."""
+        room, filled = self.buffer.numel(), 0
+        stream = None
+        for tensor in tensors:
+            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            done = 0
+            while done < raw.numel():
+                if filled == room:
+                    self._drain(hasher, filled, stream)
+                    filled = 0
+                n = min(raw.numel() - done, room - filled)
+                self.buffer[filled:filled + n].copy_(raw[done:done + n], non_blocking=True)
+                if raw.is_cuda:
+                    stream = torch.cuda.current_stream(raw.device)
+                filled, done = filled + n, done + n
+        if filled:
+            self._drain(hasher, filled, stream)
+
+    def _drain(self, hasher: Any, filled: int, stream: Any) -> None:
+        if stream is not None:
+            stream.synchronize()  # the enqueued copies have landed
+        hasher.update(memoryview(self.buffer[:filled].numpy()))
+
+
+def _hasher() -> Any:
+    """A BLAKE3 hasher that hashes a large buffer on up to torch's intra-op thread count (the
+    digest is the same for any count)."""
+    return blake3.blake3(max_threads=max(1, torch.get_num_threads()))
+
+
+def parameter_digest(model: torch.nn.Module, staging: HostStaging | None = None) -> bytes:
+    """BLAKE3 of the raw bytes of every parameter, in registration order (tied ones once).
+
+    Parameters on the CPU are hashed in place; parameters on a GPU go through ``staging`` (a
+    buffer made for this call when none is given; keep one to reuse it)."""
+    params = [param for _name, param in model.named_parameters()]
+    hasher = _hasher()
+    if params and params[0].device.type == "cuda" and sys.byteorder == "little":
+        (staging or HostStaging.for_model(model) or HostStaging(0, pin=False)).hash_into(
+            hasher, params)
+        return hasher.digest()
+    for param in params:
         hasher.update(tensor_bytes(param))
     return hasher.digest()
 

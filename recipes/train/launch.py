@@ -127,7 +127,7 @@ def run_training(
         **(env or {}),
     }
     if params.deterministic and params.device == "cuda":
-        environment.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        environment["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     seen: set[int] = set()
 
     def dispatch(line: str) -> None:

@@ -40,6 +40,7 @@ from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.diloco import OuterRecord, OuterStep
 from nscas.recipes.train.documents import TrainDocument
 from nscas.recipes.train.exchange import (
+    HostStaging,
     agree_on_parameters,
     gather_objects,
     gather_rng_states,
@@ -251,6 +252,8 @@ def run_loop(
         net = torch.compile(net, dynamic=False)
         shape = (params.micro_batch, compiled_length(docs))
     model.train()
+    # One pinned host buffer for every per-update digest of a GPU model (none on the CPU).
+    staging = HostStaging.for_model(model) if params.parameter_digests else None
 
     for index in range(start_step, params.steps):
         record = _update(
@@ -261,7 +264,8 @@ def run_loop(
         every = params.parameter_digests
         if every and record.step % every == 0:
             # After the update and outside its timing: the numerics are untouched.
-            record = dataclasses.replace(record, parameters=parameter_digest(model).hex())
+            record = dataclasses.replace(record,
+                                         parameters=parameter_digest(model, staging).hex())
         journal.append(record.entry(rank=place.rank))
         on_step(record)
         if outer is not None and record.step % params.inner_steps == 0:

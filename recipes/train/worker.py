@@ -52,6 +52,11 @@ from nscas.recipes.train.protocol import (
 
 CUBLAS_WORKSPACE = ":4096:8"
 """cuBLAS needs a fixed workspace for deterministic results (set before CUDA starts)."""
+CUDA_RANK_THREADS = 4
+"""torch's intra-op CPU threads in a CUDA rank (unless ``OMP_NUM_THREADS`` is set): it does
+none of the training's arithmetic on the CPU, only host work between updates (the parameter
+digest's hashing, checkpoint writes), and several ranks or runs on one host would otherwise
+each start a pool of one thread per core."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +130,9 @@ def train_rank(spec: WorkerSpec) -> None:
     docs = read_documents([Path(p) for p in spec.documents], max_length=params.max_length)
     source = ckpt.paths_for(output_dir, start_step).hf_dir if start_step else Path(spec.base_dir)
     model, _tokenizer = load_hf_dir(source, dtype=torch.float32, device=device)
+    if device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        # After loading, so that everything computed on the CPU is computed as before.
+        torch.set_num_threads(min(torch.get_num_threads(), CUDA_RANK_THREADS))
     _check_vocabulary(docs, model.get_input_embeddings().num_embeddings)
     if params.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -270,7 +278,7 @@ def select_device(name: str, local_rank: int, *, deterministic: bool) -> torch.d
     if deterministic:
         # Deterministic cuBLAS needs a small fixed workspace, which also makes its products
         # slower: set only when asked for (a worker started by hand may lack the launcher's).
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE  # the spec's, not a caller's
     if not torch.cuda.is_available():
         raise InvalidInput("train param device is 'cuda' but no CUDA device is available here")
     if local_rank >= torch.cuda.device_count():

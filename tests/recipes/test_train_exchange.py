@@ -7,12 +7,14 @@ import multiprocessing
 from pathlib import Path
 
 import blake3
+import pytest
 import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from nscas.recipes.common.digests import tensor_bytes
 from nscas.recipes.train.exchange import (
+    HostStaging,
     ParameterMismatch,
     agree_on_parameters,
     first_difference,
@@ -64,6 +66,21 @@ def test_digest_is_blake3_of_the_raw_parameter_bytes() -> None:
         hasher.update(tensor_bytes(param))
     assert parameter_digest(model) == hasher.digest()
     assert len(parameter_digest(model)) == 32
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 1 << 20], ids=["1B", "7B", "4KiB", "1MiB"])
+def test_a_staging_buffer_of_any_size_gives_the_same_digest(size: int) -> None:
+    """The GPU path (parameters copied a buffer-full at a time into one reused host buffer,
+    hashed on several threads) is byte for byte the in-place one; here with a plain buffer,
+    smaller than one tensor or larger than the model, reused for two digests."""
+    model = _model()
+    staging = HostStaging(size, pin=False)
+    params = [param for _name, param in model.named_parameters()]
+    for _ in range(2):
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        staging.hash_into(hasher, params)
+        assert hasher.digest() == parameter_digest(model)
+    assert HostStaging.for_model(model) is None  # a CPU model is hashed where it is
 
 
 def test_first_difference_names_the_first_differing_tensor() -> None:

@@ -22,6 +22,17 @@ from nscas.errors import InvalidInput
 from nscas.recipes.train.config import TrainParams
 from nscas.store import Store
 from nscas.verifiers.replay import ReplayOptions
+from nscas.verifiers.replaystep import (
+    Document,
+    ReplayStepError,
+    Request,
+    Update,
+    compute,
+    environment,
+)
+from nscas.verifiers.replaystep import main as replaystep_main
+from nscas.verifiers.replaytrain import reproducible
+from nscas.verifiers.runs import Run
 from nscas.verifiers.verify import verify
 from tests.pipelines import run_pipeline, step, tiny_pipeline
 from tests.verifiers.conftest import nscas_verify
@@ -32,7 +43,9 @@ _PARAMS = {"steps": 4, "checkpoint_steps": [2, 4], "lr": 1e-3}
 PIPELINE = (tiny_pipeline(test=8, dev=4, train=16, replay=8)
             + step("train", "train", inputs=_INPUTS, params={**_PARAMS, "publish_state": [2]})
             + step("train-plain", "train", inputs=_INPUTS,
-                   params={**_PARAMS, "parameter_digests": 0}))
+                   params={**_PARAMS, "parameter_digests": 0})
+            + step("train-loose", "train", inputs=_INPUTS,
+                   params={**_PARAMS, "publish_state": [2], "deterministic": False}))
 REPLAY = ReplayOptions(count=0, seed=1, steps=2)
 
 
@@ -42,6 +55,8 @@ class Trained:
     store: Store
     receipt: str
     plain: str
+    loose: str
+    """A run with ``deterministic = false``."""
     light: Path
     """``--no-weights`` export of ``receipt``."""
 
@@ -69,7 +84,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
     store, steps = run_pipeline(root, PIPELINE)
     export_bundle(store, steps["train"].receipt, root / "light", weights=False)
     yield Trained(root=root, store=store, receipt=str(steps["train"].receipt),
-                  plain=str(steps["train-plain"].receipt), light=root / "light")
+                  plain=str(steps["train-plain"].receipt),
+                  loose=str(steps["train-loose"].receipt), light=root / "light")
     store.close()
 
 
@@ -109,13 +125,70 @@ def test_the_journal_carries_a_digest_per_update_and_the_state_is_published(
 
 
 def test_replayed_updates_reproduce_the_journal_digests_bit_for_bit_on_the_cpu(
-        trained: Trained) -> None:
+        trained: Trained, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    # The auditor's own workspace setting is not the run's: the replay process uses the
+    # run's (docs/format.md §7.8), and this process's flags are left as they were.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    before = torch.are_deterministic_algorithms_enabled()
     report = verify(trained.receipt, store=trained.store_dir, replay=REPLAY)
     check = _checks(report)["train." + trained.receipt[7:15] + ".replay.training"]
     assert check.status == "passed", check.message
     assert check.recomputed["replayed"] == [3, 4] and check.recomputed["from"] == [2]
     assert check.recomputed["relative_l2"] == [0.0] and check.recomputed["max_abs"] == [0.0]
     assert _checks(report)["replay.environment"].recomputed["steps"] == 2
+    settings = check.recomputed["settings"]
+    assert settings["deterministic_algorithms"] is True
+    assert settings["cublas_workspace_config"] == ":4096:8"
+    assert settings["cuda_started_first"] is False
+    assert (settings["matmul_tf32"], settings["cudnn_tf32"]) == (False, False)
+    assert (settings["cudnn_deterministic"], settings["cudnn_benchmark"]) == (True, False)
+    assert torch.are_deterministic_algorithms_enabled() is before
+
+
+def test_a_run_without_deterministic_is_replayed_with_nothing_set(
+        trained: Trained, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    report = verify(trained.loose, store=trained.store_dir, replay=REPLAY)
+    check = _checks(report)["train." + trained.loose[7:15] + ".replay.training"]
+    # On the CPU the kernels are the same either way: still bit for bit.
+    assert check.status == "passed", check.message
+    settings = check.recomputed["settings"]
+    assert settings["deterministic_algorithms"] is False
+    assert settings["cublas_workspace_config"] is None
+    assert settings["cudnn_deterministic"] is False
+
+
+def test_only_a_deterministic_cuda_run_is_expected_bit_for_bit_on_cuda() -> None:
+    def run(**params: Any) -> Run:
+        return Run(id="blake3:" + "0" * 64, name="train.00000000", receipt={},
+                   action={"params": params}, recipe="train")
+
+    assert reproducible(run(device="cuda", world=1), "cuda")
+    assert reproducible(run(device="cuda", world=2, deterministic=True), "cuda")
+    assert not reproducible(run(device="cuda", world=1, deterministic=False), "cuda")
+    assert reproducible(run(device="cpu", world=1, deterministic=False), "cpu")
+    assert not reproducible(run(device="cuda", world=1), "cpu")
+    assert not reproducible(run(device="cpu", world=4), "cpu")
+
+
+def test_the_replay_process_environment_and_refusals(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    assert environment(True)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in environment(False)
+    request = Request(
+        model_dir=str(tmp_path / "absent"), state_file=str(tmp_path / "absent.safetensors"),
+        groups=(), device="cpu", autocast=False, deterministic=True,
+        gradient_checkpointing=False, world=1, micro_batch=1, clip=1.0, lr=1e-3,
+        betas=(0.9, 0.95), eps=1e-8, updates=(Update(step=1, lr=1e-3, indices=(0,)),),
+        documents={0: Document(input_ids=(1, 2), labels=(-100, 2), weight=1)}, compare={},
+        seconds=None)
+    assert Request.from_json(json.loads(json.dumps(request.to_json()))) == request
+    with pytest.raises(ReplayStepError, match=r"absent\.safetensors is not a safetensors file"):
+        compute(request, tmp_path)
+    assert replaystep_main(["only-one"]) == 2
 
 
 def test_a_run_without_published_state_is_not_rechecked_by_replay(trained: Trained) -> None:
