@@ -891,9 +891,9 @@ def main() -> None:
     team = {part for part in ("add", "push", "records")
             if "team" in only or f"team-{part}" in only}
     if team:
-        if not f1.exists():
+        if team & {"add", "push"} and not f1.exists():
             make_checkpoint(f1)
-        if not f2.exists():
+        if team & {"add", "push"} and not f2.exists():
             make_second(f1, f2)
         bench_team(b, f1, f2, team)
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -34,14 +34,17 @@ def log(
 
     entries: list[dict[str, Any]] = []
     with open_cli_store(ctx, readonly=True) as store:
-        for info in store.log(kind=kind, limit=limit):
+        infos = store.log(kind=kind, limit=limit)
+        # The receipts, then their actions: two reads for the whole listing, not two a receipt.
+        receipts = store.get_records(i.id for i in infos if i.kind == "receipt/1")
+        actions = store.get_records(Digest.parse(r["action"]) for r in receipts.values())
+        for info in infos:
             entry: dict[str, Any] = {"id": str(info.id), "kind": info.kind,
                                      "time": iso_time(info.created), "size": info.size}
             if info.kind == "receipt/1":
-                # Two small inline reads per receipt: cheap enough for a listing.
-                receipt = store.get_record(info.id)
+                receipt = receipts[info.id]
                 entry["status"] = receipt["status"]
-                entry["recipe"] = store.get_record(Digest.parse(receipt["action"]))["recipe"]
+                entry["recipe"] = actions[Digest.parse(receipt["action"])]["recipe"]
                 for key in ("pipeline", "step"):
                     value = receipt.get(key)
                     entry[key] = value if isinstance(value, str) else None

@@ -11,14 +11,13 @@ growing at ``max_nodes`` (the rest are counted, not drawn), so a picture stays l
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from nscas.digests import Digest
-from nscas.errors import InvalidInput
-from nscas.provenance import producers
+from nscas.errors import InvalidInput, NotFound
+from nscas.provenance import producers_of
 
 if TYPE_CHECKING:
     from nscas.reading import StoreReader
@@ -90,16 +89,6 @@ def parse_hide(text: str) -> frozenset[str]:
     return names
 
 
-def _producer(store: StoreReader, oid: Digest) -> tuple[Digest, str] | None:
-    """The receipt that produced ``oid`` (nscas.provenance) and the path of its link to it."""
-    receipt = producers(store, oid).first
-    if receipt is None:
-        return None
-    outputs = store.get_record(receipt)["outputs"]
-    name = min(k for k, v in outputs.items() if v == str(oid))
-    return receipt, f"$.outputs.{name}"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Edge:
     via: str
@@ -107,10 +96,7 @@ class _Edge:
     linked_from: bool
 
 
-@dataclass(slots=True)
-class _Facts:
-    kind: str | None
-    record: dict[str, Any] | None
+_LABELLED = frozenset({"receipt/1", "action/1"})  # records read for their labels
 
 
 def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
@@ -120,38 +106,42 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
     receipt that produced an object; down finds the records that link to it.
 
     ``hide``: classes of ``HIDE_CLASSES`` to leave out (counted in ``hidden``); ``depth``:
-    links from the root; ``max_nodes``: objects shown at most (None: no limit)."""
-    facts: dict[Digest, _Facts] = {}
+    links from the root; ``max_nodes``: objects shown at most (None: no limit).
 
-    def fact(node_id: Digest) -> _Facts:
-        if node_id not in facts:
-            kind = store.info(node_id).kind
-            wanted = kind in {"receipt/1", "action/1"}
-            facts[node_id] = _Facts(kind=kind,
-                                    record=store.get_record(node_id) if wanted else None)
-        return facts[node_id]
+    The store is read a level at a time, a few statements per level whatever its width (the
+    kinds of what it reaches, the records of its receipts and actions, its links, the
+    producers of its outputs), not a few per object: on PostgreSQL each is a round trip."""
+    kinds: dict[Digest, str | None] = {}
+    records: dict[Digest, dict[str, Any]] = {}
 
-    def edges(node_id: Digest) -> list[_Edge]:
-        kind = fact(node_id).kind
+    def learn_kinds(ids: list[Digest]) -> None:
+        unknown = [i for i in dict.fromkeys(ids) if i not in kinds]
+        found = store.kinds_of(unknown)
+        for i in unknown:
+            if i not in found:
+                raise NotFound(str(i))
+            kinds[i] = found[i]
+
+    def learn_records(ids: list[Digest]) -> None:
+        records.update(store.get_records([i for i in dict.fromkeys(ids) if i not in records]))
+
+    def level_edges(level: list[Digest]) -> dict[Digest, list[_Edge]]:
+        learn_records([n for n in level if kinds[n] in _LABELLED])
         if direction == "down":
-            return [_Edge(via=lk.path, target=lk.parent, linked_from=True)
-                    for lk in store.links_to(node_id, limit=_MAX_FANOUT + 1)]
-        out: list[_Edge] = []
-        if kind != "receipt/1":
-            producer = _producer(store, node_id)
-            if producer is not None:
-                out.append(_Edge(via=producer[1], target=producer[0], linked_from=True))
-        if kind is not None:
-            out += [_Edge(via=lk.path, target=lk.child, linked_from=False)
-                    for lk in store.links_from(node_id)
-                    if not (kind == "receipt/1" and lk.path.startswith("$.outputs."))]
+            return {n: [_Edge(via=lk.path, target=lk.parent, linked_from=True) for lk in found]
+                    for n, found in store.links_to_each(level, _MAX_FANOUT + 1).items()}
+        out: dict[Digest, list[_Edge]] = {n: [] for n in level}
+        made = producers_of(store, [n for n in level if kinds[n] != "receipt/1"])
+        firsts = {n: p.first for n, p in made.items() if p.first is not None}
+        learn_records(list(firsts.values()))
+        for n, receipt in firsts.items():
+            outputs = records[receipt]["outputs"]
+            name = min(k for k, v in outputs.items() if v == str(n))
+            out[n].append(_Edge(via=f"$.outputs.{name}", target=receipt, linked_from=True))
+        for n, found in store.links_from_each([n for n in level if kinds[n] is not None]).items():
+            out[n] += [_Edge(via=lk.path, target=lk.child, linked_from=False) for lk in found
+                       if not (kinds[n] == "receipt/1" and lk.path.startswith("$.outputs."))]
         return out
-
-    def prefetch(found: list[_Edge]) -> None:
-        unknown = [e.target for e in found if e.target not in facts]
-        for target, kind in store.kinds_of(unknown).items():
-            if kind not in {"receipt/1", "action/1"}:
-                facts[target] = _Facts(kind=kind, record=None)
 
     def hidden(edge: _Edge) -> bool:
         if not hide:
@@ -160,7 +150,7 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
             return True
         if "files" in hide and edge.via == "$.files" and not edge.linked_from:
             return True
-        kind = fact(edge.target).kind
+        kind = kinds[edge.target]
         return (("blobs" in hide and kind is None)
                 or ("environment" in hide and kind == "environment/1")
                 or ("journals" in hide and kind == "journal/1")
@@ -171,38 +161,44 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
     shown: dict[Digest, list[_Edge]] = {}
     counts: dict[Digest, tuple[int, int]] = {}  # (more, hidden)
     owner: dict[Digest, Digest | None] = {oid: None}
-    fact(oid)
-    queue: deque[tuple[Digest, int]] = deque([(oid, 0)])
-    while queue:
-        node_id, level = queue.popleft()
-        all_edges = edges(node_id)
-        prefetch(all_edges)
-        visible = [e for e in all_edges if not hidden(e)]
-        n_hidden = len(all_edges) - len(visible)
-        if depth is not None and level >= depth:
-            shown[node_id], counts[node_id] = [], (len(visible), n_hidden)
-            continue
-        keep: list[_Edge] = []
-        for edge in visible[:_MAX_FANOUT]:
-            if edge.target not in owner:
-                if max_nodes is not None and len(owner) >= max_nodes:
-                    continue
-                owner[edge.target] = node_id
-                queue.append((edge.target, level + 1))
-            keep.append(edge)
-        shown[node_id], counts[node_id] = keep, (len(visible) - len(keep), n_hidden)
+    learn_kinds([oid])
+    level, n_level = [oid], 0
+    while level:
+        found_edges = level_edges(level)
+        learn_kinds([e.target for edges in found_edges.values() for e in edges])
+        following: list[Digest] = []
+        for node_id in level:
+            visible = [e for e in found_edges[node_id] if not hidden(e)]
+            n_hidden = len(found_edges[node_id]) - len(visible)
+            if depth is not None and n_level >= depth:
+                shown[node_id], counts[node_id] = [], (len(visible), n_hidden)
+                continue
+            keep: list[_Edge] = []
+            for edge in visible[:_MAX_FANOUT]:
+                if edge.target not in owner:
+                    if max_nodes is not None and len(owner) >= max_nodes:
+                        continue
+                    owner[edge.target] = node_id
+                    following.append(edge.target)
+                keep.append(edge)
+            shown[node_id], counts[node_id] = keep, (len(visible) - len(keep), n_hidden)
+        level, n_level = following, n_level + 1
 
+    # Every shown receipt is labelled with its action's recipe.
+    learn_records([Digest.parse(records[n]["action"]) for n in owner
+                   if kinds[n] == "receipt/1" and isinstance(records[n].get("action"), str)])
     refs: dict[Digest, list[str]] = {}
     for name, target in store.ref_list():
         if target in owner:
             refs.setdefault(target, []).append(name)
 
     def build(node_id: Digest, via: str | None, linked_from: bool, parent: Digest | None) -> Node:
-        f = fact(node_id)
-        label = _labels(f, store)
-        base: dict[str, Any] = {"id": node_id, "kind": f.kind, "via": via,
+        kind = kinds[node_id]
+        base: dict[str, Any] = {"id": node_id, "kind": kind, "via": via,
                                 "linked_from": linked_from,
-                                "refs": tuple(sorted(refs.get(node_id, ()))), **label}
+                                "refs": tuple(sorted(refs.get(node_id, ()))),
+                                **_labels(kind, records.get(node_id) if kind in _LABELLED else None,
+                                        records)}
         if owner.get(node_id, "") != parent or node_id not in shown:
             # shown under another object (or not expanded at all: beyond the node limit)
             return Node(**base, seen=node_id in shown)
@@ -214,16 +210,16 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
     return build(oid, None, False, None)
 
 
-def _labels(f: _Facts, store: StoreReader) -> dict[str, Any]:
-    rec = f.record
+def _labels(kind: str | None, rec: dict[str, Any] | None,
+            records: Mapping[Digest, dict[str, Any]]) -> dict[str, Any]:
     if rec is None:
         return {}
-    if f.kind == "action/1":
+    if kind == "action/1":
         return {"recipe": rec.get("recipe")}
     action = rec.get("action")
     recipe = None
     if isinstance(action, str):
-        recipe = store.get_record(Digest.parse(action)).get("recipe")
+        recipe = records[Digest.parse(action)].get("recipe")
     return {"recipe": recipe, "status": rec.get("status"),
             "pipeline": rec.get("pipeline") if isinstance(rec.get("pipeline"), str) else None,
             "step": rec.get("step") if isinstance(rec.get("step"), str) else None}

@@ -96,10 +96,12 @@ def database_error(exc: psycopg.Error, root: Path, url: str | None = None) -> St
 
 
 def schema_revision(c: PgConnection) -> str | None:
-    """The store's alembic revision, or None before its first migration."""
-    if c.execute("SELECT to_regclass('alembic_version')").fetchone()[0] is None:
+    """The store's alembic revision, or None before its first migration: one statement (the
+    connection is in autocommit mode, so a missing table leaves no transaction to undo)."""
+    try:
+        row = c.execute("SELECT version_num FROM alembic_version").fetchone()
+    except psycopg.errors.UndefinedTable:
         return None
-    row = c.execute("SELECT version_num FROM alembic_version").fetchone()
     return row[0] if row else None
 
 

@@ -8,6 +8,7 @@ earliest succeeded receipt is the one, by ``started`` and then ID, as the cache 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,15 +32,25 @@ class Producers:
 
 def producers(store: StoreReader, oid: Digest) -> Producers:
     """Every succeeded receipt whose ``outputs`` name ``oid``, earliest (``started``, ID) first."""
-    # Only a receipt's $.outputs links can name it: an object shared as an input (a code tree,
-    # an environment) has parents by the hundred thousand, none of which need reading.
-    parents = sorted({link.parent for link in store.links_to(oid, path_prefix="$.outputs")
-                      if link.path[9:10] in (".", "[")})
-    found = []
-    for parent, kind in sorted(store.kinds_of(parents).items()):
-        if kind != "receipt/1":
-            continue
-        receipt = store.get_record(parent)
-        if receipt["status"] == "succeeded" and str(oid) in receipt["outputs"].values():
-            found.append((receipt["started"], parent))
-    return Producers(output=oid, receipts=tuple(r for _, r in sorted(found)))
+    return producers_of(store, [oid])[oid]
+
+
+def producers_of(store: StoreReader, ids: Iterable[Digest]) -> dict[Digest, Producers]:
+    """:func:`producers` of each ID, in three statements however many IDs (and however many
+    records link to them): the ``$.outputs`` links to them (an index of their own: an object
+    shared as an input, a code tree or an environment, has parents by the hundred thousand,
+    none of which need reading), the kinds of their parents, the receipts among them."""
+    links = store.output_links_to(ids)
+    named: dict[Digest, set[Digest]] = {
+        oid: {lk.parent for lk in found if lk.path[9:10] in (".", "[")}
+        for oid, found in links.items()}
+    parents = sorted(set().union(*named.values()))
+    receipts = [d for d, kind in store.kinds_of(parents).items() if kind == "receipt/1"]
+    records = store.get_records(receipts)
+    out: dict[Digest, Producers] = {}
+    for oid, found in named.items():
+        runs = sorted((records[r]["started"], r) for r in found
+                      if r in records and records[r]["status"] == "succeeded"
+                      and str(oid) in records[r]["outputs"].values())
+        out[oid] = Producers(output=oid, receipts=tuple(r for _, r in runs))
+    return out

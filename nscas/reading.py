@@ -44,6 +44,10 @@ from nscas.suggestions import did_you_mean
 _INFO = ("id, size, COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE s.id = objects.id)),"
          " kind, storage, codec, stored_size, created")
 BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
+_UNION_BATCH = 100  # SELECTs per UNION ALL, well under SQLite's bound of 500 terms
+OUTPUTS = "substr(path, 1, 9) = '$.outputs'"
+"""The links that name a run's outputs, exactly as the partial index ``ix_links_outputs``
+(migration 0005) is defined: a query that names it so reads that index, on both engines."""
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
                      "put_whole", "ref_set", "delete_objects", "execute_raw", "work_area",
@@ -83,8 +87,11 @@ class Link:
 class StoreReader:
     """A store opened for reading. Thread-safe; any number of readers and writers may share it.
 
-    Every method reads in one deferred transaction of its own, so it sees one committed state
-    of the store (WAL: a writer committing meanwhile changes nothing of what it sees).
+    Every method sees one committed state of the store: a method of one statement runs it
+    alone (a statement is atomic on both engines), one of several statements reads in one
+    transaction of its own (WAL, or PostgreSQL's REPEATABLE READ: a writer committing meanwhile
+    changes nothing of what it sees). On PostgreSQL a transaction costs two round trips more
+    (BEGIN, ROLLBACK), so the many small reads of ``log`` and ``lineage`` are single statements.
     """
 
     readonly = True  # the writer sets its own
@@ -196,8 +203,9 @@ class StoreReader:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """A connection inside a deferred read transaction, returned to the pool afterwards.
+    def _read(self, *, snapshot: bool = True) -> Iterator[sqlite3.Connection]:
+        """A connection inside a deferred read transaction, returned to the pool afterwards;
+        ``snapshot=False`` for a read of one statement, which needs no transaction.
 
         A pool rather than one connection per thread: a generator (``leaves``) may hold its
         transaction open while the same thread runs other reads.
@@ -209,7 +217,8 @@ class StoreReader:
         try:
             if c is None:
                 c = self._connect()
-            c.execute("BEGIN")
+            if snapshot:
+                c.execute("BEGIN")
             yield c
         except self._errors as exc:
             raise self._database_error(exc) from None
@@ -234,11 +243,11 @@ class StoreReader:
     # ----------------------------------------------------------------- lookups
 
     def has(self, oid: Digest) -> bool:
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             return c.execute("SELECT 1 FROM objects WHERE id = ?", (oid.hex,)).fetchone() is not None
 
     def info(self, oid: Digest) -> ObjectInfo:
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             row = c.execute(f"SELECT {_INFO} FROM objects WHERE id = ?", (oid.hex,)).fetchone()
         if row is None:
             raise NotFound(str(oid))
@@ -261,7 +270,7 @@ class StoreReader:
         """(ID, SHA-256) of every object whose SHA-256 was recorded after its put."""
         last = ""
         while True:
-            with self._read() as c:
+            with self._read(snapshot=False) as c:
                 rows = c.execute("SELECT id, sha256 FROM object_sha256 WHERE id > ? ORDER BY id"
                                  " LIMIT 2000", (last,)).fetchall()
             if not rows:
@@ -289,7 +298,7 @@ class StoreReader:
                 raise NotFound(f"ref {text_!r}{hint}")
             return target
         prefix = parse_prefix(text_)
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             rows = [r[0] for r in c.execute(
                 "SELECT id FROM objects WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
                 (prefix, prefix + "g"))]
@@ -315,10 +324,33 @@ class StoreReader:
         return data
 
     def get_record(self, oid: Digest) -> dict[str, Any]:
-        info = self.info(oid)
-        if info.kind is None:
-            raise InvalidInput(f"{oid} is a blob, not a record")
-        return canonical.decode(self.get_bytes(oid))
+        return self.get_records([oid])[oid]
+
+    def get_records(self, ids: Iterable[Digest]) -> dict[Digest, dict[str, Any]]:
+        """The decoded records of ``ids``, each checked against its ID: one statement per
+        :data:`BATCH` IDs for records stored inline (as nearly all are), the others read as
+        ``get_bytes`` reads. A missing ID is NotFound; a blob's is bad input, as in
+        ``get_record``."""
+        wanted = list(dict.fromkeys(ids))
+        out: dict[Digest, dict[str, Any]] = {}
+        for batch in batches([d.hex for d in wanted], BATCH):
+            with self._read(snapshot=False) as c:
+                rows = {r[0]: r[1:] for r in c.execute(
+                    f"SELECT id, kind, storage, data FROM objects WHERE id IN ({_marks(batch)})",
+                    batch)}
+            for hex_id in batch:
+                oid = Digest(hex_id)
+                if hex_id not in rows:
+                    raise NotFound(str(oid))
+                kind, storage, data = rows[hex_id]
+                if kind is None:
+                    raise InvalidInput(f"{oid} is a blob, not a record")
+                if storage == "inline":
+                    data = self.read_leaf(hex_id, "raw", bytes(data))
+                else:
+                    data = self.get_bytes(oid)
+                out[oid] = canonical.decode(data)
+        return out
 
     def open(self, oid: Digest) -> BinaryIO:
         """A reader over an object's bytes, each leaf checked as it is read."""
@@ -391,7 +423,7 @@ class StoreReader:
 
     def part_ids(self, oid: Digest) -> list[tuple[int, Digest]]:
         """(offset, part ID) of an object stored as parts; empty for other objects."""
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             rows = c.execute('SELECT "offset", part_id FROM parts WHERE object_id = ? ORDER BY idx',
                              (oid.hex,)).fetchall()
         return [(off, Digest(part)) for off, part in rows]
@@ -399,7 +431,7 @@ class StoreReader:
     # -------------------------------------------------------------------- refs
 
     def ref_get(self, name: str) -> Digest | None:
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             row = c.execute("SELECT target FROM refs WHERE name = ?", (name,)).fetchone()
         return Digest(row[0]) if row and row[0] else None
 
@@ -409,7 +441,7 @@ class StoreReader:
             # Case-sensitive on both engines, as ref names are (SQLite's LIKE ignores ASCII case,
             # PostgreSQL's does not): the name's first characters equal the prefix exactly.
             sql, args = sql + " WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             rows = c.execute(sql, args).fetchall()
         # Sorted here, by code point: a PostgreSQL database's collation may order otherwise.
         return [(name, Digest(target)) for name, target in sorted(rows)]
@@ -424,36 +456,73 @@ class StoreReader:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             return [RefEntry(name=n, old=Digest(old) if old else None, new=Digest(new), at=at,
                              message=message) for n, old, new, at, message in c.execute(sql, args)]
 
     # ------------------------------------------------------------------- links
 
     def links_from(self, oid: Digest) -> list[Link]:
-        with self._read() as c:
-            rows = c.execute("SELECT path, child FROM links WHERE parent = ? ORDER BY path",
-                             (oid.hex,)).fetchall()
-        return [Link(parent=oid, path=path, child=Digest(child)) for path, child in rows]
+        return self.links_from_each([oid])[oid]
 
-    def links_to(self, oid: Digest, limit: int | None = None, *,
-                 path_prefix: str | None = None) -> list[Link]:
-        """The links to ``oid``; with ``path_prefix``, only those whose path starts so."""
-        sql = "SELECT parent, path FROM links WHERE child = ?"
-        args: tuple[Any, ...] = (oid.hex,)
-        if path_prefix is not None:
-            sql, args = sql + " AND substr(path, 1, ?) = ?", (*args, len(path_prefix), path_prefix)
-        sql += " ORDER BY parent, path"
+    def links_from_each(self, ids: Iterable[Digest]) -> dict[Digest, list[Link]]:
+        """Each ID's links, by path: one statement per :data:`BATCH` IDs."""
+        out: dict[Digest, list[Link]] = {d: [] for d in ids}
+        for batch in batches([d.hex for d in out], BATCH):
+            with self._read(snapshot=False) as c:
+                rows = c.execute(f"SELECT parent, path, child FROM links WHERE parent IN "
+                                 f"({_marks(batch)}) ORDER BY parent, path", batch).fetchall()
+            for parent, path, child in rows:
+                oid = Digest(parent)
+                out[oid].append(Link(parent=oid, path=path, child=Digest(child)))
+        return out
+
+    def links_to(self, oid: Digest, limit: int | None = None) -> list[Link]:
+        """The links to ``oid``, by (parent, path); the first ``limit`` of them if given."""
+        return self.links_to_each([oid], limit)[oid]
+
+    def links_to_each(self, ids: Iterable[Digest], limit: int | None = None
+                      ) -> dict[Digest, list[Link]]:
+        """:meth:`links_to` of each ID, in one statement per 100 IDs (a UNION ALL of one
+        limited SELECT each: a shared object's hundred thousand parents are not all read)."""
+        out: dict[Digest, list[Link]] = {d: [] for d in ids}
+        one = "SELECT parent, path, child FROM links WHERE child = ? ORDER BY parent, path"
         if limit is not None:
-            sql, args = sql + " LIMIT ?", (*args, limit)
-        with self._read() as c:
-            rows = c.execute(sql, args).fetchall()
-        return [Link(parent=Digest(parent), path=path, child=oid) for parent, path in rows]
+            one += f" LIMIT {int(limit)}"
+        for batch in batches([d.hex for d in out], _UNION_BATCH):
+            union = " UNION ALL ".join(f"SELECT * FROM ({one}) AS q{i}" for i in range(len(batch)))
+            with self._read(snapshot=False) as c:
+                rows = c.execute(f"SELECT parent, path, child FROM ({union}) AS u "
+                                 "ORDER BY child, parent, path", batch).fetchall()
+            for parent, path, child in rows:
+                oid = Digest(child)
+                out[oid].append(Link(parent=Digest(parent), path=path, child=oid))
+        return out
+
+    def output_links_to(self, ids: Iterable[Digest]) -> dict[Digest, list[Link]]:
+        """The links to each ID whose path starts ``$.outputs`` (a receipt naming it among its
+        outputs, and maybe a path such as ``$.outputsX`` of some other kind of record, for the
+        caller to judge), by (parent, path): a lookup in ``ix_links_outputs``, however many
+        other links the object has."""
+        out: dict[Digest, list[Link]] = {d: [] for d in ids}
+        for batch in batches([d.hex for d in out], BATCH):
+            with self._read(snapshot=False) as c:
+                rows = c.execute(f"SELECT parent, path, child FROM links WHERE child IN "
+                                 f"({_marks(batch)}) AND {OUTPUTS} ORDER BY parent, path",
+                                 batch).fetchall()
+            for parent, path, child in rows:
+                oid = Digest(child)
+                out[oid].append(Link(parent=Digest(parent), path=path, child=oid))
+        return out
 
     def kinds_of(self, ids: Iterable[Digest]) -> dict[Digest, str | None]:
+        """The kind of each ID that is stored (None: a blob); IDs not stored are left out."""
         out: dict[Digest, str | None] = {}
-        with self._read() as c:
-            for batch in batches([d.hex for d in ids], BATCH):
+        todo = list(batches(list(dict.fromkeys(d.hex for d in ids)), BATCH))
+        if not todo:
+            return out
+        with self._read(snapshot=len(todo) > 1) as c:
+            for batch in todo:
                 for hex_id, kind in c.execute(
                         f"SELECT id, kind FROM objects WHERE id IN ({_marks(batch)})", batch):
                     out[Digest(hex_id)] = kind
@@ -490,7 +559,7 @@ class StoreReader:
         if before is not None:
             sql += " AND seq < ?"
             args.append(before)
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             rows = c.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
         return [_info(r) for r in rows]
 
@@ -499,8 +568,8 @@ class StoreReader:
     def iter_objects(self, batch: int = 2000) -> Iterator[ObjectInfo]:
         last = 0
         while True:
-            # A transaction per batch: a long walk (fsck, gc) does not pin one WAL snapshot.
-            with self._read() as c:
+            # A statement per batch: a long walk (fsck, gc) does not pin one WAL snapshot.
+            with self._read(snapshot=False) as c:
                 rows = c.execute(f"SELECT seq, {_INFO} FROM objects WHERE seq > ? ORDER BY seq "
                                  "LIMIT ?", (last, batch)).fetchall()
             if not rows:
@@ -509,12 +578,12 @@ class StoreReader:
             yield from (_info(r[1:]) for r in rows)
 
     def inline_data(self, oid: Digest) -> bytes | None:
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             row = c.execute("SELECT data FROM objects WHERE id = ?", (oid.hex,)).fetchone()
         return bytes(row[0]) if row is not None and row[0] is not None else None
 
     def part_rows(self, oid: Digest) -> list[tuple[int, int, Digest]]:
-        with self._read() as c:
+        with self._read(snapshot=False) as c:
             rows = c.execute('SELECT idx, "offset", part_id FROM parts WHERE object_id = ? '
                              "ORDER BY idx", (oid.hex,)).fetchall()
         return [(idx, off, Digest(part)) for idx, off, part in rows]

@@ -16,7 +16,7 @@ from pathlib import Path
 from nscas.errors import DamagedStore, NoSpace, ReadOnlyStore, StoreError
 from nscas.locating import DB_NAME
 
-SCHEMA_HEAD = "0004_no_truncate"
+SCHEMA_HEAD = "0005_producer_links"
 """The alembic revision this code was written for; tests keep it equal to the migrations' head."""
 
 # What the migrations up to SCHEMA_HEAD create (tests/store/test_migrations.py compares these with
@@ -34,7 +34,8 @@ TABLES: dict[str, tuple[str, ...]] = {
 }
 INDEXES: dict[str, str] = {  # index -> its table; sqlite_autoindex_* come from UNIQUE and keys
     "ix_objects_records": "objects", "ix_objects_record_seq": "objects",
-    "ix_parts_part": "parts", "ix_links_child": "links", "ix_ref_log_name": "ref_log",
+    "ix_parts_part": "parts", "ix_links_child": "links", "ix_links_outputs": "links",
+    "ix_ref_log_name": "ref_log",
     "sqlite_autoindex_alembic_version_1": "alembic_version",
     "sqlite_autoindex_objects_1": "objects", "sqlite_autoindex_parts_1": "parts",
     "sqlite_autoindex_links_1": "links", "sqlite_autoindex_object_sha256_1": "object_sha256",

@@ -61,6 +61,10 @@ links = Table(
     Column("path", Text, primary_key=True),
     Column("child", CHAR(64), ForeignKey("objects.id"), nullable=False),
     Index("ix_links_child", "child", "parent", "path"),
+    # The links that name a run's outputs (0005): finding producers is a lookup.
+    Index("ix_links_outputs", "child", "parent", "path",
+          sqlite_where=text("substr(path, 1, 9) = '$.outputs'"),
+          postgresql_where=text("substr(path, 1, 9) = '$.outputs'")),
 )
 
 # The SHA-256 of an object put without one (objects.sha256 NULL), recorded the first time a

@@ -1,0 +1,93 @@
+"""The batched reads lineage and log use answer as the one-object reads do, and lineage's
+statements grow with the graph's depth, not its width (each is a round trip on PostgreSQL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nscas.digests import Digest
+from nscas.errors import InvalidInput, NotFound
+from nscas.lineage import lineage
+from nscas.opening import open_store
+from nscas.provenance import producers, producers_of
+from nscas.store import Store
+
+
+def _runs(store: Store, n: int) -> dict[str, Any]:
+    """``n`` receipts sharing one environment, each producing a checkpoint of its own."""
+    env = store.put_record({"nscas": "environment/1", "python": "3.11", "platform": "linux",
+                            "packages": {}, "torch": None, "devices": [], "determinism": {}})
+    blob = store.put_bytes(b"weights")
+    tree = store.put_record({"nscas": "tree/1", "entries": {"w": {
+        "id": str(blob), "size": 7, "sha256": store.sha256(blob)}}})
+    receipts, ckpts = [], []
+    for i in range(n):
+        action = store.put_record({"nscas": "action/1", "recipe": "train@1", "code": str(tree),
+                                   "inputs": {}, "params": {"run": i}})
+        params = store.put_record({"nscas": "params/1", "tensors": {}})
+        ckpt = store.put_record({"nscas": "checkpoint/1", "files": str(tree), "params": str(params),
+                                 "step": i, "parent": None})
+        receipts.append(store.put_record({
+            "nscas": "receipt/1", "action": str(action), "environment": str(env),
+            "outputs": {"checkpoint": str(ckpt)}, "journals": [], "claims": {},
+            "started": f"2025-01-01T00:{i:02d}:00Z", "finished": "2025-01-01T01:00:00Z",
+            "status": "succeeded"}))
+        ckpts.append(ckpt)
+    return {"env": env, "blob": blob, "receipts": receipts, "ckpts": ckpts}
+
+
+def test_batched_reads_equal_single_reads(store: Store) -> None:
+    built = _runs(store, 7)
+    ids = [built["env"], *built["receipts"], *built["ckpts"]]
+    with open_store(store.root, readonly=True) as r:
+        assert r.get_records(ids) == {i: r.get_record(i) for i in ids}
+        assert r.links_from_each(ids) == {i: r.links_from(i) for i in ids}
+        for limit in (None, 1, 3):
+            assert r.links_to_each(ids, limit) == {i: r.links_to(i, limit) for i in ids}
+        assert len(r.links_to(built["env"])) == 7
+        assert [lk.parent for lk in r.links_to(built["env"], 3)] == sorted(built["receipts"])[:3]
+        outputs = r.output_links_to(built["ckpts"])
+        assert {c: [lk.parent for lk in found] for c, found in outputs.items()} == {
+            c: [rc] for c, rc in zip(built["ckpts"], built["receipts"], strict=True)}
+        assert r.output_links_to([built["env"]]) == {built["env"]: []}  # inputs are not outputs
+        made = producers_of(r, [built["env"], *built["ckpts"]])
+        assert made == {i: producers(r, i) for i in made}
+        assert made[built["ckpts"][2]].first == built["receipts"][2]
+        with pytest.raises(InvalidInput):
+            r.get_records([built["blob"]])
+        with pytest.raises(NotFound):
+            r.get_records([Digest.of(b"never stored")])
+
+
+def test_lineage_statements_do_not_grow_with_width(store: Store) -> None:
+    def statements(n: int) -> tuple[int, int]:
+        built = _runs(store, n)
+        with open_store(store.root, readonly=True) as r:
+            count = 0
+            connect = r._connect
+
+            class Counting:
+                def __init__(self) -> None:
+                    self.c = connect()
+
+                def execute(self, *a: Any) -> Any:
+                    nonlocal count
+                    count += 1
+                    return self.c.execute(*a)
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(self.c, name)
+
+            r._connect = Counting  # type: ignore[method-assign]
+            down = lineage(r, built["env"], direction="down")
+            assert len(down.children) == n and all(c.recipe == "train@1" for c in down.children)
+            down_count, count = count, 0
+            up = lineage(r, built["receipts"][-1])
+            assert up.status == "succeeded"
+            return down_count, count
+
+    small, large = statements(3), statements(60)
+    assert large[0] == small[0]  # 60 receipts under the environment: as few reads as 3
+    assert large[1] <= small[1] + 2
