@@ -59,7 +59,8 @@ def init(
         init_store(root, config).close()
         _report(root, existed, as_json)
         return
-    existed = (root / DB_NAME).is_file()
+    # An SQLite store has its database file; a team store its store.toml (and no database here).
+    existed = (root / DB_NAME).is_file() or (root / CONFIG_NAME).is_file()
     if existed and not upgrade:
         # Refuses another schema version before alembic would touch it; a store at this
         # version has nothing to change, so a read-only one is fine as it is.

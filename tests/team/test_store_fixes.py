@@ -29,7 +29,9 @@ def test_nscas_store_may_name_a_store_toml(team_services: TeamServices, tmp_path
         ran = nscas(*args, "add", str(tmp_path / "f"), "--ref", "f", **how)  # type: ignore[arg-type]
         assert ran.code == 0, ran.err
     assert nscas("cat", "f", store=toml).out == "through store.toml"
-    assert nscas("init", store=toml).code == 0  # init of the store the file names: nothing new
+    for extra in ((), ("--upgrade",)):  # init of the store the file names: nothing new
+        again = nscas("init", *extra, store=toml)
+        assert again.code == 0 and again.out.startswith("nscas store already in"), again
     bad = nscas("ref", "list", store=tmp_path / "nowhere" / "store.toml")
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1, bad.err
 
