@@ -11,9 +11,6 @@ weight, so that holds; clipping is set out of reach (each rank would clip its ow
 from __future__ import annotations
 
 import math
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -21,15 +18,15 @@ import torch
 from safetensors.torch import load_file
 
 from nscas.config import parse_params
-from nscas.errors import ConfigError, InvalidInput, RecipeError
+from nscas.errors import ConfigError, InvalidInput
 from nscas.recipes.init.presets import load_hf_dir
 from nscas.recipes.train.config import TrainParams
-from nscas.recipes.train.events import CheckpointReady, StepProgress
+from nscas.recipes.train.events import CheckpointReady
 from nscas.recipes.train.exchange import parameter_digest
 from nscas.recipes.train.journal import effective_outer_steps, effective_steps, read_journal
 from nscas.recipes.train.launch import TrainOutcome, run_training
 from nscas.verifiers.training import diloco_checks
-from tests.recipes.test_train_errors import _worker_pid
+from tests.recipes.test_train_errors import assert_killing_rank_one_stops_the_run
 from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec, tiny  # noqa: F401
 
 SGD = {"optimizer": "sgd", "lr": 0.05, "warmup": 0, "clip": 1e9, "steps": 3, "batch": 4,
@@ -172,21 +169,8 @@ def test_a_dead_rank_stops_the_other(tiny: tuple[Path, Path, Path]) -> None:  # 
     spec = make_spec(root, docs=make_documents(16, seed=2), base=base, tokenizer=tokenizer,
                      out="diloco-dies", world=2, steps=4000, batch=2, checkpoint_steps=(),
                      timeout_seconds=timeout, sync="diloco", inner_steps=4)
-    spec_file = Path(spec.output_dir) / "spec.json"
-    killed: list[float] = []
-
-    def kill_rank_one(progress: StepProgress) -> None:
-        if not killed and progress.step >= 2:  # between outer steps: rank 0 is inside H
-            pid = _worker_pid(spec_file, 1)
-            assert pid is not None
-            os.kill(pid, signal.SIGKILL)
-            killed.append(time.monotonic())
-
-    with pytest.raises(RecipeError) as caught:
-        run_training(spec, on_progress=kill_rank_one, env=THREADS)
-    assert killed and time.monotonic() - killed[0] < timeout
-    assert "training rank 1 died (signal SIGKILL)" in str(caught.value)
-    assert _worker_pid(spec_file, 0) is None and _worker_pid(spec_file, 1) is None
+    # From step 2: between outer steps, while rank 0 is inside its H inner steps.
+    assert_killing_rank_one_stops_the_run(spec, timeout=timeout, from_step=2)
 
 
 @pytest.mark.parametrize(("params", "message"), [

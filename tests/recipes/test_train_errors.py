@@ -12,7 +12,7 @@ import torch
 
 from nscas.errors import InvalidInput, RecipeError
 from nscas.recipes.common.tokenise import DocumentTooLong
-from nscas.recipes.train.config import TrainParams
+from nscas.recipes.train.config import TrainParams, WorkerSpec
 from nscas.recipes.train.documents import TrainDocument, read_documents, write_documents
 from nscas.recipes.train.launch import StepProgress, check_devices, run_training
 from nscas.recipes.train.worker import select_device
@@ -92,17 +92,15 @@ def _worker_pid(spec_file: Path, rank: int) -> int | None:
     return None
 
 
-def test_a_dead_rank_stops_the_others_and_is_named(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
-    root, tokenizer, base = tiny
-    timeout = 20
-    spec = make_spec(root, docs=make_documents(16, seed=2), base=base, tokenizer=tokenizer,
-                     out="dies", world=2, steps=5000, batch=2, checkpoint_steps=(),
-                     timeout_seconds=timeout)
+def assert_killing_rank_one_stops_the_run(spec: WorkerSpec, *, timeout: float,
+                                          from_step: int = 0) -> None:
+    """SIGKILL rank 1 at the first progress report of ``from_step`` or later: the run must fail
+    within ``timeout`` naming the dead rank, and leave no worker behind."""
     spec_file = Path(spec.output_dir) / "spec.json"
     killed: list[float] = []
 
     def kill_rank_one(progress: StepProgress) -> None:
-        if not killed:
+        if not killed and progress.step >= from_step:
             pid = _worker_pid(spec_file, 1)
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
@@ -113,6 +111,15 @@ def test_a_dead_rank_stops_the_others_and_is_named(tiny: tuple[Path, Path, Path]
     assert killed and time.monotonic() - killed[0] < timeout
     assert "training rank 1 died (signal SIGKILL)" in str(caught.value)
     assert _worker_pid(spec_file, 0) is None and _worker_pid(spec_file, 1) is None
+
+
+def test_a_dead_rank_stops_the_others_and_is_named(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
+    root, tokenizer, base = tiny
+    timeout = 20
+    spec = make_spec(root, docs=make_documents(16, seed=2), base=base, tokenizer=tokenizer,
+                     out="dies", world=2, steps=5000, batch=2, checkpoint_steps=(),
+                     timeout_seconds=timeout)
+    assert_killing_rank_one_stops_the_run(spec, timeout=timeout)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error path")
