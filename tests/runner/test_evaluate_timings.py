@@ -65,11 +65,11 @@ def test_the_version_decides_where_timings_are() -> None:
 @pytest.mark.parametrize(("rate", "expected"), [(8.0, "passed"), (9.0, "failed")])
 def test_an_evaluate_1_line_is_checked_with_its_own_timing(rate: float, expected: str) -> None:
     line = {"id": "t1", "prompt_ids": [7], "output_ids": [1, 2, 3, 4], "text": "x",
-            "ended_with_eos": False, "hit_token_limit": False, "seconds": 0.5,
-            "tokens_per_second": rate}
+            "ended_with_eos": False, "hit_token_limit": True, "seconds": 0.5,
+            "tokens_per_second": rate}  # stopped by the limit: a cut answer is its own finding
     scored = Scored(ids=["t1"], families=[], variants=[], results=[], generations=[line],
                     prompts=["a"])
-    checks = generation_checks(scored, max_new_tokens=8, tokenizer=None, eos=set(), name="t",
+    checks = generation_checks(scored, max_new_tokens=4, tokenizer=None, eos=set(), name="t",
                                keys=generation_keys({"recipe": "evaluate@1"}))
     assert checks[0].name == "t.generations"
     assert checks[0].status == expected
