@@ -25,7 +25,8 @@ def pull(
         help="The remote (default: the only one, else origin).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Bring TARGET and every object it reaches that this store lacks; a ref named as TARGET
+    """Bring TARGET and every object it reaches that this store lacks (for a run's output, with
+    the receipt that produced it, so that it can be verified here); a ref named as TARGET
     moves here by compare-and-swap. Resumable: run it again after an interruption.
 
     Example: nscas pull experiments/coop/best --from lab

@@ -23,7 +23,8 @@ def push(
         help="The remote (default: the only one, else origin).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Send TARGET and every object it reaches that the remote lacks; a ref named as TARGET
+    """Send TARGET and every object it reaches that the remote lacks (for a run's output, with
+    the receipt that produced it, so that it can be verified there); a ref named as TARGET
     moves there by compare-and-swap. Resumable: run it again after an interruption.
 
     Example: nscas push experiments/coop/best --to lab

@@ -5,7 +5,9 @@ or a team store's ``store.toml`` (PostgreSQL + object storage). The names live i
 directory's ``remotes.toml``, this machine's own, as a team store's work areas are.
 
 A transfer sends exactly the objects of the target's closure (its parts, and the signature/1
-records of its receipts with what they link) that the other side lacks, children before
+records of its receipts with what they link), and for a target that a receipt produced that
+receipt's closure too (the evidence, as ``export`` takes it: the other side can verify what
+it got), that the other side lacks, children before
 parents: each one is committed there on its own, so the other store holds a closed set at every
 moment, and a transfer killed half-way is resumed by running it again (only what is still
 missing goes). Every object is checked on arrival: a leaf's bytes are re-hashed by the store
@@ -35,6 +37,7 @@ from nscas.errors import (
     RefConflict,
 )
 from nscas.locating import HEXISH, REF_NAME, store_dir_of
+from nscas.provenance import producers
 from nscas.reading import StoreReader
 from nscas.storeconfig import toml_string
 
@@ -62,8 +65,10 @@ class TransferReport:
     target: Digest
     ref: str | None
     """The ref named as the target, if one was."""
+    producer: Digest | None
+    """The receipt that produced the target (nscas.provenance: the earliest), sent with it."""
     objects: int
-    """Objects in the target's closure (parts and signatures included)."""
+    """Objects in the closure sent (parts, signatures and the producer's included)."""
     sent: int
     """Objects the other side lacked and now holds."""
     bytes_sent: int
@@ -177,7 +182,8 @@ def transfer(sender: StoreReader, receiver: Store, target_text: str, *,
     target = sender.resolve(target_text)
     ref = target_text if (REF_NAME.fullmatch(target_text) and not HEXISH.fullmatch(target_text)
                           and sender.ref_get(target_text) == target) else None
-    wanted = _closure(sender, target)
+    producer = None if sender.info(target).kind == "receipt/1" else producers(sender, target).first
+    wanted = _closure(sender, [target] if producer is None else [target, producer])
     present = set(receiver.kinds_of(wanted))
     order = _children_first(sender, wanted - present)
     sent = bytes_sent = 0
@@ -216,13 +222,13 @@ def transfer(sender: StoreReader, receiver: Store, target_text: str, *,
         sent_one(oid, n)
     flush()
     moved = _move_ref(sender, receiver, ref, target) if ref is not None else False
-    return TransferReport(target=target, ref=ref, objects=len(wanted), sent=sent,
+    return TransferReport(target=target, ref=ref, producer=producer, objects=len(wanted), sent=sent,
                           bytes_sent=bytes_sent, ref_moved=moved)
 
 
-def _closure(store: StoreReader, target: Digest) -> set[Digest]:
-    """The target's closure with parts, and every signature of its receipts with theirs."""
-    ids = store.closure([target], with_parts=True)
+def _closure(store: StoreReader, roots: list[Digest]) -> set[Digest]:
+    """The roots' closure with parts, and every signature of its receipts with theirs."""
+    ids = store.closure(roots, with_parts=True)
     receipts = [d for d, k in store.kinds_of(ids).items() if k == "receipt/1"]
     signatures = [link.parent for r in sorted(receipts) for link in store.links_to(r)
                   if link.path == "$.receipt"]

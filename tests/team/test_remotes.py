@@ -61,7 +61,7 @@ def _clean(where: Path, *, notes: bool = False) -> Store:
 def filled(tmp_path: Path) -> tuple[Path, dict[str, Digest], set[Digest]]:
     s = init_store(tmp_path / "a")
     ids = _fill(s, tmp_path)
-    wanted = set().union(*(_closure(s, ids[k]) for k in ("receipt", "model", "tree")))
+    wanted = set().union(*(_closure(s, [ids[k]]) for k in ("receipt", "model", "tree")))
     s.close()
     return tmp_path / "a" / ".nscas", ids, wanted
 
@@ -100,6 +100,29 @@ def test_push_and_pull_between_sqlite_stores(filled: tuple[Path, dict[str, Diges
                  ("remote", "add", "bad name", str(b)), ("pull", "nothing/here", "--from", "b")):
         ran = nscas(*args, store=c)
         assert ran.code == 2 and len(ran.err.strip().splitlines()) == 1, (args, ran.err)
+
+
+def test_an_output_travels_with_the_receipt_that_produced_it(tmp_path: Path) -> None:
+    """Pulling a run's output brings its evidence too (as export does): the receipt, and its
+    signatures, so the other side can verify what it pulled."""
+    s = init_store(tmp_path / "a")
+    ids = _fill(s, tmp_path)
+    output = Digest.parse(s.get_record(ids["receipt"])["outputs"]["checkpoint"])
+    s.ref_set("runs/out", output)
+    s.close()
+    init_store(tmp_path / "c").close()
+    c = tmp_path / "c" / ".nscas"
+    assert nscas("remote", "add", "a", str(tmp_path / "a"), store=c).code == 0
+    out = _json(nscas("pull", "runs/out", "--json", store=c))
+    assert (out["target"], out["producer"]) == (str(output), str(ids["receipt"]))
+    with _clean(c) as got:
+        assert got.ref_get("runs/out") == output
+        assert got.has(ids["receipt"]) and got.has(ids["signature"])
+    text = nscas("pull", "runs/out", store=c)
+    assert text.code == 0 and f"with the receipt that produced it, {ids['receipt']}" in text.out
+    # A blob no receipt produced goes alone.
+    alone = _json(nscas("pull", "models/m", "--json", store=c))
+    assert alone["producer"] is None
 
 
 def test_push_to_and_pull_from_a_team_store(filled: tuple[Path, dict[str, Digest], set[Digest]],
