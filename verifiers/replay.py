@@ -12,12 +12,12 @@ nothing here imports nscas (docs/format.md §7.1).
 
 from __future__ import annotations
 
+import os
 import random
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -336,18 +336,8 @@ def _model(objects: Objects, checkpoint: str, device: str) -> Iterator[Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    files = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
-    entries: Mapping[str, Any] = files["entries"]
-    with tempfile.TemporaryDirectory(prefix="nscas-replay-") as tmp:
-        root = Path(tmp)
-        for rel, entry in sorted(entries.items()):
-            path = PurePosixPath(rel)
-            if path.is_absolute() or ".." in path.parts or not path.parts:
-                raise Unusable(checkpoint, f"names an unsafe file path {rel!r}")
-            target = root.joinpath(*path.parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with objects.as_file(entry["id"], name=path.name) as source:
-                shutil.copyfile(source, target)  # a bundle's file or a copy removed after
+    with tempfile.TemporaryDirectory(prefix="nscas-replay-") as tmp, ExitStack() as files:
+        root = checkpoint_dir(objects, checkpoint, Path(tmp), files)
         try:
             with _quiet():
                 model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
@@ -356,6 +346,21 @@ def _model(objects: Objects, checkpoint: str, device: str) -> Iterator[Any]:
                            f"{exc})") from None
         model.to(device).eval()
         yield model
+
+
+def checkpoint_dir(objects: Objects, checkpoint: str, root: Path, files: ExitStack) -> Path:
+    """``root`` made a directory of ``checkpoint``'s files: links to verified copies kept open
+    in ``files`` (close it only after the model is loaded). Unsafe paths are refused."""
+    tree = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
+    for rel, entry in sorted(tree["entries"].items()):
+        path = PurePosixPath(rel)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise Unusable(checkpoint, f"names an unsafe file path {rel!r}")
+        target = root.joinpath(*path.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = files.enter_context(objects.as_file(entry["id"], name=path.name))
+        os.symlink(Path(source).resolve(), target)
+    return root
 
 
 @contextmanager

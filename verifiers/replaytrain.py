@@ -28,7 +28,6 @@ Nothing here imports nscas (docs/format.md §7.1): plain torch, transformers and
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -40,7 +39,7 @@ from .chat import TemplateError, end_of_turn, template_source, turns_renderer
 from .closure import Objects, Unusable, weights_omitted
 from .errors import RecordParseError
 from .evaluation import load_tokenizer
-from .replay import ReplayOptions, _encode
+from .replay import ReplayOptions, _encode, checkpoint_dir
 from .replaystep import Document, Group, ReplayStepError, Request, Settings, Update, compute
 from .report import Check
 from .runs import Run
@@ -289,7 +288,7 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
     with contextlib.ExitStack() as files:
         work = Path(files.enter_context(tempfile.TemporaryDirectory(prefix="nscas-replay-")))
         request = Request(
-            model_dir=str(_checkpoint_dir(objects, checkpoint, work / "model", files)),
+            model_dir=str(checkpoint_dir(objects, checkpoint, work / "model", files)),
             state_file=str(files.enter_context(objects.as_file(
                 state_entries[STATE_TENSORS]["id"], STATE_TENSORS))),
             groups=tuple(Group(params=tuple(g["params"]), weight_decay=g["weight_decay"],
@@ -329,22 +328,6 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
                     differing=tuple(differing + gap), compared=compared,
                     relative_l2=result.relative_l2, max_abs=result.max_abs,
                     left=len(updates) - len(result.updates), settings=result.settings)
-
-
-def _checkpoint_dir(objects: Objects, checkpoint: str, root: Path,
-                    files: contextlib.ExitStack) -> Path:
-    """A directory of ``checkpoint``'s files (links to verified copies kept open in
-    ``files``), for the replay process to load."""
-    tree = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
-    for rel, entry in sorted(tree["entries"].items()):
-        path = PurePosixPath(rel)
-        if path.is_absolute() or ".." in path.parts or not path.parts:
-            raise Unusable(checkpoint, f"names an unsafe file path {rel!r}")
-        target = root.joinpath(*path.parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source = files.enter_context(objects.as_file(entry["id"], name=path.name))
-        os.symlink(Path(source).resolve(), target)
-    return root
 
 
 def _weight_files(objects: Objects, checkpoint: str, files: contextlib.ExitStack
