@@ -9,11 +9,9 @@ partial one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +163,11 @@ class ChunkFiles:
         against their ID (None without ``sha256``). ``written`` is called once ``stored`` is in
         the temporary file: the caller may reuse its buffer from then on.
         """
+        # Here, not at the top: read commands (log, lineage) never write, and OpenSSL's load
+        # alone costs them ~6 ms.
+        import hashlib
+        import tempfile
+
         final = self.path(hex_id)
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=hex_id[:16] + ".", dir=self.tmp)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -78,6 +77,8 @@ def blake3_hex(data: bytes | bytearray | memoryview) -> str:
 
 
 def sha256_hex(data: bytes | bytearray | memoryview) -> str:
+    import hashlib  # here, not above: loading OpenSSL costs a read command (log, lineage) ~6 ms
+
     return hashlib.sha256(data).hexdigest()
 
 
@@ -87,6 +88,8 @@ class DualHasher:
     __slots__ = ("_b3", "_sha", "size")
 
     def __init__(self) -> None:
+        import hashlib  # as in sha256_hex: OpenSSL only for the reads and writes that hash
+
         self._b3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
         self._sha = hashlib.sha256()
         self.size = 0

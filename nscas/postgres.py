@@ -1,25 +1,27 @@
-"""A team store's PostgreSQL database: connections for reads (psycopg directly, as SQLite's reads
+"""A team store's PostgreSQL database: connections for reads (libpq directly, as SQLite's reads
 use ``sqlite3``), what its errors mean, its schema revision and the schema fsck compares.
 
 The reads in nscas.reading are written once, with ``?`` placeholders: :class:`PgConnection`
-gives them the small part of ``sqlite3.Connection`` they use. psycopg is imported only here,
-and only when a team store is opened.
+gives them the small part of ``sqlite3.Connection`` they use, over nscas.libpq (psycopg's import
+alone takes longer than a read command may) or, where no libpq loads that way, over psycopg.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import psycopg
-from psycopg import pq
-
+from nscas import libpq
 from nscas.errors import DamagedStore, ReadOnlyStore, StoreError
+from nscas.libpq import PgError, Rows
 from nscas.revision import INDEXES, INSERT_ONLY_TABLES, TABLES, SchemaDifference
 from nscas.storeconfig import redact
 
 CONNECT_TIMEOUT_S = 10
+# Every read connection's settings, whatever the URL says; UTF8, so that text decodes as such.
+_OPTIONS = {"connect_timeout": str(CONNECT_TIMEOUT_S), "application_name": "nscas",
+            "client_encoding": "UTF8"}
 # A read sees one committed state of the store, as an SQLite read transaction in WAL mode does.
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 GUARD_FUNCTION = "nscas_insert_only"
@@ -37,6 +39,9 @@ TRUNCATE_FUNCTION = "nscas_no_truncate"
 """The statement-level trigger function that refuses TRUNCATE of an insert-only table (0004)."""
 PG_TRIGGERS = {f"{t}_no_{v}": (t, v.upper())
                for t in INSERT_ONLY_TABLES for v in ("update", "delete", "truncate")}
+_UNDEFINED_TABLE, _UNDEFINED_COLUMN = "42P01", "42703"
+_READ_ONLY = frozenset({"25006", "42501"})  # read_only_sql_transaction, insufficient_privilege
+_DISK_FULL = "53100"
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -44,55 +49,113 @@ def sqlalchemy_url(url: str) -> str:
     return "postgresql+psycopg://" + url.split("://", 1)[1]
 
 
+class Driver(Protocol):
+    """One server connection in autocommit mode: nscas.libpq's, or :class:`_Psycopg`."""
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def idle(self) -> bool: ...
+    def close(self) -> None: ...
+
+
 class PgConnection:
-    """A psycopg connection in autocommit mode that reads like ``sqlite3.Connection``:
-    ``execute`` with ``?`` placeholders, ``in_transaction``, ``rollback``, ``close``."""
+    """A read connection that reads like ``sqlite3.Connection``: ``execute`` with ``?``
+    placeholders (its rows fetched at once), ``in_transaction``, ``rollback``, ``close``; every
+    error a :class:`~nscas.libpq.PgError`. ``BEGIN`` opens a REPEATABLE READ READ ONLY
+    transaction."""
 
     def __init__(self, url: str) -> None:
-        self._c = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                  application_name="nscas")
+        self._c: Driver = libpq.connect(url, _OPTIONS) or _Psycopg(url)
 
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        if sql == "BEGIN":
-            sql = _BEGIN_READ
-        return self._c.execute(sql.replace("?", "%s"), tuple(args), prepare=False)
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
+        return self._c.execute(_BEGIN_READ if sql == "BEGIN" else sql, args)
 
     @property
     def in_transaction(self) -> bool:
-        return self._c.info.transaction_status != pq.TransactionStatus.IDLE
+        return not self._c.idle
 
     def rollback(self) -> None:
-        if not self._c.closed:
+        if self._c.ok:  # a broken connection has no transaction left to end
             self._c.execute("ROLLBACK")
 
     def close(self) -> None:
         self._c.close()
 
 
+class _Psycopg:
+    """The same reads through psycopg, for where nscas.libpq finds no libpq to load."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg  # only here: its import alone is what nscas.libpq avoids
+
+        try:
+            self._c = psycopg.connect(url, autocommit=True, **_OPTIONS)
+        except psycopg.Error as exc:
+            raise pg_error(exc) from None
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
+        import psycopg
+
+        try:
+            cursor = self._c.execute(sql.replace("?", "%s"), tuple(args), prepare=False)
+            return Rows(cursor.fetchall() if cursor.description is not None else [])
+        except psycopg.Error as exc:
+            raise pg_error(exc) from None
+
+    @property
+    def ok(self) -> bool:
+        return not self._c.closed
+
+    @property
+    def idle(self) -> bool:
+        from psycopg import pq
+
+        return self._c.info.transaction_status == pq.TransactionStatus.IDLE
+
+    def close(self) -> None:
+        self._c.close()
+
+
+def pg_error(exc: BaseException) -> PgError:
+    """A psycopg error (the writer's, through SQLAlchemy) as nscas.libpq's: the same fields."""
+    import psycopg
+
+    if isinstance(exc, PgError):
+        return exc
+    assert isinstance(exc, psycopg.Error)
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return PgError(first, sqlstate=exc.sqlstate,
+                   operational=isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError))
+
+
 def connect(url: str, root: Path) -> PgConnection:
     """A read connection, or the store's one-line error (unreachable, wrong password, ...)."""
     try:
         return PgConnection(url)
-    except psycopg.Error as exc:
+    except PgError as exc:
         raise database_error(exc, root, url) from None
 
 
-ERRORS = (psycopg.Error,)
+ERRORS = (PgError,)
+"""What a :class:`PgConnection` raises."""
 
 
-def database_error(exc: psycopg.Error, root: Path, url: str | None = None) -> StoreError:
-    """What an error PostgreSQL (or the connection to it) raised means, in one line."""
+def database_error(exc: BaseException, root: Path, url: str | None = None) -> StoreError:
+    """What an error PostgreSQL (or the connection to it) raised means, in one line: ``exc``
+    is a :class:`~nscas.libpq.PgError` or, from the writer, a psycopg error."""
+    err = exc if isinstance(exc, PgError) else pg_error(exc)
     where = redact(url) if url else f"of the store {root}"
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction | psycopg.errors.InsufficientPrivilege):
+    if err.sqlstate in _READ_ONLY:
         return ReadOnlyStore(str(root))
-    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
-        return DamagedStore(str(root), first)
-    if isinstance(exc, psycopg.errors.DiskFull):
-        return StoreError(f"the database {where} has no space left: {first}")
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        return StoreError(f"cannot reach the store database {where}: {first}")
-    return StoreError(f"the store database {where} failed: {first}")
+    if err.sqlstate in (_UNDEFINED_TABLE, _UNDEFINED_COLUMN):
+        return DamagedStore(str(root), err.message)
+    if err.sqlstate == _DISK_FULL:
+        return StoreError(f"the database {where} has no space left: {err.message}")
+    if err.operational:
+        return StoreError(f"cannot reach the store database {where}: {err.message}")
+    return StoreError(f"the store database {where} failed: {err.message}")
 
 
 def schema_revision(c: PgConnection) -> str | None:
@@ -100,8 +163,10 @@ def schema_revision(c: PgConnection) -> str | None:
     connection is in autocommit mode, so a missing table leaves no transaction to undo)."""
     try:
         row = c.execute("SELECT version_num FROM alembic_version").fetchone()
-    except psycopg.errors.UndefinedTable:
-        return None
+    except PgError as exc:
+        if exc.sqlstate == _UNDEFINED_TABLE:
+            return None
+        raise
     return row[0] if row else None
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,6 +90,8 @@ def read_config(root: Path) -> StoreConfig | None:
 
 
 def parse_config(path: Path) -> StoreConfig:
+    import tomllib  # only a team store has a config: an SQLite store's reads skip its 4 ms
+
     where = str(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
