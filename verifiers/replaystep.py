@@ -199,8 +199,12 @@ def compute(request: Request, workdir: Path) -> Result:
     request_file.write_text(json.dumps(request.to_json()))
     result_file.unlink(missing_ok=True)
     package = __spec__.parent if __spec__ is not None else "nscas.verifiers"
+    # -P: ``python -m`` would put the working directory first on sys.path, and an auditor's
+    # directory holding a checkout of nscas (whose nscas/ has no verifiers) would shadow the
+    # installed package.
     done = subprocess.run(
-        [sys.executable, "-m", f"{package}.replaystep", str(request_file), str(result_file)],
+        [sys.executable, "-P", "-m", f"{package}.replaystep", str(request_file),
+         str(result_file)],
         env=environment(request.deterministic), stdin=subprocess.DEVNULL,
         capture_output=True, text=True, check=False)
     if result_file.is_file():

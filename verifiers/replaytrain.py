@@ -283,6 +283,7 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
             steps=params["steps"])))
     if not updates:
         return Replayed(start=start, steps=(), differing=tuple(gap), compared=0)
+    counted = count_problems(updates, steps, docs)
     betas = params.get("betas", [0.9, 0.95])
     state_entries = objects.record_of(record["state"], "tree/1")["entries"]
     with contextlib.ExitStack() as files:
@@ -325,9 +326,29 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
         if what:
             differing.append(f"step {measured.step}: " + ", ".join(what))
     return Replayed(start=start, steps=tuple(m.step for m in result.updates),
-                    differing=tuple(differing + gap), compared=compared,
+                    differing=tuple(counted + differing + gap), compared=compared,
                     relative_l2=result.relative_l2, max_abs=result.max_abs,
                     left=len(updates) - len(result.updates), settings=result.settings)
+
+
+def count_problems(updates: Sequence[Update], steps: Mapping[int, Mapping[str, Any]],
+                   docs: Mapping[int, Document] | _Documents) -> list[str]:
+    """Each replayed batch's input tokens, targets and weighted targets as this verifier
+    tokenises its documents, against the journal's: a difference names a tokenisation that is
+    not the run's (or a journal that misstates it), which would explain any difference after."""
+    problems = []
+    for update in updates:
+        batch = [docs[i] for i in update.indices]
+        mine = {"tokens": sum(len(d.input_ids) for d in batch),
+                "targets": sum(d.targets for d in batch),
+                "weighted_targets": sum(d.weight * d.targets for d in batch)}
+        entry = steps[update.step]
+        off = [f"{key} {value}, the journal's {entry.get(key)!r}" for key, value in mine.items()
+               if entry.get(key) != value]
+        if off:
+            problems.append(f"step {update.step}: its documents as tokenised here have "
+                            + ", ".join(off))
+    return problems
 
 
 def _weight_files(objects: Objects, checkpoint: str, files: contextlib.ExitStack

@@ -189,6 +189,15 @@ def test_the_replay_process_environment_and_refusals(tmp_path: Path,
     with pytest.raises(ReplayStepError, match=r"absent\.safetensors is not a safetensors file"):
         compute(request, tmp_path)
     assert replaystep_main(["only-one"]) == 2
+    # Started from a directory holding a checkout: its nscas/ must not shadow the package
+    # (the replay process then reaches the same refusal, from inside).
+    checkout = tmp_path / "checkout"
+    (checkout / "nscas").mkdir(parents=True)
+    (checkout / "nscas" / "__init__.py").write_text(
+        'raise ImportError("a checkout\'s nscas/ shadowed the installed package")\n')
+    monkeypatch.chdir(checkout)
+    with pytest.raises(ReplayStepError, match=r"absent\.safetensors is not a safetensors file"):
+        compute(request, tmp_path)
 
 
 def test_a_run_without_published_state_is_not_rechecked_by_replay(trained: Trained) -> None:
@@ -305,3 +314,20 @@ def test_the_command_replays_training_steps(trained: Trained) -> None:
 def test_bad_digest_and_state_params_are_refused(changes: dict[str, Any], words: str) -> None:
     with pytest.raises(InvalidInput, match=words):
         TrainParams(steps=4, checkpoint_steps=(2, 4), **changes)
+
+
+def test_a_batch_tokenised_otherwise_than_the_journal_says_is_named() -> None:
+    from nscas.verifiers.replaytrain import count_problems
+
+    docs = {0: Document(input_ids=(1, 2, 3), labels=(-100, 2, 3), weight=8),
+            1: Document(input_ids=(4, 5), labels=(-100, 5), weight=1)}
+    updates = [Update(step=7, lr=1e-3, indices=(0, 1))]
+    honest = {7: {"tokens": 5, "targets": 3, "weighted_targets": 17}}
+    assert count_problems(updates, honest, docs) == []
+    # One more input token than the replay's documents have (a trailing token, say): the
+    # loss could still agree, the arithmetic would not.
+    longer = {7: {**honest[7], "tokens": 6}}
+    assert count_problems(updates, longer, docs) == [
+        "step 7: its documents as tokenised here have tokens 5, the journal's 6"]
+    reweighted = {7: {**honest[7], "weighted_targets": 10}}
+    assert "weighted_targets 17, the journal's 10" in count_problems(updates, reweighted, docs)[0]
