@@ -151,6 +151,9 @@ class Settings:
     cudnn_benchmark: bool
     attention: str
     """The attention implementation transformers loaded the model with."""
+    padding_idx: int | None
+    """The input embedding's ``padding_idx`` (the checkpoint config's ``pad_token_id``): its
+    row gets no gradient from its occurrences as input."""
     threads: int
     """torch's intra-op threads (the CPU's kernels)."""
 
@@ -277,6 +280,7 @@ def replay(request: Request, deadline: float | None = None) -> Result:
         cudnn_deterministic=bool(torch.backends.cudnn.deterministic),
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         attention=str(getattr(model.config, "_attn_implementation", None)),
+        padding_idx=model.get_input_embeddings().padding_idx,
         threads=torch.get_num_threads())
     measured = []
     for update in request.updates:

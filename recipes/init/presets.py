@@ -164,11 +164,16 @@ def parameter_count(model: torch.nn.Module) -> tuple[int, int]:
     return len(params), sum(p.numel() for p in params)
 
 
-def save_hf_dir(model: PreTrainedModel, tokenizer_dir: Path, out_dir: Path) -> Path:
+def save_hf_dir(model: PreTrainedModel, tokenizer_dir: Path, out_dir: Path, *,
+                trained: bool = False) -> Path:
     """Write ``model`` and the tokenizer files of ``tokenizer_dir`` as one HF model directory.
 
     The model's config and generation config are set to the tokenizer's special token ids
-    (greedy decoding stopping at its eos token). ``out_dir`` must not exist or be empty.
+    (greedy decoding stopping at its eos token), except, for a ``trained`` model (a training
+    checkpoint), the config's ``pad_token_id``: a model loaded from the directory makes it its
+    embedding's ``padding_idx``, whose row learns nothing from its occurrences as input, so it
+    stays the ``padding_idx`` this model computed with, or a run resumed or replayed from the
+    checkpoint would train otherwise than the run did. ``out_dir`` must not exist or be empty.
     Returns ``out_dir``.
     """
     tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
@@ -189,7 +194,10 @@ def save_hf_dir(model: PreTrainedModel, tokenizer_dir: Path, out_dir: Path) -> P
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    for key, value in special.items():
+    configured = dict(special)
+    if trained:
+        configured["pad_token_id"] = model.get_input_embeddings().padding_idx
+    for key, value in configured.items():
         setattr(model.config, key, value)
     model.generation_config = GenerationConfig(do_sample=False, **special)
 

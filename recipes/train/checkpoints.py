@@ -97,7 +97,7 @@ def write_checkpoint(
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    save_hf_dir(model, Path(tokenizer_dir), partial / "hf")
+    save_hf_dir(model, Path(tokenizer_dir), partial / "hf", trained=True)
     torch.save({"format": STATE_FORMAT, "step": step, **state}, partial / "state.pt")
     if published is not None:
         write_published(partial / "state", *published)

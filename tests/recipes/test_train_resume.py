@@ -80,3 +80,31 @@ def test_an_output_directory_of_another_run_is_refused(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / "run.json").read_text())["identity"] == "a" * 64
     with pytest.raises(RecipeError, match="holds another run"):
         claim_output_dir(tmp_path / "out", "b" * 64)
+
+
+@pytest.mark.parametrize("padding", [None, "tokenizer", 5])
+def test_a_checkpoint_loads_with_the_padding_idx_its_run_trained_with(
+        tiny: tuple[Path, Path, Path], tmp_path: Path, padding: object) -> None:  # noqa: F811
+    # transformers makes a loaded config's pad_token_id the embedding's padding_idx, whose row
+    # then learns nothing from its occurrences as input: a checkpoint naming the tokenizer's pad
+    # where the run's embedding had another (a base whose config named none) would resume and
+    # replay with another backward pass than the run's.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nscas.recipes.train.checkpoints import write_checkpoint
+
+    _root, tokenizer, base = tiny
+    pad = AutoTokenizer.from_pretrained(tokenizer).pad_token_id
+    assert pad is not None
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    trained_with = pad if padding == "tokenizer" else padding
+    model.get_input_embeddings().padding_idx = trained_with
+    model.config.pad_token_id = trained_with
+    paths = write_checkpoint(tmp_path / "out", 1, model=model, tokenizer_dir=tokenizer,
+                             state={})
+    config = json.loads((paths.hf_dir / "config.json").read_text())
+    assert config["pad_token_id"] == trained_with
+    again = AutoModelForCausalLM.from_pretrained(paths.hf_dir, dtype=torch.float32)
+    assert again.get_input_embeddings().padding_idx == trained_with
+    generation = json.loads((paths.hf_dir / "generation_config.json").read_text())
+    assert generation.get("pad_token_id") == pad  # generation pads with the tokenizer's
