@@ -9,6 +9,7 @@ partial one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -163,10 +164,7 @@ class ChunkFiles:
         against their ID (None without ``sha256``). ``written`` is called once ``stored`` is in
         the temporary file: the caller may reuse its buffer from then on.
         """
-        # Here, not at the top: read commands (log, lineage) never write, and OpenSSL's load
-        # alone costs them ~6 ms.
-        import hashlib
-        import tempfile
+        import tempfile  # here, not at the top: read commands (log, lineage) never write
 
         final = self.path(hex_id)
         final.parent.mkdir(parents=True, exist_ok=True)
