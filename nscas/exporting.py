@@ -33,6 +33,7 @@ from nscas.digests import Digest, DualHasher, is_digest_text
 from nscas.durable import sync
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput
 from nscas.kinds import is_safe_relpath
+from nscas.provenance import SIGNATURE, signatures_of
 from nscas.recipe import BundleRole, Recipe
 from nscas.registry import registered_recipe
 
@@ -50,7 +51,6 @@ SUMS = "SHA256SUMS"
 TARBALL = "measurements.tar.gz"
 RESERVED = frozenset({MANIFEST, SUMS, TARBALL})
 WEIGHTS = "weights"  # the one reason for omitting objects so far
-SIGNATURE = "signature/1"
 SIGNATURES = "signatures"  # signature/1 records of the closure's receipts
 MODEL_SIGNATURES = "model-signatures"
 """``model-signatures/<arm>.sig``: OpenSSF Model Signing signatures of ``models/<arm>/``
@@ -195,12 +195,10 @@ def _layout(store: StoreReader, target: Digest, recipes: RecipeLookup) -> _Layou
     records = {d: store.get_record(d) for d in ids if infos[d].kind is not None}
     # Signatures link their receipt, so no receipt reaches them: every signature of every
     # receipt of the closure comes along (docs/bundle.md "Signatures").
-    for r in sorted(d for d, i in infos.items() if i.kind == "receipt/1"):
-        for link in store.links_to(r):
-            if link.path == "$.receipt" and link.parent not in infos \
-                    and (info := store.info(link.parent)).kind == SIGNATURE:
-                infos[link.parent] = info
-                records[link.parent] = store.get_record(link.parent)
+    for sig in signatures_of(store, [d for d, i in infos.items() if i.kind == "receipt/1"]):
+        if sig not in infos:
+            infos[sig] = store.info(sig)
+            records[sig] = store.get_record(sig)
     c = _Closure(target=target, infos=infos, records=records)
     weight_only, tensors = _weight_only(c)
     paths = _paths(store, c, _roles(c, recipes))

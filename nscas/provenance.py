@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from nscas.digests import Digest
     from nscas.reading import StoreReader
 
+SIGNATURE = "signature/1"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Producers:
@@ -54,3 +56,12 @@ def producers_of(store: StoreReader, ids: Iterable[Digest]) -> dict[Digest, Prod
                       and str(oid) in records[r]["outputs"].values())
         out[oid] = Producers(output=oid, receipts=tuple(r for _, r in runs))
     return out
+
+
+def signatures_of(store: StoreReader, receipts: Iterable[Digest]) -> list[Digest]:
+    """The signature/1 records that sign any of ``receipts``, sorted: they link their receipt
+    (``$.receipt``), so no closure of the receipts reaches them. Two statements however many
+    receipts: their parents, then those parents' kinds."""
+    signing = {link.parent for found in store.links_to_each(receipts).values()
+               for link in found if link.path == "$.receipt"}
+    return sorted(d for d, kind in store.kinds_of(sorted(signing)).items() if kind == SIGNATURE)

@@ -37,7 +37,7 @@ from nscas.errors import (
     RefConflict,
 )
 from nscas.locating import HEXISH, REF_NAME, store_dir_of
-from nscas.provenance import producers
+from nscas.provenance import producers, signatures_of
 from nscas.reading import StoreReader
 from nscas.storeconfig import toml_string
 
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 REMOTES_NAME = "remotes.toml"
 REMOTE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 DEFAULT_REMOTE = "origin"
-SIGNATURE = "signature/1"
 _RECORD_BATCH = 500  # consecutive records put in one transaction (each links only earlier ones)
 
 
@@ -229,10 +228,8 @@ def transfer(sender: StoreReader, receiver: Store, target_text: str, *,
 def _closure(store: StoreReader, roots: list[Digest]) -> set[Digest]:
     """The roots' closure with parts, and every signature of its receipts with theirs."""
     ids = store.closure(roots, with_parts=True)
-    receipts = [d for d, k in store.kinds_of(ids).items() if k == "receipt/1"]
-    signatures = [link.parent for r in sorted(receipts) for link in store.links_to(r)
-                  if link.path == "$.receipt"]
-    signatures = [d for d, k in store.kinds_of(signatures).items() if k == SIGNATURE]
+    signatures = signatures_of(store, [d for d, k in store.kinds_of(ids).items()
+                                       if k == "receipt/1"])
     return ids | store.closure(signatures, with_parts=True) if signatures else ids
 
 
