@@ -154,8 +154,10 @@ def encode(value: dict[str, Any]) -> bytes:
     return data
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    """Parse record bytes strictly: valid UTF-8 JSON object, no duplicates, no NaN, canonical."""
+def parse(data: bytes) -> dict[str, Any]:
+    """Parse record bytes strictly (valid UTF-8 JSON object, no duplicates, no NaN, within the
+    size and depth limits) without re-encoding them: for bytes already checked against their
+    ID, whose canonical form their writer checked (:func:`decode`) and ``fsck`` rechecks."""
     if len(data) > MAX_RECORD_BYTES:
         raise RecordError(f"record is {len(data)} bytes; records stay under {MAX_RECORD_BYTES} bytes")
     try:
@@ -164,6 +166,12 @@ def decode(data: bytes) -> dict[str, Any]:
         raise RecordError(exc.reason) from None
     if not isinstance(value, dict):
         raise RecordError("a record must be a JSON object")
+    return value
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """Parse record bytes strictly: valid UTF-8 JSON object, no duplicates, no NaN, canonical."""
+    value = parse(data)
     if encode(value) != bytes(data):
         raise RecordError("bytes are not the RFC 8785 canonical encoding of their value")
     return value

@@ -115,8 +115,13 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
     records: dict[Digest, dict[str, Any]] = {}
 
     def learn_kinds(ids: list[Digest]) -> None:
+        # Records already read name their kind; the rest are read with their labels at once.
+        for i in ids:
+            if i not in kinds and i in records:
+                kinds[i] = records[i].get("nscas")
         unknown = [i for i in dict.fromkeys(ids) if i not in kinds]
-        found = store.kinds_of(unknown)
+        found, labelled = store.kinds_and_records(unknown, _LABELLED)
+        records.update(labelled)
         for i in unknown:
             if i not in found:
                 raise NotFound(str(i))
@@ -131,9 +136,8 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
             return {n: [_Edge(via=lk.path, target=lk.parent, linked_from=True) for lk in found]
                     for n, found in store.links_to_each(level, _MAX_FANOUT + 1).items()}
         out: dict[Digest, list[_Edge]] = {n: [] for n in level}
-        made = producers_of(store, [n for n in level if kinds[n] != "receipt/1"])
+        made = producers_of(store, [n for n in level if kinds[n] != "receipt/1"], records)
         firsts = {n: p.first for n, p in made.items() if p.first is not None}
-        learn_records(list(firsts.values()))
         for n, receipt in firsts.items():
             outputs = records[receipt]["outputs"]
             name = min(k for k, v in outputs.items() if v == str(n))

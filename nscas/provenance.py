@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nscas.digests import Digest
@@ -37,22 +37,26 @@ def producers(store: StoreReader, oid: Digest) -> Producers:
     return producers_of(store, [oid])[oid]
 
 
-def producers_of(store: StoreReader, ids: Iterable[Digest]) -> dict[Digest, Producers]:
-    """:func:`producers` of each ID, in three statements however many IDs (and however many
+def producers_of(store: StoreReader, ids: Iterable[Digest],
+                 known: dict[Digest, dict[str, Any]] | None = None) -> dict[Digest, Producers]:
+    """:func:`producers` of each ID, in two statements however many IDs (and however many
     records link to them): the ``$.outputs`` links to them (an index of their own: an object
     shared as an input, a code tree or an environment, has parents by the hundred thousand,
-    none of which need reading), the kinds of their parents, the receipts among them."""
+    none of which need reading), then the kinds of their parents with the receipts among them.
+    ``known``: records already read (the parents found there are not read again); the
+    receipts read are added to it."""
     links = store.output_links_to(ids)
     named: dict[Digest, set[Digest]] = {
         oid: {lk.parent for lk in found if lk.path[9:10] in (".", "[")}
         for oid, found in links.items()}
-    parents = sorted(set().union(*named.values()))
-    receipts = [d for d, kind in store.kinds_of(parents).items() if kind == "receipt/1"]
-    records = store.get_records(receipts)
+    records = {} if known is None else known
+    parents = sorted(set().union(*named.values()) - records.keys())
+    records.update(store.kinds_and_records(parents, ("receipt/1",))[1])
     out: dict[Digest, Producers] = {}
     for oid, found in named.items():
         runs = sorted((records[r]["started"], r) for r in found
-                      if r in records and records[r]["status"] == "succeeded"
+                      if r in records and records[r].get("nscas") == "receipt/1"
+                      and records[r]["status"] == "succeeded"
                       and str(oid) in records[r]["outputs"].values())
         out[oid] = Producers(output=oid, receipts=tuple(r for _, r in runs))
     return out

@@ -16,7 +16,7 @@ import re
 import shutil
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,7 +330,11 @@ class StoreReader:
         """The decoded records of ``ids``, each checked against its ID: one statement per
         :data:`BATCH` IDs for records stored inline (as nearly all are), the others read as
         ``get_bytes`` reads. A missing ID is NotFound; a blob's is bad input, as in
-        ``get_record``."""
+        ``get_record``.
+
+        The bytes are parsed strictly but not re-encoded: their BLAKE3 is their ID, and their
+        canonical form was checked when they were stored (``put_record``, imports, pulls) and
+        is checked again by ``fsck`` (the re-encoding was most of the time of a wide lineage)."""
         wanted = list(dict.fromkeys(ids))
         out: dict[Digest, dict[str, Any]] = {}
         for batch in batches([d.hex for d in wanted], BATCH):
@@ -339,18 +343,40 @@ class StoreReader:
                     f"SELECT id, kind, storage, data FROM objects WHERE id IN ({_marks(batch)})",
                     batch)}
             for hex_id in batch:
-                oid = Digest(hex_id)
                 if hex_id not in rows:
-                    raise NotFound(str(oid))
+                    raise NotFound(str(Digest(hex_id)))
                 kind, storage, data = rows[hex_id]
                 if kind is None:
-                    raise InvalidInput(f"{oid} is a blob, not a record")
-                if storage == "inline":
-                    data = self.read_leaf(hex_id, "raw", bytes(data))
-                else:
-                    data = self.get_bytes(oid)
-                out[oid] = canonical.decode(data)
+                    raise InvalidInput(f"{Digest(hex_id)} is a blob, not a record")
+                out[Digest(hex_id)] = self._record(hex_id, storage, data)
         return out
+
+    def kinds_and_records(self, ids: Iterable[Digest], record_kinds: Collection[str]
+                          ) -> tuple[dict[Digest, str | None], dict[Digest, dict[str, Any]]]:
+        """:meth:`kinds_of` of ``ids`` and, read by the same statement, the records among them
+        whose kind is one of ``record_kinds`` (as :meth:`get_records` decodes them): a walk
+        that labels what it reaches (lineage) learns both in one round trip."""
+        kinds_: dict[Digest, str | None] = {}
+        records: dict[Digest, dict[str, Any]] = {}
+        wanted = sorted(set(record_kinds))
+        todo = list(batches(list(dict.fromkeys(d.hex for d in ids)), BATCH))
+        for batch in todo:
+            with self._read(snapshot=False) as c:
+                rows = c.execute(
+                    f"SELECT id, kind, storage, CASE WHEN kind IN ({_marks(wanted)}) THEN data "
+                    f"END FROM objects WHERE id IN ({_marks(batch)})", [*wanted, *batch]
+                ).fetchall() if wanted else [(*r, None, None) for r in c.execute(
+                    f"SELECT id, kind FROM objects WHERE id IN ({_marks(batch)})", batch)]
+            for hex_id, kind, storage, data in rows:
+                kinds_[Digest(hex_id)] = kind
+                if kind in record_kinds:
+                    records[Digest(hex_id)] = self._record(hex_id, storage, data)
+        return kinds_, records
+
+    def _record(self, hex_id: str, storage: str, data: bytes | None) -> dict[str, Any]:
+        if storage == "inline" and data is not None:
+            return canonical.parse(self.read_leaf(hex_id, "raw", bytes(data)))
+        return canonical.parse(self.get_bytes(Digest(hex_id)))
 
     def open(self, oid: Digest) -> BinaryIO:
         """A reader over an object's bytes, each leaf checked as it is read."""

@@ -3,16 +3,19 @@ statements grow with the graph's depth, not its width (each is a round trip on P
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from nscas.digests import Digest
-from nscas.errors import InvalidInput, NotFound
+from nscas.errors import IntegrityError, InvalidInput, NotFound
+from nscas.fsck import fsck
 from nscas.lineage import lineage
 from nscas.opening import open_store
 from nscas.provenance import producers, producers_of
 from nscas.store import Store
+from tests.store.helpers import raw_insert, raw_update
 
 
 def _runs(store: Store, n: int) -> dict[str, Any]:
@@ -55,6 +58,11 @@ def test_batched_reads_equal_single_reads(store: Store) -> None:
         made = producers_of(r, [built["env"], *built["ckpts"]])
         assert made == {i: producers(r, i) for i in made}
         assert made[built["ckpts"][2]].first == built["receipts"][2]
+        absent = Digest.of(b"never stored")
+        kinds, labelled = r.kinds_and_records([*ids, built["blob"], absent], ("receipt/1",))
+        assert kinds == {**r.kinds_of(ids), built["blob"]: None}  # the absent ID left out
+        assert labelled == {i: r.get_record(i) for i in built["receipts"]}
+        assert r.kinds_and_records(ids, ()) == (r.kinds_of(ids), {})
         with pytest.raises(InvalidInput):
             r.get_records([built["blob"]])
         with pytest.raises(NotFound):
@@ -91,3 +99,22 @@ def test_lineage_statements_do_not_grow_with_width(store: Store) -> None:
     small, large = statements(3), statements(60)
     assert large[0] == small[0]  # 60 receipts under the environment: as few reads as 3
     assert large[1] <= small[1] + 2
+
+
+def test_reads_check_the_id_and_fsck_the_canonical_form(store: Store) -> None:
+    """A record whose bytes are not canonical but are its ID's (written behind the store's
+    back): reads parse it (its BLAKE3 is its ID), ``fsck`` names it; bytes that are not the
+    ID's fail the read."""
+    value = {"nscas": "params/1", "tensors": {}}
+    loose = json.dumps(value, indent=1).encode()
+    oid = Digest.of(loose)
+    raw_insert(store, oid, loose, kind="params/1")
+    with open_store(store.root, readonly=True) as r:
+        assert r.get_records([oid]) == {oid: value}
+        assert r.kinds_and_records([oid], ("params/1",))[1] == {oid: value}
+        report = fsck(r)
+    assert [(f.object, f.problem) for f in report.findings] == [(str(oid), "invalid-record")]
+    assert "canonical" in report.findings[0].detail
+    raw_update(store, "UPDATE objects SET data = ? WHERE id = ?", (loose + b" ", oid.hex))
+    with open_store(store.root, readonly=True) as r, pytest.raises(IntegrityError):
+        r.get_records([oid])
