@@ -1,8 +1,8 @@
-"""Serving throughput: two replicas against one, and dynamic batching against none.
+"""Serving throughput: two replicas against one, model instances, and dynamic batching.
 
 Builds everything it needs in a temporary store: a checkpoint (a seeded llama preset with a
 tokenizer trained on the prompts, or --model-dir, an HF directory whose tokenizer has a chat
-template), a dev set of grounded tasks, and three real replica processes on 127.0.0.1
+template), a dev set of grounded tasks, and four real replica processes on 127.0.0.1
 (``python -m nscas.recipes.serve.replica_main``), then drives them with the serve recipe's load client:
 
 1. replicas: each of two replicas alone against both together, all without batching
@@ -11,7 +11,11 @@ template), a dev set of grounded tasks, and three real replica processes on 127.
    client's routing rule (request i to replica i mod 2) puts both requests in flight on one
    replica, leaving the other idle, whenever answers of different lengths let one worker
    overtake the other; that measures the rule, not the second replica (the published run,
-   at 2, got 1.67x);
+   at 2, got 1.67x). In the same runs, one process holding --instances (2) model instances
+   (``serve-model --instances``: a copy of the model, a generation thread and on CUDA a
+   stream each, on the first replica's GPU) against the first replica, one instance alone,
+   with the same client and requests (target: at least 1.5x). Two processes on one GPU take
+   turns on it; the kernels of one process's streams can run side by side;
 2. batching: one replica at concurrency 8 with max_batch 1 against one with max_batch 8
    (target: at least 3x requests/s, and the same tokens for every task).
 
@@ -50,7 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +126,11 @@ def main() -> None:
                         help="scale a built model's matrices so prompts get distinct answers")
     parser.add_argument("--requests", type=int, default=32, help="requests per measurement")
     parser.add_argument("--runs", type=int, default=3, help="runs per side (median)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per replica (per instance)")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="model instances of the one-process side of the replicas "
+                             "comparison")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=8, help="max_batch of the batched replica")
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
@@ -148,8 +156,8 @@ def main() -> None:
                              "under CUDA) during the replicas comparison, to see what such a "
                              "neighbour does to a replica's speed")
     parser.add_argument("--pin", type=int, default=0, metavar="N",
-                        help="keep each replica on N CPUs of its own (serve-model --cpus); "
-                             "0: let the OS place them")
+                        help="keep each replica on N CPUs of its own per instance "
+                             "(serve-model --cpus); 0: let the OS place them")
     parser.add_argument("--only", choices=("replicas", "batching"),
                         help="run one of the two comparisons (default: both)")
     args = parser.parse_args()
@@ -157,10 +165,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nscas-bench-serve-") as tmp:
         served = prepare(Path(tmp), args)
         gpus = _gpu_count() if args.device == "cuda" else 0
-        cpus = _cpu_sets(args.pin, 3 if args.idle_beside == "none" else 4)
+        # In starting order: the pair, the instances replica, the idle one if any, the batched.
+        cpus = _cpu_sets(args.pin, [1, 1, args.instances, 1]
+                         + ([1] if args.idle_beside != "none" else []))
         with ReplicaGroup(Path(tmp)) as group:
-            def start(max_batch: int, gpu: int) -> Any:
-                options = ReplicaOptions(threads=args.threads, max_batch=max_batch,
+            def start(max_batch: int, gpu: int, instances: int = 1) -> Any:
+                options = ReplicaOptions(threads=args.threads, instances=instances,
+                                         max_batch=max_batch,
                                          max_wait_ms=args.max_wait_ms,
                                          max_new_tokens=args.max_new_tokens, device=args.device,
                                          precision=args.precision,
@@ -176,6 +187,11 @@ def main() -> None:
                                              timeout=args.timeout,
                                              model_digest=served.model_digest)
             note(f"replicas ready at {first} {second}")
+            # Only once the pair is ready (see --idle-beside): a neighbour started together
+            # with the first replica once made it decode faster.
+            (multi,) = group.wait_ready([start(1, base, args.instances)], timeout=args.timeout,
+                                        model_digest=served.model_digest)
+            note(f"{args.instances} instances of one replica at {multi}")
             if args.idle_beside != "none":
                 gpu = base if args.idle_beside == "first" else base + 1
                 (idle,) = group.wait_ready([start(args.batch, gpu)], timeout=args.timeout,
@@ -183,8 +199,10 @@ def main() -> None:
                 note(f"idle replica beside the {args.idle_beside} one at {idle}")
                 asyncio.run(warm_up(args, served, (idle,)))
             replicas = batching = None
+            spread = ""
             if args.only != "batching":
-                replicas = asyncio.run(measure_replicas(args, served, first, second))
+                replicas = asyncio.run(measure_replicas(args, served, first, second, multi))
+                spread = _instance_rows(multi)
             if args.only != "replicas":
                 note("starting the batched replica")
                 (batched,) = group.wait_ready([start(args.batch, base)], timeout=args.timeout,
@@ -205,9 +223,15 @@ def main() -> None:
           f"median of {args.runs} runs; {os.cpu_count()} CPU cores")
     if replicas is not None:
         print()
-        table(f"1. replicas (max_batch 1, concurrency {args.pair_concurrency})", replicas,
+        table(f"1. replicas (max_batch 1, concurrency {args.pair_concurrency})", replicas[:3],
               target=1.9,
-              notes=[f"service time, {line}" for line in service_by_pair_replica(replicas)])
+              notes=[f"service time, {line}" for line in service_by_pair_replica(replicas[:3])])
+        print()
+        where = f" on GPU {args.first_gpu % gpus}" if gpus else ""
+        table(f"1b. model instances: one process{where}, max_batch 1, concurrency "
+              f"{args.pair_concurrency}", (replace(replicas[0], label="one instance"),
+                                            replicas[3]), target=1.5,
+              notes=[f"requests per instance (warm-up included): {spread}"])
     if batching is not None:
         print()
         table(f"2. dynamic batching (one replica, concurrency {args.batch_concurrency})",
@@ -262,14 +286,16 @@ def sharpened_model(tmp: Path, preset: str, sharpen: float, tasks: Sequence[Any]
     return model, tok_dir
 
 
-async def measure_replicas(args: argparse.Namespace, served: Served, first: str, second: str
-                           ) -> tuple[Side, ...]:
-    """Each replica alone, then both together (max_batch 1 each)."""
-    await warm_up(args, served, (first, second))
+async def measure_replicas(args: argparse.Namespace, served: Served, first: str, second: str,
+                           multi: str) -> tuple[Side, ...]:
+    """Each replica alone, both together, and the replica of several instances (max_batch 1
+    each), in that order."""
+    await warm_up(args, served, (first, second, multi))
     return await compare(args, served, "replicas", (
         ("replica 1 alone", [first], args.pair_concurrency),
         ("replica 2 alone", [second], args.pair_concurrency),
-        ("two replicas", [first, second], args.pair_concurrency)))
+        ("two replicas", [first, second], args.pair_concurrency),
+        (f"{args.instances} instances", [multi], args.pair_concurrency)))
 
 
 async def measure_batching(args: argparse.Namespace, served: Served, first: str, batched: str
@@ -457,6 +483,17 @@ def _replica_stats(endpoint: str) -> tuple[dict[str, int], str]:
     return dict(stats["batch_sizes"]), stats["decoding"]
 
 
+def _instance_rows(endpoint: str) -> str:
+    """How many requests each instance of the replica at ``endpoint`` generated, and in how
+    many seconds (its ``GET /stats``)."""
+    import httpx
+
+    with httpx.Client(trust_env=False, timeout=10.0) as client:
+        stats = client.get(f"{endpoint}/stats").json()
+    return ", ".join(f"instance {i['index']} {i['rows']} in {i['generate_seconds']:.2f} s"
+                     for i in stats["instances"])
+
+
 def _write_log(path: Path, attempts: Sequence[Attempt]) -> None:
     import json
 
@@ -474,20 +511,21 @@ async def _generate_seconds(endpoints: Sequence[str]) -> dict[str, float]:
                 for e in endpoints}
 
 
-def _cpu_sets(per_replica: int, replicas: int) -> list[str | None]:
-    """Disjoint CPU lists (``serve-model --cpus``), one per replica, or None each when not
-    pinning. The first usable CPU is left to the load client when there are enough."""
-    if per_replica <= 0:
-        return [None] * replicas
+def _cpu_sets(per_instance: int, instances: Sequence[int]) -> list[str | None]:
+    """Disjoint CPU lists (``serve-model --cpus``), one per replica, ``per_instance`` CPUs for
+    each of its ``instances[k]`` model instances, or None each when not pinning. The first
+    usable CPU is left to the load client when there are enough."""
+    if per_instance <= 0:
+        return [None] * len(instances)
     usable = sorted(os.sched_getaffinity(0))
-    needed = per_replica * replicas
+    needed = per_instance * sum(instances)
     if len(usable) < needed:
-        raise SystemExit(f"--pin {per_replica}: {replicas} replicas need {needed} CPUs, "
+        raise SystemExit(f"--pin {per_instance}: {len(instances)} replicas need {needed} CPUs, "
                          f"this process may use {len(usable)}")
     start = 1 if len(usable) > needed else 0
-    return [",".join(str(c) for c in usable[start + k * per_replica:
-                                             start + (k + 1) * per_replica])
-            for k in range(replicas)]
+    ends = [start + per_instance * sum(instances[: k + 1]) for k in range(len(instances))]
+    return [",".join(str(c) for c in usable[end - per_instance * n: end])
+            for end, n in zip(ends, instances, strict=True)]
 
 
 def _gpu_count() -> int:

@@ -42,7 +42,13 @@ def serve_model(
         help="Most requests generated as one batch (1: no dynamic batching).")] = 8,
     max_wait_ms: Annotated[float, typer.Option(
         help="How long an open batch waits for its next request, in milliseconds.")] = 5.0,
-    threads: Annotated[int, typer.Option(help="torch threads of this replica.")] = 1,
+    threads: Annotated[int, typer.Option(
+        help="torch threads of each instance's generation thread.")] = 1,
+    instances: Annotated[int, typer.Option(
+        help="Model instances in this process (1 to 8), each a copy of the model with its own "
+             "generation thread and, on CUDA, its own stream, so that one GPU runs their "
+             "kernels side by side; a request goes to the instance with the fewest in "
+             "flight. On the CPU, instances x threads may not exceed the CPUs allowed.")] = 1,
     max_new_tokens: Annotated[int, typer.Option(
         help="New tokens per /infer answer; the default max_tokens of completions.")] = 96,
     cache_size: Annotated[int, typer.Option(
@@ -92,7 +98,8 @@ def serve_model(
 
     settings = ReplicaSettings(
         checkpoint=id_, tasks=tasks, name=name, host=host, port=port, max_batch=max_batch,
-        max_wait_ms=max_wait_ms, threads=threads, max_new_tokens=max_new_tokens,
+        max_wait_ms=max_wait_ms, threads=threads, instances=instances,
+        max_new_tokens=max_new_tokens,
         cache_size=cache_size, device=device, precision=precision, cuda_graphs=cuda_graphs,
         cpus=cpus, header_timeout=header_timeout, body_timeout=body_timeout,
         max_connections=max_connections)

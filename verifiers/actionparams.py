@@ -140,6 +140,8 @@ PARAMS: dict[str, dict[str, Param]] = {
         "request_timeout": _rerun(_num(0.0, open_lo=True)), "threads": _rerun(_int()),
         "max_batch": _rerun(_int(1)), "max_wait_ms": _rerun(_num()),
         "precision": _rerun(_one_of("bf16", "fp32")),
+        # Model instances per replica process: which one generated leaves no trace.
+        "instances": _rerun(_int(1, 8)),
     },
     "report@1": {"price_per_host_hour": _r(_num()), "title": _r(_text)},
     "report@2": {"price_per_host_hour": _r(_num()), "title": _r(_text)},  # adds index.html

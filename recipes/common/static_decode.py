@@ -15,12 +15,15 @@ of the products differ (attention runs over the reserved length, finished rows s
 batch), so tokens agree up to float noise, as between any two batch shapes.
 
 Decoding state is kept per (batch size, reserved length, autocast on or off): one
-``StaticDecoder`` serves one model from one thread.
+``StaticDecoder`` serves one model from one thread. Decoders of several models may run on
+several threads of one process, each on its own CUDA stream (a server's model instances):
+their captures take turns, and a capture tolerates the other threads' work meanwhile.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -35,6 +38,9 @@ from .generate import TokenSink, fp32_logits, reserve
 ROOM_STEP = 64
 """Reserved cache lengths are rounded up to a multiple of this, so that prompts of nearby
 lengths share one captured graph."""
+
+_CAPTURE = threading.Lock()
+"""One CUDA graph capture at a time in the process (CUDA graphs allow no more)."""
 
 
 class _StaticLayer(DynamicLayer):
@@ -89,7 +95,8 @@ class _State:
 class StaticDecoder:
     """Greedy batch decoding for one model with fixed-shape steps (CUDA graphs on CUDA)."""
 
-    def __init__(self, model: Any, *, graphs: bool, max_shapes: int = 16) -> None:
+    def __init__(self, model: Any, *, graphs: bool, max_shapes: int = 16,
+                 stream: Any = None) -> None:
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"static decoding cannot run this model: {reason}")
@@ -101,6 +108,9 @@ class StaticDecoder:
         self._cache_keyword = "cache" if "cache" in named else "past_key_values"
         self._graphs = graphs
         self._max_shapes = max_shapes
+        self._stream = stream
+        """The ``torch.cuda.Stream`` its steps are captured on (the one its owner decodes on),
+        or None for torch's own capture stream."""
         self._states: OrderedDict[tuple[int, int, bool], _State] = OrderedDict()
         self._pool: Any = None
         self.captures = 0
@@ -234,7 +244,10 @@ class StaticDecoder:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: other threads may go on launching, allocating and synchronising on
+        # their own streams while this thread captures.
+        with _CAPTURE, torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
+                                        capture_error_mode="thread_local"):
             self._step(state)
         state.graph = graph
         self.captures += 1

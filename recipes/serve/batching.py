@@ -56,6 +56,20 @@ class BatchStats:
         self.sizes[size] = self.sizes.get(size, 0) + 1
         self.seconds += seconds
 
+    @classmethod
+    def total(cls, parts: Sequence[BatchStats]) -> BatchStats:
+        """The counters of several batchers (a replica's instances) taken together: seconds
+        add up, so they may exceed the wall time while instances generate side by side."""
+        whole = cls()
+        for part in parts:
+            whole.batches += part.batches
+            whole.rows += part.rows
+            whole.largest = max(whole.largest, part.largest)
+            for size, count in part.sizes.items():
+                whole.sizes[size] = whole.sizes.get(size, 0) + count
+            whole.seconds += part.seconds
+        return whole
+
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "rows": self.rows, "largest_batch": self.largest,
                 "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())},
@@ -73,7 +87,8 @@ class _Pending:
 class Batcher:
     """Collects concurrent generation requests into batches; one batch runs at a time."""
 
-    def __init__(self, generate: Generate, *, max_batch: int, max_wait_s: float) -> None:
+    def __init__(self, generate: Generate, *, max_batch: int, max_wait_s: float,
+                 name: str = "nscas-generate") -> None:
         if max_batch < 1 or max_wait_s < 0:
             raise InvalidInput(f"max_batch must be >= 1 and max_wait >= 0, got {max_batch}, "
                                f"{max_wait_s}")
@@ -82,7 +97,7 @@ class Batcher:
         self._max_wait = max_wait_s
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         # One thread: the model is not shared between threads, and batches run one at a time.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nscas-generate")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._task: asyncio.Task[None] | None = None
         self.stats = BatchStats()
 

@@ -48,7 +48,9 @@ class ReplicaOptions:
     """How each replica of a group serves (the ``serve-model`` options)."""
 
     threads: int = 1
-    """torch threads per replica."""
+    """torch threads per instance of a replica."""
+    instances: int = 1
+    """Model instances per replica process (``serve-model --instances``)."""
     max_batch: int = 8
     """Most requests per generated batch."""
     max_wait_ms: float = 5.0
@@ -71,7 +73,8 @@ def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,
     """The argv of one replica process serving ``checkpoint`` from the store at ``store_path``."""
     argv = [sys.executable, "-m", REPLICA_MODULE, checkpoint, "--store",
             str(store_path), "--host", "127.0.0.1", "--port", "0",
-            "--threads", str(options.threads), "--max-batch", str(options.max_batch),
+            "--threads", str(options.threads), "--instances", str(options.instances),
+            "--max-batch", str(options.max_batch),
             "--max-wait-ms", str(options.max_wait_ms),
             "--max-new-tokens", str(options.max_new_tokens), "--device", options.device,
             "--precision", options.precision,

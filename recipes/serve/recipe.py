@@ -1,9 +1,10 @@
 """Recipe ``serve``: replicas of one checkpoint under load, in three phases (docs/experiment.md §5).
 
 The recipe starts ``replicas`` replica processes of the checkpoint (port 0, the store the run
-uses), waits until each answers ready with the checkpoint's parameter digest, warms each up
-(unmeasured, unlogged), then runs three phases in this order, with fresh request ids
-``<run id>-<phase>-<index>`` for the first ``requests`` task ids of the dev set:
+uses, ``instances`` model instances each), waits until each answers ready with the
+checkpoint's parameter digest, warms each up (unmeasured, unlogged), then runs three phases
+in this order, with fresh request ids ``<run id>-<phase>-<index>`` for the first ``requests``
+task ids of the dev set:
 ``single`` (replica 0 alone), ``pair`` (every replica), ``failure`` (every endpoint, the last
 replica stopped by SIGTERM beforehand). Every process it started is stopped when it ends,
 on error as well.
@@ -36,6 +37,7 @@ from nscas.recipe import (
 from .client import Attempt, LoadPlan, first_failure, run_phase
 from .metrics import log_jsonl, read_log, serving_claims
 from .processes import ReplicaGroup, ReplicaOptions, replica_command
+from .replica import MAX_INSTANCES
 
 VERSION = "1"
 VERIFIER = "throughput"
@@ -58,7 +60,11 @@ class ServeParams:
     request_timeout: float = 300.0
     """Seconds one attempt may take before it counts as failed."""
     threads: int = 1
-    """torch threads per replica."""
+    """torch threads per model instance of a replica."""
+    instances: int = 1
+    """Model instances per replica process (1 to 8), each with its own generation thread and,
+    on CUDA, its own stream; a replica hands each request to the one with the fewest in
+    flight. Answers are the same for any number."""
     max_batch: int = 1
     """Most requests a replica generates as one batch. 1 by default (the published report
     measured no batching): every answer then comes from a one-row batch of the same shape in
@@ -81,6 +87,8 @@ class ServeParams:
                      "max_new_tokens"):
             if getattr(self, name) < 1:
                 return f"{name} must be at least 1, got {getattr(self, name)}"
+        if not 1 <= self.instances <= MAX_INSTANCES:
+            return f"instances must be from 1 to {MAX_INSTANCES}, got {self.instances}"
         if self.warmup < 0 or self.max_wait_ms < 0:
             return "warmup and max_wait_ms must not be negative"
         if self.timeout <= 0 or self.request_timeout <= 0:
@@ -106,7 +114,7 @@ def run(ctx: RunContext) -> RecipeResult:
                           f"requests = {p.requests} needs that many")
     measured = tuple(task_ids[: p.requests])
     run_id = ctx.action.short if ctx.action is not None else "serve"
-    options = ReplicaOptions(threads=p.threads, max_batch=p.max_batch,
+    options = ReplicaOptions(threads=p.threads, instances=p.instances, max_batch=p.max_batch,
                              max_wait_ms=p.max_wait_ms, max_new_tokens=p.max_new_tokens,
                              device=p.device, precision=p.precision)
     argv = replica_command(str(model), store_path=ctx.store_path, tasks=str(tasks),

@@ -4,10 +4,16 @@ A replica never serves weights it has not checked: the checkpoint's files are ma
 the parameter digest is recomputed from the materialised safetensors bytes (the files the
 model is loaded from, not the stored objects) and must equal the checkpoint's ``params``
 before the model is even loaded.
+
+A replica process may hold several model instances (``--instances``, as Triton's
+``instance_group``): each is a copy of the checked model's tensors with its own CUDA stream
+and its own decoder, generating on its own thread, so that on one GPU the kernels of one
+instance's decoding step run beside the other's (two processes only take turns on a GPU).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -23,6 +29,8 @@ if TYPE_CHECKING:
 
 MAX_TOKENS_LIMIT = 4096
 """The most tokens one chat completion may ask for (positions are checked separately)."""
+MAX_INSTANCES = 8
+"""The most model instances one replica process holds."""
 
 
 class ReplicaLoadError(RecipeError):
@@ -36,7 +44,8 @@ class ReplicaLoadError(RecipeError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Replica:
-    """A loaded, checked model ready to generate; used by one generation thread only."""
+    """A loaded, checked model instance ready to generate; used by one generation thread
+    only."""
 
     model: Any
     """The Hugging Face causal LM, in eval mode, on ``device``."""
@@ -59,6 +68,8 @@ class Replica:
     """The model's position limit (``max_position_embeddings``), if it has one."""
     static: Any = None
     """A ``StaticDecoder`` replaying each decoding step as a CUDA graph, or None (eager)."""
+    stream: Any = None
+    """On CUDA, this instance's own ``torch.cuda.Stream``: all its work runs there."""
 
     @property
     def decoding(self) -> str:
@@ -74,6 +85,15 @@ class Replica:
         stop strings), and its ``result`` is set before this returns. A batch holding a row
         that samples is decoded eagerly: a captured CUDA graph only takes the argmax.
         """
+        if self.stream is not None:
+            import torch
+
+            with torch.cuda.stream(self.stream):
+                return self._generate(prompts, max_new_tokens, controls)
+        return self._generate(prompts, max_new_tokens, controls)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  controls: Sequence[RowControl | None]) -> list[Any]:
         from nscas.recipes.common.generate import generate_greedy
 
         steered = [(row, c) for row, c in enumerate(controls) if c is not None]
@@ -152,14 +172,17 @@ def pin_to_cpus(spec: str) -> frozenset[int]:
 
 def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device: str,
                  workdir: Path, threads: int, precision: str = "bf16",
-                 cuda_graphs: bool = True) -> Replica:
+                 cuda_graphs: bool = True, instances: int = 1) -> tuple[Replica, ...]:
     """Materialise ``checkpoint`` into ``workdir``, check its parameter digest, load it, and
-    encode the prompts of ``tasks`` (a ``tasks/1`` of grounded tasks) if given.
+    encode the prompts of ``tasks`` (a ``tasks/1`` of grounded tasks) if given; its
+    ``instances`` model instances, the first holding the loaded model, each other a copy of
+    its tensors (so checked once) on the same device.
 
-    On CUDA with ``cuda_graphs`` and FP32, decoding steps are captured once per batch shape and
-    replayed (``StaticDecoder``); a model that cannot decode that way is refused rather than
-    served otherwise than asked. BF16 replicas decode eagerly (``StaticDecoder`` does not
-    capture under autocast).
+    On CUDA every instance gets a stream of its own. With ``cuda_graphs`` and FP32, decoding
+    steps are captured once per batch shape (on the instance's stream) and replayed
+    (``StaticDecoder``); a model that cannot decode that way is refused rather than served
+    otherwise than asked. BF16 replicas decode eagerly (``StaticDecoder`` does not capture
+    under autocast). ``threads`` torch threads serve each instance's generation thread.
     """
     import torch
 
@@ -168,6 +191,10 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
 
     if threads < 1:
         raise ReplicaLoadError(str(checkpoint), f"threads must be at least 1, got {threads}")
+    if not 1 <= instances <= MAX_INSTANCES:
+        raise ReplicaLoadError(str(checkpoint), f"instances must be from 1 to {MAX_INSTANCES}, "
+                                                f"got {instances}")
+    # Process-wide, but each generation thread runs its own team of this many threads.
     torch.set_num_threads(threads)
     record = _record_of_kind(store, checkpoint, "checkpoint/1")
     model_dir = workdir / "model"
@@ -188,21 +215,33 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
         eos_ids = frozenset(stop_ids(tokenizer))
     except TemplateError as exc:
         raise ReplicaLoadError(str(checkpoint), exc.message) from None
-    static = None
-    if device == "cuda" and cuda_graphs and precision == "fp32":
-        from nscas.recipes.common.static_decode import StaticDecoder, unsupported
+    graphs = device == "cuda" and cuda_graphs and precision == "fp32"
+    if graphs:
+        from nscas.recipes.common.static_decode import unsupported
 
         reason = unsupported(model)
         if reason is not None:
             raise ReplicaLoadError(str(checkpoint), f"CUDA graphs need another model: {reason}"
                                    " (serve it with --no-cuda-graphs)")
-        static = StaticDecoder(model, graphs=True)
+    with torch.no_grad():
+        models = [model] + [copy.deepcopy(model) for _ in range(instances - 1)]
+    if device == "cuda":
+        torch.cuda.synchronize()  # loaded and copied on the default stream: done before use
     prompts = _task_prompts(store, tasks, tokenizer) if tasks is not None else {}
-    return Replica(model=model, tokenizer=tokenizer, model_digest=record["params"],
-                   checkpoint=str(checkpoint), prompts=prompts, eos_ids=eos_ids,
-                   device=device, precision=precision,
-                   max_positions=getattr(model.config, "max_position_embeddings", None),
-                   static=static)
+    loaded = []
+    for m in models:
+        stream = torch.cuda.Stream() if device == "cuda" else None
+        static = None
+        if graphs:
+            from nscas.recipes.common.static_decode import StaticDecoder
+
+            static = StaticDecoder(m, graphs=True, stream=stream)
+        loaded.append(Replica(
+            model=m, tokenizer=tokenizer, model_digest=record["params"],
+            checkpoint=str(checkpoint), prompts=prompts, eos_ids=eos_ids, device=device,
+            precision=precision, max_positions=getattr(m.config, "max_position_embeddings", None),
+            static=static, stream=stream))
+    return tuple(loaded)
 
 
 def _task_prompts(store: Any, tasks: Digest, tokenizer: Any) -> dict[str, tuple[int, ...]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from nscas.errors import InvalidInput, NscasError
 from nscas.recipes.common.lifetime import exit_with_owner
+from nscas.recipes.serve.replica import MAX_INSTANCES
 
 ERROR_PREFIX = "nscas: error: "  # as the CLI writes errors: a replica's log reads the same
 MAX_NAME = 256
@@ -43,6 +44,10 @@ class ReplicaSettings:
     max_batch: int = 8
     max_wait_ms: float = 5.0
     threads: int = 1
+    """torch threads of each instance's generation thread."""
+    instances: int = 1
+    """Model instances in this process, each a copy of the model with its own generation
+    thread (and CUDA stream); a request goes to the one with the fewest in flight."""
     max_new_tokens: int = 96
     cache_size: int = 1024
     device: str = "cpu"
@@ -66,6 +71,9 @@ class ReplicaSettings:
             if not 0 < seconds <= 86_400:  # also refuses nan
                 raise InvalidInput(f"{name} must be more than 0 and at most 86400 seconds, "
                                    f"got {seconds}")
+        if not 1 <= self.instances <= MAX_INSTANCES:
+            raise InvalidInput(f"--instances must be from 1 to {MAX_INSTANCES}, "
+                               f"got {self.instances}")
         if self.max_wait_ms < 0:
             raise InvalidInput(f"--max-wait-ms must not be negative, got {self.max_wait_ms}")
         if self.device not in ("cpu", "cuda"):
@@ -97,6 +105,7 @@ def run_replica(settings: ReplicaSettings, open_store: Callable[[], AbstractCont
     settings.check()
     if settings.cpus is not None:  # first, so that every thread started from here on inherits it
         pin_to_cpus(settings.cpus)
+    _check_cpu_threads(settings)
     exit_with_owner()  # started by `nscas run`: end with it, even when that is SIGKILLed
 
     from nscas.recipes.serve.replica import load_replica
@@ -114,11 +123,27 @@ def run_replica(settings: ReplicaSettings, open_store: Callable[[], AbstractCont
     with open_store() as store, tempfile.TemporaryDirectory(prefix="nscas-serve-") as workdir:
         checkpoint = store.resolve(settings.checkpoint)
         task_set = store.resolve(settings.tasks) if settings.tasks is not None else None
-        replica = load_replica(store, checkpoint, task_set, device=settings.device,
-                               workdir=Path(workdir), threads=settings.threads,
-                               precision=settings.precision, cuda_graphs=settings.cuda_graphs)
-        asyncio.run(serve(replica, config,
-                          on_ready=lambda url: on_ready(url, replica.model_digest)))
+        instances = load_replica(store, checkpoint, task_set, device=settings.device,
+                                 workdir=Path(workdir), threads=settings.threads,
+                                 precision=settings.precision,
+                                 cuda_graphs=settings.cuda_graphs,
+                                 instances=settings.instances)
+        digest = instances[0].model_digest
+        asyncio.run(serve(instances, config, on_ready=lambda url: on_ready(url, digest)))
+
+
+def _check_cpu_threads(settings: ReplicaSettings) -> None:
+    """On the CPU every instance's generation thread runs ``threads`` torch threads of its
+    own: refuse more of them than the CPUs this process may use."""
+    import os
+
+    if settings.device != "cpu" or not hasattr(os, "sched_getaffinity"):
+        return
+    cpus = len(os.sched_getaffinity(0))
+    needed = settings.instances * settings.threads
+    if needed > cpus:
+        raise InvalidInput(f"--instances {settings.instances} x --threads {settings.threads} "
+                           f"needs {needed} CPUs; this process may use {cpus}")
 
 
 def ready_line(url: str, model_digest: str, *, as_json: bool) -> str:
@@ -139,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("tasks", "name", "host", "cpus", "device", "precision"):
         parser.add_argument(f"--{name}", default=getattr(defaults, name))
     for name, kind in (("port", int), ("max_batch", int), ("max_wait_ms", float),
-                       ("threads", int), ("max_new_tokens", int), ("cache_size", int),
+                       ("threads", int), ("instances", int), ("max_new_tokens", int),
+                       ("cache_size", int),
                        ("header_timeout", float), ("body_timeout", float),
                        ("max_connections", int)):
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind,

@@ -11,6 +11,11 @@ as the generation thread has decoded it; a failure after the stream began is one
 holding the error object.
 On SIGTERM (or SIGINT) the replica stops taking work (503), lets every accepted request
 finish, then returns, so the process exits 0.
+
+A replica may hold several model instances, each with its own batcher and generation thread:
+each request that generates goes to the instance with the fewest requests in flight (the
+lowest index among equals); a retry answered from the cache generates nothing. ``/stats``
+gives the counters of all instances together and of each.
 """
 
 from __future__ import annotations
@@ -22,14 +27,14 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from jinja2 import TemplateError
 
-from .batching import Batcher, RequestConflict, RetryCache
+from .batching import Batcher, BatchStats, RequestConflict, RetryCache
 from .decoding import Completion, RowControl
 from .protocol import (
     SSE_DONE,
@@ -93,17 +98,45 @@ class ServerConfig:
 
 
 @dataclass(slots=True)
+class _Instance:
+    """One model instance of the replica and the batcher that feeds its generation thread."""
+
+    index: int
+    replica: Replica
+    batcher: Batcher
+    in_flight: int = 0
+    """Requests handed to this instance and not yet generated."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "in_flight": self.in_flight, **self.batcher.stats.to_json()}
+
+
+@dataclass(slots=True)
 class _State:
     """What the request handlers share (one per app, used only on the event loop)."""
 
-    replica: Replica
+    instances: tuple[_Instance, ...]
     config: ServerConfig
-    batcher: Batcher
     cache: RetryCache
     served: Served
     in_flight: int = 0
     draining: bool = False
     idle: asyncio.Event | None = None
+
+    @property
+    def replica(self) -> Replica:
+        """The first instance: what all instances share (tokenizer, prompts, digest)."""
+        return self.instances[0].replica
+
+    async def generate(self, prompt: Sequence[int], max_new_tokens: int,
+                       control: RowControl | None) -> Any:
+        """``prompt``'s generation by the instance with the fewest requests in flight."""
+        instance = min(self.instances, key=lambda i: i.in_flight)  # the first of equals
+        instance.in_flight += 1
+        try:
+            return await instance.batcher.submit(prompt, max_new_tokens, control)
+        finally:
+            instance.in_flight -= 1
 
 
 STATE = web.AppKey("nscas_state", _State)
@@ -111,15 +144,21 @@ LINGER_SECONDS = 2.0
 FAILED = "the replica failed to answer this request"
 
 
-def build_app(replica: Replica, config: ServerConfig) -> web.Application:
-    """The aiohttp application of one replica (the batcher starts with the app)."""
-    batcher = Batcher(replica.generate, max_batch=config.max_batch,
-                      max_wait_s=config.max_wait_ms / 1000)
+def build_app(instances: Sequence[Replica], config: ServerConfig) -> web.Application:
+    """The aiohttp application of one replica serving ``instances`` (model instances of one
+    checkpoint; the batchers start with the app)."""
+    replica = instances[0]
     app = web.Application(middlewares=[_guard])
     served = Served(name=config.served_name or replica.checkpoint, checkpoint=replica.checkpoint,
                     model_digest=replica.model_digest, created=int(time.time()))
-    app[STATE] = _State(replica=replica, config=config, batcher=batcher,
-                        cache=RetryCache(config.cache_size), served=served)
+    app[STATE] = _State(
+        instances=tuple(
+            _Instance(index=k, replica=r,
+                      batcher=Batcher(r.generate, max_batch=config.max_batch,
+                                      max_wait_s=config.max_wait_ms / 1000,
+                                      name=f"nscas-generate-{k}"))
+            for k, r in enumerate(instances)),
+        config=config, cache=RetryCache(config.cache_size), served=served)
     app.router.add_get("/health", _health, allow_head=False)
     app.router.add_get("/stats", _stats, allow_head=False)
     app.router.add_post("/infer", _infer)
@@ -135,9 +174,11 @@ async def _batcher_context(app: web.Application) -> Any:
     state = app[STATE]
     state.idle = asyncio.Event()
     state.idle.set()
-    state.batcher.start()
+    for instance in state.instances:
+        instance.batcher.start()
     yield
-    await state.batcher.close()
+    for instance in state.instances:
+        await instance.batcher.close()
 
 
 def _error(status: int, message: str, code: str, param: str | None = None) -> web.Response:
@@ -186,10 +227,11 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    total = BatchStats.total([i.batcher.stats for i in state.instances])
     return web.json_response({"model_digest": state.replica.model_digest,
                               "cache_entries": len(state.cache), "cache_hits": state.cache.hits,
-                              "decoding": state.replica.decoding,
-                              **state.batcher.stats.to_json()})
+                              "decoding": state.replica.decoding, **total.to_json(),
+                              "instances": [i.to_json() for i in state.instances]})
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -224,7 +266,7 @@ async def _infer(request: web.Request) -> web.Response:
     limit = state.config.max_new_tokens
     generation, cached = await state.cache.run(
         body.request_id, ("infer", body.task_id),
-        lambda: state.batcher.submit(prompt, limit, None))
+        lambda: state.generate(prompt, limit, None))
     return web.json_response(infer_answer(
         request_id=body.request_id, task_id=body.task_id,
         model_digest=state.replica.model_digest, generation=generation, cached=cached))
@@ -283,7 +325,7 @@ async def _complete(request: web.Request, kind: str) -> web.StreamResponse:
         if params.stream else None)
 
     async def compute() -> Completion:
-        await state.batcher.submit(prompt, params.max_tokens, control)
+        await state.generate(prompt, params.max_tokens, control)
         assert control.result is not None
         return control.result
 
@@ -390,15 +432,16 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def serve(replica: Replica, config: ServerConfig, *,
+async def serve(instances: Sequence[Replica], config: ServerConfig, *,
                 on_ready: Callable[[str], None]) -> None:
-    """Serve until SIGTERM or SIGINT, then drain and return.
+    """Serve ``instances`` (one replica's model instances) until SIGTERM or SIGINT, then
+    drain and return.
 
     ``on_ready`` gets the base URL once the socket listens (the model is loaded and checked
     before this is called). After the signal, new requests get 503 while accepted ones
     finish (for at most ``drain_seconds``).
     """
-    app = build_app(replica, config)
+    app = build_app(instances, config)
     # aiohttp closes a connection that is idle, or part-way through its headers, once the
     # keep-alive timeout passes: that timer is the header timeout. After an answer sent before
     # its body was read (413, 408), the rest is drained for LINGER_SECONDS at most, not 10.

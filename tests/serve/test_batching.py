@@ -59,3 +59,37 @@ def test_batched_answers_equal_one_at_a_time(served: Served, tmp_path: Path,
     assert got == reference
     # The sharpened model answers each prompt differently, so equality is not by accident.
     assert len(set(reference.values())) == len(reference)
+
+
+def test_two_instances_answer_as_one_and_share_the_work(served: Served, tmp_path: Path) -> None:
+    with ReplicaGroup(tmp_path) as group:
+        [one] = start_replicas(group, served, 1, max_batch=1)
+        [two] = start_replicas(group, served, 1, max_batch=1, instances=2)
+
+        def run(endpoint: str, run_id: str) -> dict[str, tuple[int, ...]]:
+            plan = LoadPlan(phase="pair", run_id=run_id, endpoints=(endpoint,),
+                            task_ids=served.task_ids, model_digest=served.model_digest,
+                            concurrency=4, attempts=1)
+            attempts = asyncio.run(run_phase(plan))
+            assert all(a.ok and a.cached is False for a in attempts)
+            return {a.task_id: a.output_ids for a in attempts}
+
+        alone, shared = run(one, "one"), run(two, "two")
+        # A retry of an answered request comes from the cache: no instance generates it.
+        again = httpx.post(f"{two}/infer", trust_env=False, timeout=60,
+                           json={"request_id": "two-pair-0", "task_id": served.task_ids[0]})
+        stats = httpx.get(f"{two}/stats", trust_env=False).json()
+        single = httpx.get(f"{one}/stats", trust_env=False).json()
+    assert shared == alone and len(set(alone.values())) == len(alone)
+    assert again.json()["cached"] is True and stats["cache_hits"] == 1
+    per = stats["instances"]
+    assert [i["index"] for i in per] == [0, 1] and all(i["in_flight"] == 0 for i in per)
+    # Four requests in flight at once: each instance served some of them, one row per batch.
+    assert all(i["rows"] > 0 and i["batch_sizes"] == {"1": i["rows"]} for i in per)
+    assert all(i["generate_seconds"] > 0 for i in per)
+    # The totals are what they always were: the instances' counters added up.
+    assert stats["rows"] == sum(i["rows"] for i in per) == len(served.task_ids)
+    assert stats["batches"] == sum(i["batches"] for i in per)
+    assert stats["generate_seconds"] == pytest.approx(sum(i["generate_seconds"] for i in per))
+    assert stats["largest_batch"] == 1 and stats["batch_sizes"] == {"1": len(served.task_ids)}
+    assert [i["rows"] for i in single["instances"]] == [single["rows"]] == [len(alone)]

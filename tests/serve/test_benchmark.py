@@ -107,14 +107,16 @@ def test_the_verdict_compares_the_pair_with_the_faster_replica_alone(capsys) -> 
 
 def test_pinning_plan_gives_disjoint_cpus_and_refuses_too_few() -> None:
     usable = sorted(os.sched_getaffinity(0))
-    assert bench._cpu_sets(0, 3) == [None, None, None]
-    if len(usable) >= 3:
-        sets = bench._cpu_sets(1, 3)
-        cpus = [int(c) for text in sets for c in text.split(",")]
-        assert len(set(cpus)) == 3 and set(cpus) <= set(usable)
+    assert bench._cpu_sets(0, [1, 1, 2]) == [None, None, None]
+    if len(usable) >= 4:
+        sets = bench._cpu_sets(1, [1, 2, 1])
+        cpus = [[int(c) for c in text.split(",")] for text in sets]
+        assert [len(c) for c in cpus] == [1, 2, 1]  # a replica of two instances gets two
+        assert len({c for group in cpus for c in group}) == 4
+        assert {c for group in cpus for c in group} <= set(usable)
     with pytest.raises(SystemExit, match=f"--pin {len(usable)}: 3 replicas need "
-                                         f"{3 * len(usable)} CPUs"):
-        bench._cpu_sets(len(usable), 3)
+                                         f"{4 * len(usable)} CPUs"):
+        bench._cpu_sets(len(usable), [1, 2, 1])
 
 
 @pytest.mark.slow
@@ -133,12 +135,17 @@ def test_a_tiny_run_prints_both_comparisons(tmp_path: Path, idle: str) -> None:
         idle == "second")
     assert re.search(r"ratio \(two replicas / replica [12] alone, the faster\): ", out)
     assert out.count("service time, port ") == 2  # one line per replica of the pair
+    assert "ratio (2 instances / one instance): " in out
+    # Warm-up (1 request) and the run's 4, with 4 in flight: both instances generated.
+    spread = re.search(r"requests per instance \(warm-up included\): instance 0 (\d+) in "
+                       r"\d+\.\d\d s, instance 1 (\d+) in \d+\.\d\d s\n", out)
+    assert spread is not None and int(spread[1]) + int(spread[2]) == 5 and int(spread[2]) > 0
     assert "ratio (max_batch 8 / max_batch 1): " in out
-    assert out.count("outputs identical: yes (4/4 tasks)") == 2
+    assert out.count("outputs identical: yes (4/4 tasks)") == 3
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert logs == ["batching-run1-max_batch-1.jsonl", "batching-run1-max_batch-8.jsonl",
-                    "replicas-run1-replica-1-alone.jsonl", "replicas-run1-replica-2-alone.jsonl",
-                    "replicas-run1-two-replicas.jsonl"]
+                    "replicas-run1-2-instances.jsonl", "replicas-run1-replica-1-alone.jsonl",
+                    "replicas-run1-replica-2-alone.jsonl", "replicas-run1-two-replicas.jsonl"]
     assert len((tmp_path / "logs" / logs[0]).read_text().splitlines()) == 4
 
 

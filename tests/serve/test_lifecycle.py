@@ -114,6 +114,17 @@ def test_cli_help_and_bad_options() -> None:
     assert bad.returncode == 2
     assert bad.stderr.startswith("nscas: error: --cpus names CPUs this process may not use: "
                                  "99999")
+    bad = subprocess.run([*SERVE, "blake3:" + "0" * 64, "--instances", "-1"],
+                         capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stderr) == (2, "nscas: error: --instances must be from 1 to 8, "
+                                               "got -1\n")
+    # On the CPU each instance runs --threads torch threads of its own: no more than the CPUs.
+    cpus = len(os.sched_getaffinity(0))
+    bad = subprocess.run([*SERVE, "blake3:" + "0" * 64, "--instances", "8", "--threads",
+                          str(cpus)], capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stderr) == (
+        2, f"nscas: error: --instances 8 x --threads {cpus} needs {8 * cpus} CPUs; this "
+           f"process may use {cpus}\n")
     bad = subprocess.run([*SERVE, "blake3:" + "0" * 64, "--name", "x" * 257],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--name must be 1 to 256 printable characters" in bad.stderr
@@ -127,7 +138,9 @@ def test_the_replica_entry_point_refuses_bad_options_as_the_command_does(tmp_pat
             ("--max-batch", "0", "--max-batch must be at least 1, got 0"),
             ("--precision", "fp16", "--precision must be bf16 or fp32, got 'fp16'"),
             ("--name", "a\tb", "--name must be 1 to 256 printable characters, got 'a\\tb'"),
-            ("--name", "", "--name must be 1 to 256 printable characters, got ''")):
+            ("--name", "", "--name must be 1 to 256 printable characters, got ''"),
+            ("--instances", "0", "--instances must be from 1 to 8, got 0"),
+            ("--instances", "9", "--instances must be from 1 to 8, got 9")):
         bad = subprocess.run([*replica, option, value], capture_output=True, text=True,
                              timeout=60)
         assert (bad.returncode, bad.stderr) == (2, f"nscas: error: {message}\n")
@@ -192,6 +205,6 @@ def test_the_command_mounts_in_a_group_as_main_registers_it() -> None:
     result = CliRunner().invoke(root, ["serve-model", "--help"])
     assert result.exit_code == 0, result.output
     for option in ("--host", "--port", "--store", "--tasks", "--max-batch", "--max-wait-ms",
-                   "--threads", "--max-new-tokens", "--cache-size", "--device", "--precision",
+                   "--threads", "--instances", "--max-new-tokens", "--cache-size", "--device", "--precision",
                    "--cuda-graphs", "--no-cuda-graphs", "--cpus", "--json"):
         assert option in result.output

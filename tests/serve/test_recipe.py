@@ -157,6 +157,20 @@ def test_params_are_checked() -> None:
     assert ServeParams(device="tpu").validate() is not None
     assert ServeParams(precision="fp16").validate() == "precision must be bf16 or fp32, got 'fp16'"
     assert ServeParams().validate() is None
+    assert ServeParams(instances=0).validate() == "instances must be from 1 to 8, got 0"
+    assert ServeParams(instances=9).validate() == "instances must be from 1 to 8, got 9"
+    assert ServeParams(instances=8).validate() is None
+
+
+def test_the_verifiers_take_instances_on_trust_and_refuse_impossible_counts() -> None:
+    from nscas.verifiers.actionparams import params_checks
+
+    honest = params_checks("serve.x", "serve@1", {"instances": 2, "requests": 8})
+    assert [c.status for c in honest] == ["passed", "skipped"]
+    assert honest[1].claimed == {"instances": 2}  # listed as not rechecked, with its value
+    for forged in (0, 9, -1, True, "2", 2.0, None):
+        [check, *_] = params_checks("serve.x", "serve@1", {"instances": forged})
+        assert check.status == "failed" and f"instances={forged!r}" in check.message
 
 
 def test_the_runner_can_hash_the_code_and_parse_params(store) -> None:
