@@ -617,7 +617,7 @@ def bench_team(b: Bench, f1: Path, f2: Path, parts: set[str]) -> None:
         raise SystemExit(f"team section: {pg}")
     moto = start_moto()
     if isinstance(moto, str):
-        pg.stop()
+        pg.close()
         raise SystemExit(f"team section: {moto}")
     services = TeamServices(postgres=pg, moto=moto)
     b.results["team"] = {}
@@ -631,7 +631,7 @@ def bench_team(b: Bench, f1: Path, f2: Path, parts: set[str]) -> None:
     finally:
         moto.process.kill()
         moto.process.wait()
-        pg.stop()
+        pg.close()
 
 
 def bench_team_add(b: Bench, services: Any, f1: Path) -> None:

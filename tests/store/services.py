@@ -94,6 +94,13 @@ class Postgres:
     def stop(self) -> None:
         self.pg_ctl("-m", "fast", "stop")
 
+    def close(self) -> None:
+        """Stop the server and remove its directory (a data directory grows to gigabytes)."""
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.data.parent, ignore_errors=True)
+
 
 def start_postgres(*, fsync: bool = False) -> Postgres | str:
     """A running server, or why none can start here."""
@@ -173,7 +180,7 @@ def team_services() -> Iterator[TeamServices]:
         pytest.skip(pg)
     moto = start_moto()
     if isinstance(moto, str):
-        pg.stop()
+        pg.close()
         pytest.skip(moto)
     saved = {k: os.environ.get(k) for k in S3_KEYS}
     os.environ.update(S3_KEYS)
@@ -187,4 +194,4 @@ def team_services() -> Iterator[TeamServices]:
                 os.environ[k] = v
         moto.process.kill()
         moto.process.wait()
-        pg.stop()
+        pg.close()
