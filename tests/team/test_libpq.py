@@ -385,9 +385,15 @@ def test_links_to_each_answers_on_postgresql_as_on_sqlite(team_services: TeamSer
             built = _runs(s, 7)
             ids = [built["env"], *built["receipts"], *built["ckpts"], Digest.of(b"not stored")]
             with open_store(s.root, readonly=True) as r:
-                got = {limit: r.links_to_each(ids, limit) for limit in (None, 1, 3)}
+                got: dict[Any, Any] = {limit: r.links_to_each(ids, limit)
+                                       for limit in (None, 1, 3)}
                 for limit, each in got.items():
                     assert each == {i: r.links_to(i, limit) for i in ids}
+                # kinds and labels in one statement (lineage's read), as kinds_of and get_records
+                kinds, labelled = r.kinds_and_records(ids, ("receipt/1", "checkpoint/1"))
+                assert kinds == r.kinds_of(ids)
+                assert labelled == r.get_records([*built["receipts"], *built["ckpts"]])
+                got["kinds"] = kinds
             answers.append(got)
     assert answers[0] == answers[1]
     assert len(answers[1][None][built["env"]]) == 7 and len(answers[1][3][built["env"]]) == 3
