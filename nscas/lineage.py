@@ -131,7 +131,7 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
         records.update(store.get_records([i for i in dict.fromkeys(ids) if i not in records]))
 
     def level_edges(level: list[Digest]) -> dict[Digest, list[_Edge]]:
-        learn_records([n for n in level if kinds[n] in _LABELLED])
+        # (the level's receipts and actions were read with their kinds: learn_kinds)
         if direction == "down":
             return {n: [_Edge(via=lk.path, target=lk.parent, linked_from=True) for lk in found]
                     for n, found in store.links_to_each(level, _MAX_FANOUT + 1).items()}

@@ -359,18 +359,18 @@ class StoreReader:
         kinds_: dict[Digest, str | None] = {}
         records: dict[Digest, dict[str, Any]] = {}
         wanted = sorted(set(record_kinds))
+        data_of = f"CASE WHEN kind IN ({_marks(wanted)}) THEN data END" if wanted else "NULL"
         todo = list(batches(list(dict.fromkeys(d.hex for d in ids)), BATCH))
-        for batch in todo:
-            with self._read(snapshot=False) as c:
-                rows = c.execute(
-                    f"SELECT id, kind, storage, CASE WHEN kind IN ({_marks(wanted)}) THEN data "
-                    f"END FROM objects WHERE id IN ({_marks(batch)})", [*wanted, *batch]
-                ).fetchall() if wanted else [(*r, None, None) for r in c.execute(
-                    f"SELECT id, kind FROM objects WHERE id IN ({_marks(batch)})", batch)]
-            for hex_id, kind, storage, data in rows:
-                kinds_[Digest(hex_id)] = kind
-                if kind in record_kinds:
-                    records[Digest(hex_id)] = self._record(hex_id, storage, data)
+        if not todo:
+            return kinds_, records
+        with self._read(snapshot=len(todo) > 1) as c:
+            for batch in todo:
+                rows = c.execute(f"SELECT id, kind, storage, {data_of} FROM objects "
+                                 f"WHERE id IN ({_marks(batch)})", [*wanted, *batch]).fetchall()
+                for hex_id, kind, storage, data in rows:
+                    kinds_[Digest(hex_id)] = kind
+                    if kind in wanted:
+                        records[Digest(hex_id)] = self._record(hex_id, storage, data)
         return kinds_, records
 
     def _record(self, hex_id: str, storage: str, data: bytes | None) -> dict[str, Any]:
@@ -559,16 +559,7 @@ class StoreReader:
 
     def kinds_of(self, ids: Iterable[Digest]) -> dict[Digest, str | None]:
         """The kind of each ID that is stored (None: a blob); IDs not stored are left out."""
-        out: dict[Digest, str | None] = {}
-        todo = list(batches(list(dict.fromkeys(d.hex for d in ids)), BATCH))
-        if not todo:
-            return out
-        with self._read(snapshot=len(todo) > 1) as c:
-            for batch in todo:
-                for hex_id, kind in c.execute(
-                        f"SELECT id, kind FROM objects WHERE id IN ({_marks(batch)})", batch):
-                    out[Digest(hex_id)] = kind
-        return out
+        return self.kinds_and_records(ids, ())[0]
 
     def closure(self, roots: Iterable[Digest], *, with_parts: bool = False) -> set[Digest]:
         """Every object reachable from ``roots`` through links (and parts, if asked)."""
