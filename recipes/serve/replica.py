@@ -223,6 +223,10 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
         if reason is not None:
             raise ReplicaLoadError(str(checkpoint), f"CUDA graphs need another model: {reason}"
                                    " (serve it with --no-cuda-graphs)")
+    if device == "cuda" and precision == "fp32":
+        # Process-wide, once: generation saves, clears and restores this flag around each
+        # batch, and with several generation threads one could restore it under another.
+        torch.backends.cuda.matmul.allow_tf32 = False
     with torch.no_grad():
         models = [model] + [copy.deepcopy(model) for _ in range(instances - 1)]
     if device == "cuda":

@@ -410,3 +410,45 @@ def test_cuda_graphs_equal_the_dynamic_cache(model, tokenizer, prompts) -> None:
                            device="cuda", static=static)
     assert [g.output_ids for g in bf16] == [g.output_ids for g in dynamic]
     assert static.captures == captured
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_instances_on_their_own_streams_and_threads(model, tokenizer, prompts) -> None:
+    """A replica's model instances: decoders of two model copies, each captured on and run
+    from its own stream and thread at the same time, give what one decoder gives alone."""
+    import threading
+
+    eot = tokenizer.eos_token_id
+    alone = generate_greedy(copy.deepcopy(model).to("cuda"), tokenizer, prompts, batch_size=1,
+                            eos_ids={eot}, device="cuda", precision="fp32")
+    decoders = [StaticDecoder(copy.deepcopy(model).to("cuda"), graphs=True,
+                              stream=torch.cuda.Stream()) for _ in range(2)]
+    torch.cuda.synchronize()
+    got: dict[int, list[tuple[int, ...]]] = {}
+    failed: list[BaseException] = []
+    start = threading.Barrier(len(decoders))
+
+    def work(k: int) -> None:
+        try:
+            start.wait()
+            static = decoders[k]
+            with torch.cuda.stream(static._stream):
+                outputs = []
+                for _ in range(3):  # capture (each thread at once), then replays
+                    outputs = [
+                        g.output_ids for g in generate_greedy(
+                            static.model, tokenizer, prompts, batch_size=1, eos_ids={eot},
+                            device="cuda", precision="fp32", static=static)]
+            got[k] = outputs
+        except BaseException as exc:  # reported below, from the test's own thread
+            failed.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(decoders))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failed == []
+    for k, static in enumerate(decoders):
+        assert got[k] == [g.output_ids for g in alone]
+        assert static.captures == len(static.shapes) >= 1
