@@ -9,7 +9,6 @@ partial one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import blake3
-import zstandard
 
 from nscas.durable import fsync_dir
 from nscas.errors import IntegrityError, StoreError
@@ -177,7 +175,7 @@ class ChunkFiles:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            sha = hashlib.sha256() if sha256 else None
+            sha = _new_sha256() if sha256 else None
             got = self._rehash_file(tmp, codec, hex_id, sha)
             if got != hex_id:
                 raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
@@ -245,9 +243,19 @@ class ChunkFiles:
         return _unlink(path, before)
 
 
+def _new_sha256() -> Any:
+    """A SHA-256 hasher; hashlib is imported here, so that read commands need not load
+    OpenSSL (3 ms of every start-up)."""
+    import hashlib
+
+    return hashlib.sha256()
+
+
 def encode(data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
     """(codec, stored bytes): zstd only when a sample shows it saves space."""
     if len(data) >= 1024:
+        import zstandard  # here, as in decode: commands that read only records never need it
+
         # A compressor per call: zstd contexts must not be shared between writer threads.
         cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
         sample = bytes(data[:_SAMPLE])
@@ -263,6 +271,8 @@ def decode(stored: bytes, codec: str, hex_id: str = "") -> bytes:
     if codec == "raw":
         return stored
     if codec == "zstd":
+        import zstandard
+
         # Streaming, not ZstdDecompressor.decompress: that allocates whatever size the frame
         # header claims, and one flipped bit there asks for terabytes (MemoryError).
         dobj = zstandard.ZstdDecompressor().decompressobj(write_size=1 << 20)
@@ -305,6 +315,8 @@ def _plain_digest(path: Path, codec: str, hex_id: str,
     ``also`` (a hashlib object) is fed the same blocks."""
     if codec not in ("raw", "zstd"):
         raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+    import zstandard
+
     # One thread per file: callers hash several files at once (fsck) or run in a pool (put).
     h = blake3.blake3()
     feed = [h.update] if also is None else [h.update, also.update]

@@ -54,7 +54,7 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> _Counting:
     c = _Counting()
     monkeypatch.setattr(putting, "hashlib", c)
     monkeypatch.setattr(putting, "sha256_hex", c.sha256_hex)
-    monkeypatch.setattr(chunks, "hashlib", c)  # a new leaf's SHA-256, from the re-read
+    monkeypatch.setattr(chunks, "_new_sha256", c.sha256)  # a new leaf's, from the re-read
     return c
 
 
