@@ -108,9 +108,10 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
     ``hide``: classes of ``HIDE_CLASSES`` to leave out (counted in ``hidden``); ``depth``:
     links from the root; ``max_nodes``: objects shown at most (None: no limit).
 
-    The store is read a level at a time, a few statements per level whatever its width (the
-    kinds of what it reaches, the records of its receipts and actions, its links, the
-    producers of its outputs), not a few per object: on PostgreSQL each is a round trip."""
+    The store is read a level at a time, whatever its width: up, two statements a level (its
+    links, and the producers of its outputs, each with the kinds of what they reach and the
+    records of the receipts and actions among them), down one (the links to it, the same
+    way); not a few per object: on PostgreSQL each statement is a round trip."""
     kinds: dict[Digest, str | None] = {}
     records: dict[Digest, dict[str, Any]] = {}
 
@@ -132,9 +133,13 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
 
     def level_edges(level: list[Digest]) -> dict[Digest, list[_Edge]]:
         # (the level's receipts and actions were read with their kinds: learn_kinds)
+        # Each read also learns the kinds of what its links reach, with the labelled records.
         if direction == "down":
+            parents = store.linked(level, "to", _LABELLED, limit=_MAX_FANOUT + 1)
+            kinds.update(parents.kinds)
+            records.update(parents.records)
             return {n: [_Edge(via=lk.path, target=lk.parent, linked_from=True) for lk in found]
-                    for n, found in store.links_to_each(level, _MAX_FANOUT + 1).items()}
+                    for n, found in parents.links.items()}
         out: dict[Digest, list[_Edge]] = {n: [] for n in level}
         made = producers_of(store, [n for n in level if kinds[n] != "receipt/1"], records)
         firsts = {n: p.first for n, p in made.items() if p.first is not None}
@@ -142,7 +147,10 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
             outputs = records[receipt]["outputs"]
             name = min(k for k, v in outputs.items() if v == str(n))
             out[n].append(_Edge(via=f"$.outputs.{name}", target=receipt, linked_from=True))
-        for n, found in store.links_from_each([n for n in level if kinds[n] is not None]).items():
+        children = store.linked([n for n in level if kinds[n] is not None], "from", _LABELLED)
+        kinds.update(children.kinds)
+        records.update(children.records)
+        for n, found in children.links.items():
             out[n] += [_Edge(via=lk.path, target=lk.child, linked_from=False) for lk in found
                        if not (kinds[n] == "receipt/1" and lk.path.startswith("$.outputs."))]
         return out

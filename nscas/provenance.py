@@ -39,25 +39,20 @@ def producers(store: StoreReader, oid: Digest) -> Producers:
 
 def producers_of(store: StoreReader, ids: Iterable[Digest],
                  known: dict[Digest, dict[str, Any]] | None = None) -> dict[Digest, Producers]:
-    """:func:`producers` of each ID, in two statements however many IDs (and however many
+    """:func:`producers` of each ID, in one statement however many IDs (and however many
     records link to them): the ``$.outputs`` links to them (an index of their own: an object
     shared as an input, a code tree or an environment, has parents by the hundred thousand,
-    none of which need reading), then the kinds of their parents with the receipts among them.
-    ``known``: records already read (the parents found there are not read again); the
-    receipts read are added to it."""
-    links = store.output_links_to(ids)
-    named: dict[Digest, set[Digest]] = {
-        oid: {lk.parent for lk in found if lk.path[9:10] in (".", "[")}
-        for oid, found in links.items()}
-    records = {} if known is None else known
-    parents = sorted(set().union(*named.values()) - records.keys())
-    records.update(store.kinds_and_records(parents, ("receipt/1",))[1])
+    none of which need reading) with the receipts among their parents. ``known``: the receipts
+    read are added to it."""
+    linked = store.linked(ids, "outputs", ("receipt/1",))
+    if known is not None:
+        known.update(linked.records)
     out: dict[Digest, Producers] = {}
-    for oid, found in named.items():
-        runs = sorted((records[r]["started"], r) for r in found
-                      if r in records and records[r].get("nscas") == "receipt/1"
-                      and records[r]["status"] == "succeeded"
-                      and str(oid) in records[r]["outputs"].values())
+    for oid, found in linked.links.items():
+        named = {lk.parent for lk in found if lk.path[9:10] in (".", "[")}
+        runs = sorted((rec["started"], r) for r in named
+                      if (rec := linked.records.get(r)) is not None
+                      and rec["status"] == "succeeded" and str(oid) in rec["outputs"].values())
         out[oid] = Producers(output=oid, receipts=tuple(r for _, r in runs))
     return out
 

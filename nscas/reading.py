@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO, Literal, NoReturn
 
 from nscas import canonical
 from nscas.chunks import ChunkBackend, ChunkFiles
@@ -81,6 +81,23 @@ class Link:
     parent: Digest
     path: str
     child: Digest
+
+
+LinkWay = Literal["from", "to", "outputs"]
+"""Which links of an object: its own (to its children), those to it (from its parents), or those
+to it from ``$.outputs`` paths (the receipts of the runs that made it)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Linked:
+    """Links of some IDs with what is at their other ends (:meth:`StoreReader.linked`)."""
+
+    links: dict[Digest, list[Link]]
+    """Each asked ID's links, in the order its way reads them."""
+    kinds: dict[Digest, str | None]
+    """The kind (None: a blob) of each stored object at a link's other end."""
+    records: dict[Digest, dict[str, Any]]
+    """The records among those ends of the kinds asked for."""
 
 
 class StoreReader:
@@ -495,15 +512,7 @@ class StoreReader:
 
     def links_from_each(self, ids: Iterable[Digest]) -> dict[Digest, list[Link]]:
         """Each ID's links, by path: one statement per :data:`BATCH` IDs."""
-        out: dict[Digest, list[Link]] = {d: [] for d in ids}
-        for batch in batches([d.hex for d in out], BATCH):
-            with self._read(snapshot=False) as c:
-                rows = c.execute(f"SELECT parent, path, child FROM links WHERE parent IN "
-                                 f"({_marks(batch)}) ORDER BY parent, path", batch).fetchall()
-            for parent, path, child in rows:
-                oid = Digest(parent)
-                out[oid].append(Link(parent=oid, path=path, child=Digest(child)))
-        return out
+        return self._links(ids, "from", None, None).links
 
     def links_to(self, oid: Digest, limit: int | None = None) -> list[Link]:
         """The links to ``oid``, by (parent, path); the first ``limit`` of them if given."""
@@ -514,47 +523,69 @@ class StoreReader:
         """:meth:`links_to` of each ID, in one statement per 100 IDs (a UNION ALL of one
         limited SELECT each: a shared object's hundred thousand parents are not all read); on
         PostgreSQL one per :data:`BATCH` IDs, a LATERAL join doing the same."""
-        out: dict[Digest, list[Link]] = {d: [] for d in ids}
-        one = "SELECT parent, path, child FROM links WHERE child = {} ORDER BY parent, path"
-        if limit is not None:
-            one += f" LIMIT {int(limit)}"
-        size = _UNION_BATCH
-        if self._pg is not None:
-            # One LATERAL join over an array of the IDs (char(64), the column's type, so that
-            # ix_links_child serves): PostgreSQL plans a UNION ALL of 100 SELECTs in ~20 ms and
-            # this in under one. SQLite has no LATERAL; its UNION costs it nothing like that.
-            size, sql = BATCH, ("SELECT l.parent, l.path, l.child FROM unnest(CAST(? AS char(64)[]))"
-                                f" AS k(id) CROSS JOIN LATERAL ({one.format('k.id')}) AS l "
-                                "ORDER BY l.child, l.parent, l.path")
-        for batch in batches([d.hex for d in out], size):
-            if self._pg is not None:
-                args = ["{" + ",".join(batch) + "}"]  # an array literal of hex IDs, as one value
-            else:
-                union = " UNION ALL ".join(f"SELECT * FROM ({one.format('?')}) AS q{i}"
-                                           for i in range(len(batch)))
-                sql, args = (f"SELECT parent, path, child FROM ({union}) AS u "
-                             "ORDER BY child, parent, path"), batch
-            with self._read(snapshot=False) as c:
-                rows = c.execute(sql, args).fetchall()
-            for parent, path, child in rows:
-                oid = Digest(child)
-                out[oid].append(Link(parent=Digest(parent), path=path, child=oid))
-        return out
+        return self._links(ids, "to", limit, None).links
 
     def output_links_to(self, ids: Iterable[Digest]) -> dict[Digest, list[Link]]:
         """The links to each ID whose path starts ``$.outputs`` (a receipt naming it among its
         outputs, and maybe a path such as ``$.outputsX`` of some other kind of record, for the
         caller to judge), by (parent, path): a lookup in ``ix_links_outputs``, however many
         other links the object has."""
-        out: dict[Digest, list[Link]] = {d: [] for d in ids}
-        for batch in batches([d.hex for d in out], BATCH):
+        return self._links(ids, "outputs", None, None).links
+
+    def linked(self, ids: Iterable[Digest], way: LinkWay, record_kinds: Collection[str], *,
+               limit: int | None = None) -> Linked:
+        """The links of ``way`` of each ID (``from``: :meth:`links_from_each`; ``to``:
+        :meth:`links_to_each` with ``limit``; ``outputs``: :meth:`output_links_to`) and, read
+        by the same statement, the kind of the object at each link's other end, with its
+        record if that kind is one of ``record_kinds``: a walk learns a level's edges and
+        what they reach in one round trip, not two. An end that is not stored (a damaged
+        store) is left out of ``kinds``."""
+        return self._links(ids, way, limit, sorted(set(record_kinds)))
+
+    def _links(self, ids: Iterable[Digest], way: LinkWay, limit: int | None,
+               ends: list[str] | None) -> Linked:
+        out = Linked(links={d: [] for d in ids}, kinds={}, records={})
+        end = "child" if way == "from" else "parent"
+        columns, join, head = "l.parent, l.path, l.child", "", []
+        if ends is not None:  # objects has no column named like one of links'
+            data_of = f"CASE WHEN o.kind IN ({_marks(ends)}) THEN o.data END" if ends else "NULL"
+            columns += f", o.id, o.kind, o.storage, {data_of}"
+            join, head = f" LEFT JOIN objects AS o ON o.id = l.{end}", ends
+        one = "SELECT parent, path, child FROM links WHERE child = {} ORDER BY parent, path"
+        if limit is not None:
+            one += f" LIMIT {int(limit)}"
+        for batch in batches([d.hex for d in out.links],
+                             _UNION_BATCH if way == "to" and self._pg is None else BATCH):
+            args: list[str] = batch
+            if way == "from":
+                sql = (f"SELECT {columns} FROM links AS l{join} WHERE l.parent IN "
+                       f"({_marks(batch)}) ORDER BY l.parent, l.path")
+            elif way == "outputs":
+                sql = (f"SELECT {columns} FROM links AS l{join} WHERE l.child IN "
+                       f"({_marks(batch)}) AND {OUTPUTS} ORDER BY l.parent, l.path")
+            elif self._pg is not None:
+                # One LATERAL join over an array of the IDs (char(64), the column's type, so that
+                # ix_links_child serves): PostgreSQL plans a UNION ALL of 100 SELECTs in ~20 ms
+                # and this in under one. SQLite has no LATERAL; its UNION costs it nothing so.
+                sql = (f"SELECT {columns} FROM unnest(CAST(? AS char(64)[])) AS k(id) CROSS JOIN "
+                       f"LATERAL ({one.format('k.id')}) AS l{join} "
+                       "ORDER BY l.child, l.parent, l.path")
+                args = ["{" + ",".join(batch) + "}"]  # an array literal of hex IDs, one value
+            else:
+                union = " UNION ALL ".join(f"SELECT * FROM ({one.format('?')}) AS q{i}"
+                                           for i in range(len(batch)))
+                sql = (f"SELECT {columns} FROM ({union}) AS l{join} "
+                       "ORDER BY l.child, l.parent, l.path")
             with self._read(snapshot=False) as c:
-                rows = c.execute(f"SELECT parent, path, child FROM links WHERE child IN "
-                                 f"({_marks(batch)}) AND {OUTPUTS} ORDER BY parent, path",
-                                 batch).fetchall()
-            for parent, path, child in rows:
-                oid = Digest(child)
-                out[oid].append(Link(parent=Digest(parent), path=path, child=oid))
+                rows = c.execute(sql, [*head, *args]).fetchall()
+            for row in rows:
+                link = Link(parent=Digest(row[0]), path=row[1], child=Digest(row[2]))
+                out.links[link.parent if way == "from" else link.child].append(link)
+                if ends is not None and row[3] is not None:
+                    other = link.child if way == "from" else link.parent
+                    out.kinds[other] = row[4]
+                    if row[4] in ends:
+                        out.records[other] = self._record(row[3], row[5], row[6])
         return out
 
     def kinds_of(self, ids: Iterable[Digest]) -> dict[Digest, str | None]:

@@ -41,6 +41,26 @@ def _runs(store: Store, n: int) -> dict[str, Any]:
     return {"env": env, "blob": blob, "receipts": receipts, "ckpts": ckpts}
 
 
+def check_linked(r: Any, ids: list[Digest]) -> dict[Any, Any]:
+    """``linked`` answers as the separate reads do, every way, with and without records;
+    returns its answers (to compare across engines)."""
+    got: dict[Any, Any] = {}
+    for way, limit, plain in (("from", None, r.links_from_each(ids)),
+                              ("to", None, r.links_to_each(ids)),
+                              ("to", 3, r.links_to_each(ids, 3)),
+                              ("outputs", None, r.output_links_to(ids))):
+        ends = {lk.child if way == "from" else lk.parent
+                for found in plain.values() for lk in found}
+        kinds = r.kinds_of(ends)
+        for record_kinds in ((), ("receipt/1",), ("receipt/1", "action/1", "environment/1")):
+            linked = r.linked(ids, way, record_kinds, limit=limit)
+            assert linked.links == plain
+            assert linked.kinds == kinds
+            assert linked.records == r.get_records(e for e in ends if kinds[e] in record_kinds)
+            got[way, limit, record_kinds] = linked
+    return got
+
+
 def test_batched_reads_equal_single_reads(store: Store) -> None:
     built = _runs(store, 7)
     ids = [built["env"], *built["receipts"], *built["ckpts"]]
@@ -55,6 +75,10 @@ def test_batched_reads_equal_single_reads(store: Store) -> None:
         assert {c: [lk.parent for lk in found] for c, found in outputs.items()} == {
             c: [rc] for c, rc in zip(built["ckpts"], built["receipts"], strict=True)}
         assert r.output_links_to([built["env"]]) == {built["env"]: []}  # inputs are not outputs
+        linked = check_linked(r, ids)
+        assert len(linked["to", None, ()].links[built["env"]]) == 7  # not empty answers
+        assert linked["from", None, ("receipt/1",)].kinds[built["env"]] == "environment/1"
+        assert set(linked["outputs", None, ("receipt/1",)].records) == set(built["receipts"])
         made = producers_of(r, [built["env"], *built["ckpts"]])
         assert made == {i: producers(r, i) for i in made}
         assert made[built["ckpts"][2]].first == built["receipts"][2]

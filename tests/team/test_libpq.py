@@ -377,7 +377,7 @@ def test_a_team_read_command_imports_no_psycopg(team_toml: Path) -> None:
 
 def test_links_to_each_answers_on_postgresql_as_on_sqlite(team_services: TeamServices,
                                                           tmp_path: Path) -> None:
-    from tests.store.test_batched_reads import _runs
+    from tests.store.test_batched_reads import _runs, check_linked
 
     answers = []
     for name, config in (("sqlite", None), ("team", team_services.config())):
@@ -394,6 +394,7 @@ def test_links_to_each_answers_on_postgresql_as_on_sqlite(team_services: TeamSer
                 assert kinds == r.kinds_of(ids)
                 assert labelled == r.get_records([*built["receipts"], *built["ckpts"]])
                 got["kinds"] = kinds
+                got["linked"] = check_linked(r, ids)  # a level of lineage in one statement
             answers.append(got)
     assert answers[0] == answers[1]
     assert len(answers[1][None][built["env"]]) == 7 and len(answers[1][3][built["env"]]) == 3
