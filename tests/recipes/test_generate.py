@@ -421,8 +421,9 @@ def test_cuda_graph_instances_on_their_own_streams_and_threads(model, tokenizer,
     eot = tokenizer.eos_token_id
     alone = generate_greedy(copy.deepcopy(model).to("cuda"), tokenizer, prompts, batch_size=1,
                             eos_ids={eot}, device="cuda", precision="fp32")
-    decoders = [StaticDecoder(copy.deepcopy(model).to("cuda"), graphs=True,
-                              stream=torch.cuda.Stream()) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    decoders = [StaticDecoder(copy.deepcopy(model).to("cuda"), graphs=True, stream=stream)
+                for stream in streams]
     torch.cuda.synchronize()
     got: dict[int, list[tuple[int, ...]]] = {}
     failed: list[BaseException] = []
@@ -432,7 +433,7 @@ def test_cuda_graph_instances_on_their_own_streams_and_threads(model, tokenizer,
         try:
             start.wait()
             static = decoders[k]
-            with torch.cuda.stream(static._stream):
+            with torch.cuda.stream(streams[k]):
                 outputs = []
                 for _ in range(3):  # capture (each thread at once), then replays
                     outputs = [
