@@ -135,9 +135,9 @@ def run_replica(settings: ReplicaSettings, open_store: Callable[[], AbstractCont
         digest = instances[0].model_digest
         # A generation thread holds the interpreter lock only between waits on its device; when
         # a wait ends while the event loop (or another instance's prefill) runs Python, it gets
-        # the lock back only after the switch interval. At the default 5 ms that stalls a GPU
-        # step of about 4 ms: two instances of a 135M model on an H200 went from 1.47-1.49 x one
-        # to 1.53-1.63 x at 0.5 ms, beside a thread running Python in 1 ms slices.
+        # the lock back only after the switch interval. The default 5 ms would stall a GPU step
+        # of about 4 ms (SmolLM2-135M on an H200; benchmarks/serve.py's arm 1b went from 1.48 x
+        # one instance to 1.57 x with this).
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         asyncio.run(serve(instances, config, on_ready=lambda url: on_ready(url, digest)))
 
