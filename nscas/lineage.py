@@ -132,8 +132,8 @@ def lineage(store: StoreReader, oid: Digest, *, direction: Direction = "up",
         records.update(store.get_records([i for i in dict.fromkeys(ids) if i not in records]))
 
     def level_edges(level: list[Digest]) -> dict[Digest, list[_Edge]]:
-        # (the level's receipts and actions were read with their kinds: learn_kinds)
-        # Each read also learns the kinds of what its links reach, with the labelled records.
+        # Each read also learns the kinds of what its links reach, with the labelled records
+        # (so the next level's receipts and actions are read already).
         if direction == "down":
             parents = store.linked(level, "to", _LABELLED, limit=_MAX_FANOUT + 1)
             kinds.update(parents.kinds)
