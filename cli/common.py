@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
@@ -22,11 +21,6 @@ class CliState:
     store: Path | None
     """``--store`` / ``$NSCAS_STORE``: a store directory, a directory holding ``.nscas``, or a
     team store's ``store.toml``."""
-
-
-# Listing limits stop where SQLite's integers and JSON's exact ones do (2^53): a larger one is
-# refused as a usage error, not passed on to overflow.
-LIMIT_MAX = 2**53
 
 
 def finite(value: float) -> float:
@@ -71,8 +65,3 @@ def open_cli_store(ctx: typer.Context, *, readonly: bool = False) -> StoreReader
     from nscas.opening import open_store
 
     return open_store(state(ctx).store, readonly=readonly)
-
-
-def iso_time(timestamp: float) -> str:
-    """Seconds since the epoch as ISO 8601 UTC, to the second (``2025-01-31T12:00:00Z``)."""
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

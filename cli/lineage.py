@@ -1,4 +1,5 @@
-"""``nscas lineage``: the link graph around an object, as a tree, JSON or Graphviz dot."""
+"""``nscas lineage``: the link graph around an object, as a tree, JSON or Graphviz dot. The work
+is nscas.cli.reads.lineage."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from nscas.cli import render
-from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
-from nscas.lineage import HIDE_CLASSES, MAX_NODES, Node, describe, lineage, parse_hide, to_dot
+from nscas.cli import reads
+from nscas.cli.common import IdArgument, JsonFlag, command_app, state
+from nscas.lineage import HIDE_CLASSES, MAX_NODES
 
 app = command_app()
 
@@ -35,7 +36,7 @@ def lineage_(
         help="Leave out these classes of object, comma-separated: "
              + "; ".join(f"{k}: {v}" for k, v in HIDE_CLASSES.items()) + ".")] = "",
     max_nodes: Annotated[int, typer.Option(
-        "--max-nodes", min=1, max=1_000_000,
+        "--max-nodes", min=1, max=reads.LINEAGE_MAX_NODES,
         help="Show at most this many objects, nearest first; the rest are counted.")
     ] = MAX_NODES,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.tree,
@@ -50,29 +51,5 @@ def lineage_(
 
     Example: nscas lineage experiments/coop/clean-pair --hide blobs,code,params --format dot | dot -Tsvg
     """
-    hidden = parse_hide(hide)
-    direction = "up" if up else "down"
-    with open_cli_store(ctx, readonly=True) as store:
-        root = lineage(store, store.resolve(id_), direction=direction, depth=depth,
-                       hide=hidden, max_nodes=max_nodes)
-    if as_json or fmt is Format.json:
-        render.json_out(root.to_json())
-    elif fmt is Format.dot:
-        render.raw([to_dot(root, direction=direction).encode()])
-    else:
-        render.tree(_branch(root))
-
-
-def _branch(node: Node) -> render.Branch:
-    label = " ".join([*describe(node)[:1], str(node.id)])
-    if len(describe(node)) > 1:
-        label += "  [" + ", ".join(describe(node)[1:]) + "]"
-    if node.via is not None:
-        label += f"  {'produced it as' if node.linked_from and node.via.startswith('$.outputs.') else 'via'} {node.via}"
-    if node.seen:
-        label += "  (seen)"
-    if node.more:
-        label += f"  (+{node.more} more)"
-    if node.hidden:
-        label += f"  ({node.hidden} hidden)"
-    return render.Branch(label=label, children=tuple(_branch(c) for c in node.children))
+    reads.lineage(state(ctx).store, id_=id_, up=up, depth=depth, hide=hide, max_nodes=max_nodes,
+                  fmt=fmt.value, as_json=as_json)

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 import typer
 
 from nscas.cli import render
-from nscas.cli.common import LIMIT_MAX, IdArgument, JsonFlag, command_app, iso_time, open_cli_store
+from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
+from nscas.cli.reads import LIMIT_MAX, iso_time
 
 app = command_app(
     help="Set, list and trace refs: names for IDs. Names under tags/ never move once set.\n\n"

@@ -6,6 +6,7 @@ and its output carries no colour codes or box drawing.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -55,6 +56,27 @@ def error(message: str) -> None:
     """The one-line form of every user-facing error, on stderr."""
     line = " ".join(message.split())  # one line even if a message carries newlines
     sys.stderr.write(ERROR_PREFIX + line + "\n")
+
+
+def failure(exc: BaseException) -> int | None:
+    """The exit code of an error a command raised, its one line printed (STYLE 6): a library
+    error or an OS error (a full disk, a missing file). None: neither, or a closed pipe
+    (``nscas cat ID | head``), which the caller quietens. The root group and nscas.cli.fast
+    both map errors here, so a command fails alike however it was parsed."""
+    from nscas.errors import NscasError
+
+    if isinstance(exc, NscasError):
+        error(exc.message)
+        return exc.exit_code
+    if not isinstance(exc, OSError) or exc.errno == errno.EPIPE:
+        return None
+    if exc.errno == errno.ENOSPC:  # as the store says it: one line, exit 2
+        where = f" at {exc.filename}" if exc.filename else ""
+        error(f"no space left on device{where}")
+        return 2
+    where = f": {exc.filename}" if exc.filename else ""
+    error(f"{exc.strerror or exc}{where}")
+    return 1
 
 
 def raw(chunks: Iterable[bytes]) -> None:

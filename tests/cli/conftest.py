@@ -17,7 +17,7 @@ import pytest
 from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
-from nscas.cli.main import app
+from nscas.cli.root import app
 from nscas.store import init_store
 
 REPO = Path(__file__).resolve().parents[2]

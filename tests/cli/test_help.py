@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import nscas as nscas_pkg
-from nscas.cli.main import COMMANDS, app, load_command
+from nscas.cli.root import COMMANDS, app, load_command
 
 from .conftest import REPO, Nscas, run_process
 
@@ -92,7 +92,7 @@ def test_root_help_imports_neither_torch_nor_sqlalchemy() -> None:
 
 def test_store_commands_import_no_torch() -> None:
     loaded = _modules_after(
-        "from nscas.cli.main import load_command\n"
+        "from nscas.cli.root import load_command\n"
         f"for name in {STORE_COMMANDS!r}:\n"
         "    load_command(name)\n"
     )

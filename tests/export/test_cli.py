@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nscas.cli import main
+from nscas.cli import root as main
 from nscas.store import Store
 from tests.export.conftest import Published, read_tree
 

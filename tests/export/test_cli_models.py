@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nscas.cli.main import app
+from nscas.cli.root import app
 from nscas.store import Store, init_store
 from tests.export.conftest import read_tree
 from tests.export.hf_models import Models, build_models

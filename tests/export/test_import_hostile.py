@@ -23,7 +23,7 @@ import pytest
 import rfc8785
 from typer.testing import CliRunner
 
-from nscas.cli import main
+from nscas.cli import root as main
 from nscas.exporting import InvalidBundle, export_bundle
 from nscas.importing import ImportLimits, import_bundle
 from nscas.store import Store

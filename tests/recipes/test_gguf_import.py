@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from nscas import Store, init_store, open_store
-from nscas.cli.main import app
+from nscas.cli.root import app
 from nscas.digests import Digest
 from nscas.verifiers.verify import exit_code, verify
 from tests.recipes.test_gguf_fixtures import parameters, write_gguf

@@ -29,7 +29,7 @@ def nscas() -> Callable[..., Result]:
     """Invoke the real ``nscas`` app in-process (plain output: not a terminal)."""
     from typer.testing import CliRunner
 
-    from nscas.cli import main
+    from nscas.cli import root as main
 
     assert main.COMMANDS["run"].module == "run"
     assert main.COMMANDS["import-hf"].module == "import_hf"

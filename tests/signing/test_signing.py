@@ -16,7 +16,7 @@ import pytest
 import rfc8785
 from typer.testing import CliRunner
 
-from nscas.cli.main import app
+from nscas.cli.root import app
 from nscas.digests import Digest
 from nscas.errors import DestinationExists, InvalidInput
 from nscas.fsck import fsck, gc

@@ -108,8 +108,8 @@ def test_a_bundle_needs_no_store(pipeline: Pipeline, tmp_path: Path,
 
 
 def test_registered_in_the_main_app_when_the_lead_adds_it(pipeline: Pipeline) -> None:
-    from nscas.cli.main import COMMANDS
-    from nscas.cli.main import app as main_app
+    from nscas.cli.root import COMMANDS
+    from nscas.cli.root import app as main_app
 
     if "verify" not in COMMANDS:
         pytest.skip("verify is not registered in cli/main.py yet")

@@ -1,0 +1,141 @@
+"""``log``, ``show`` and ``lineage`` run without typer: parsed here by argparse, run by
+nscas.cli.reads.
+
+Importing typer (and the click inside it) takes about a quarter of a read command's start-up on
+the dev VM, where a whole ``nscas log`` on a team store takes 0.2 s. This parser accepts a
+subset of what the typer app accepts and means the same by it: long options with a space or
+``=``, ``-n 5`` and ``-n5``, options before or after ID, an option given twice (the last wins).
+Whatever it does not accept goes to the typer app, which parses it again and runs it or says
+what is wrong: ``--help``, ``--version``, completion, a misspelt option, a value out of range,
+``--``, an ID starting with ``-``. So usage errors and help have one source, and this module
+only ever runs invocations typer would run the same way (tests/cli/test_fast.py checks it
+against click's own parse, option by option and on generated command lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from nscas.cli import reads, render
+from nscas.errors import NscasError
+
+STORE_ENV = "NSCAS_STORE"
+_COMPLETE_ENV = "_NSCAS_COMPLETE"  # set while a shell asks typer for completions
+
+
+class _Refused(Exception):
+    """argparse found the command line wrong: the typer app says how."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog=prog, add_help=False, allow_abbrev=False)
+
+    def error(self, message: str) -> Any:  # argparse would print usage and exit
+        raise _Refused(message)
+
+
+def _int_in(low: int, high: int | None) -> Callable[[str], int]:
+    """click's ``IntRange(low, high)``: ``int()`` of the text, inside the range."""
+    def convert(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise ValueError(text)
+        return value
+    return convert
+
+
+def _log() -> _Parser:
+    p = _Parser("nscas log")
+    p.add_argument("--kind")
+    p.add_argument("--limit", "-n", type=_int_in(1, reads.LIMIT_MAX), default=20)
+    p.add_argument("--json", dest="as_json", action="store_true")
+    return p
+
+
+def _show() -> _Parser:
+    p = _Parser("nscas show")
+    p.add_argument("id_")
+    p.add_argument("--json", dest="as_json", action="store_true")
+    return p
+
+
+def _lineage() -> _Parser:
+    from nscas.lineage import MAX_NODES  # only here: log and show need none of nscas.lineage
+
+    p = _Parser("nscas lineage")
+    p.add_argument("id_")
+    p.add_argument("--up", dest="up", action="store_true", default=True)
+    p.add_argument("--down", dest="up", action="store_false")
+    p.add_argument("--depth", type=_int_in(0, None), default=None)
+    p.add_argument("--hide", default="")
+    p.add_argument("--max-nodes", type=_int_in(1, reads.LINEAGE_MAX_NODES), default=MAX_NODES)
+    p.add_argument("--format", dest="fmt", choices=reads.LINEAGE_FORMATS, default="tree")
+    p.add_argument("--json", dest="as_json", action="store_true")
+    return p
+
+
+COMMANDS: dict[str, tuple[Callable[[], _Parser], Callable[..., None]]] = {
+    "log": (_log, reads.log),
+    "show": (_show, reads.show),
+    "lineage": (_lineage, reads.lineage),
+}
+"""The commands run here: the parser of each and what runs it."""
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]
+          ) -> tuple[Callable[..., None], Path | None, dict[str, Any]] | None:
+    """What to run for ``nscas ARGV``: the command, ``--store``, its options; None: the
+    typer app's to run."""
+    if _COMPLETE_ENV in environ:
+        return None
+    store = environ.get(STORE_ENV)
+    i = 0
+    # The root's options come before the command's name, as the typer group has them.
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "--store" and i + 1 < len(argv):
+            store, i = argv[i + 1], i + 2
+        elif argv[i].startswith("--store="):
+            store, i = argv[i].removeprefix("--store="), i + 1
+        else:
+            return None
+    if i == len(argv) or argv[i] not in COMMANDS or store == "":
+        return None
+    args = argv[i + 1:]
+    if "--" in args:
+        return None
+    make_parser, command = COMMANDS[argv[i]]
+    try:
+        params = vars(make_parser().parse_args(args))
+    except _Refused:
+        return None
+    if str(params.get("id_", "")).startswith("-"):
+        return None  # click reads it as an option it does not know
+    return command, None if store is None else Path(store), params
+
+
+def run(argv: Sequence[str], environ: Mapping[str, str]) -> int | None:
+    """Run ``nscas ARGV`` if :func:`parse` takes it: its exit code. None: it did not."""
+    parsed = parse(argv, environ)
+    if parsed is None:
+        return None
+    command, store, params = parsed
+    try:
+        command(store, **params)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except (NscasError, OSError) as exc:
+        code = render.failure(exc)
+        if code is not None:
+            return code
+        # a closed pipe (``nscas log | head``): quiet, exit 1, as the typer app does
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
+        return 1
+    except KeyboardInterrupt:
+        render.error("aborted")
+        return 1
+    return 0
