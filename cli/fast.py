@@ -32,9 +32,15 @@ class _Refused(Exception):
     """argparse found the command line wrong: the typer app says how."""
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    # add_argument formats each option once as a check; a fixed width spares it importing
+    # shutil for the terminal's. This parser never prints help: typer does.
+    return argparse.HelpFormatter(prog, width=100)
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, prog: str) -> None:
-        super().__init__(prog=prog, add_help=False, allow_abbrev=False)
+        super().__init__(prog=prog, add_help=False, allow_abbrev=False, formatter_class=_formatter)
 
     def error(self, message: str) -> Any:  # argparse would print usage and exit
         raise _Refused(message)

@@ -7,8 +7,6 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-import rfc8785
-
 from nscas.digests import Digest, is_digest_text
 from nscas.errors import RecordError, StrictJSONError
 
@@ -145,6 +143,8 @@ def encode(value: dict[str, Any]) -> bytes:
     if value_depth(value) > MAX_RECORD_DEPTH:
         raise RecordError(f"a record nests at most {MAX_RECORD_DEPTH} levels deep")
     _check_finite(value)
+    import rfc8785  # here: reads parse records (:func:`parse`) without ever encoding one
+
     try:
         data = rfc8785.dumps(value)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
 from nscas.locating import find_store, store_dir_of
-from nscas.reading import StoreReader
+from nscas.storeconfig import read_config
 
 if TYPE_CHECKING:
+    from nscas.reading import StoreReader
     from nscas.store import Store
 
 
@@ -26,7 +27,20 @@ def open_store(path: Path | None = None, *, readonly: bool = False) -> StoreRead
     :class:`StoreReader`, which imports no SQLAlchemy; else the writer, :class:`Store`."""
     root = store_dir_of(path) if path is not None else find_store()
     if readonly:
-        return StoreReader(root)
+        config = read_config(root)
+        if config is None:
+            from nscas.reading import StoreReader
+
+            return StoreReader(root)
+        from nscas import postgres
+
+        postgres.connect_early(config.database)  # its server starts a session while we import
+        try:
+            from nscas.reading import StoreReader
+
+            return StoreReader(root)  # takes that connection first
+        finally:
+            postgres.drop_early(config.database)  # unless the reader failed before it could
     from nscas.store import Store
 
     return Store(root)

@@ -8,6 +8,7 @@ alone takes longer than a read command may) or, where no libpq loads that way, o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -130,10 +131,58 @@ def pg_error(exc: BaseException) -> PgError:
                    operational=isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError))
 
 
+class _Early:
+    """A read connection being made by a thread of its own (:func:`connect_early`)."""
+
+    def __init__(self, url: str) -> None:
+        self.conn: PgConnection | None = None
+        self.error: PgError | None = None
+        self.thread = threading.Thread(target=self._run, args=(url,), name="nscas-connect",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str) -> None:
+        try:
+            self.conn = PgConnection(url)
+        except PgError as exc:  # raised where the connection is claimed
+            self.error = exc
+
+
+_early: dict[str, _Early] = {}
+
+
+def connect_early(url: str) -> None:
+    """Start connecting to ``url`` now, in a thread; the next :func:`connect` to it takes that
+    connection. Opening a reader calls this before it imports the reading code, so the server's
+    start of a session (a backend process and authentication, about 10 ms on the dev VM)
+    overlaps that import: libpq runs without the interpreter lock (ctypes releases it).
+    Nothing happens where libpq does not load (psycopg's import would cost more than it saves).
+    The caller ends with :func:`drop_early`, whether or not a connect took the connection."""
+    if url not in _early and libpq.load() is not None:
+        _early[url] = _Early(url)
+
+
+def drop_early(url: str) -> None:
+    """Close the connection :func:`connect_early` made, unless a :func:`connect` took it."""
+    early = _early.pop(url, None)
+    if early is not None:
+        early.thread.join()
+        if early.conn is not None:
+            early.conn.close()
+
+
 def connect(url: str, root: Path) -> PgConnection:
-    """A read connection, or the store's one-line error (unreachable, wrong password, ...)."""
+    """A read connection (the one :func:`connect_early` made, if it did), or the store's
+    one-line error (unreachable, wrong password, ...)."""
+    early = _early.pop(url, None)
     try:
-        return PgConnection(url)
+        if early is None:
+            return PgConnection(url)
+        early.thread.join()
+        if early.error is not None:
+            raise early.error
+        assert early.conn is not None
+        return early.conn
     except PgError as exc:
         raise database_error(exc, root, url) from None
 

@@ -13,7 +13,6 @@ import errno
 import io
 import os
 import re
-import shutil
 import sqlite3
 import threading
 from collections.abc import Collection, Iterable, Iterator
@@ -454,6 +453,8 @@ class StoreReader:
                     raise DestinationExists(str(dest)) from None
                 raise
         finally:
+            import shutil  # only writing a directory out needs it
+
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _write_blob(self, oid: Digest, target: Path) -> None:

@@ -8,7 +8,6 @@ by the writer (nscas.db).
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +142,8 @@ def database_error(exc: sqlite3.Error, root: Path) -> StoreError:
 
 
 def _full(root: Path) -> bool:
+    import shutil  # only an error needs it
+
     try:
         return shutil.disk_usage(root).free == 0
     except OSError:

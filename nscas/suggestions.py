@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -11,6 +10,8 @@ def closest(word: str, known: Iterable[str]) -> str | None:
 
     For slash-separated names (refs) the last parts must be close as well, so that a shared
     ``experiments/coop/`` alone does not make two names alike."""
+    import difflib  # here: only a name that is not found needs it, and read commands start fast
+
     found = difflib.get_close_matches(word, list(known), n=5, cutoff=0.6)
     tail = word.rpartition("/")[2]
     for name in found:

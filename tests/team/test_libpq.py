@@ -328,6 +328,45 @@ def test_connection_errors_are_one_clear_line(team_services: TeamServices, team_
         listener.close()
 
 
+def test_a_reader_takes_the_connection_made_while_it_imported(
+        team_toml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    real = postgres.PgConnection.__init__
+
+    def init(self: postgres.PgConnection, url: str) -> None:
+        made.append(threading.current_thread().name)
+        real(self, url)
+
+    monkeypatch.setattr(postgres.PgConnection, "__init__", init)
+    with open_store(team_toml, readonly=True) as s:
+        s.log(limit=1)
+        s.counts()
+    # one connection in all, made beside the import, then reused by every read
+    assert made == ["nscas-connect"]
+    assert postgres._early == {}
+
+
+def test_an_early_connection_no_reader_took_is_closed(
+        team_toml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nscas import reading
+
+    closed: list[object] = []
+    real = postgres.PgConnection.close
+
+    def close(self: postgres.PgConnection) -> None:
+        closed.append(self)
+        real(self)
+
+    def no_backend(*_: object) -> object:
+        raise StoreError("no object storage here")
+
+    monkeypatch.setattr(postgres.PgConnection, "close", close)
+    monkeypatch.setattr(reading, "chunk_backend", no_backend)  # fails before it connects
+    with pytest.raises(StoreError, match="no object storage here"):
+        open_store(team_toml, readonly=True)
+    assert len(closed) == 1 and postgres._early == {}
+
+
 def test_the_cli_says_it_in_one_line(team_services: TeamServices, team_toml: Path,
                                      tmp_path: Path) -> None:
     toml = _with_database(team_toml, team_services.postgres.url(password="wrong"), tmp_path / "w")
