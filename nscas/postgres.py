@@ -149,6 +149,7 @@ class _Early:
 
 
 _early: dict[str, _Early] = {}
+_early_lock = threading.Lock()  # readers may open in several threads (the UI's server)
 
 
 def connect_early(url: str) -> None:
@@ -158,13 +159,17 @@ def connect_early(url: str) -> None:
     overlaps that import: libpq runs without the interpreter lock (ctypes releases it).
     Nothing happens where libpq does not load (psycopg's import would cost more than it saves).
     The caller ends with :func:`drop_early`, whether or not a connect took the connection."""
-    if url not in _early and libpq.load() is not None:
-        _early[url] = _Early(url)
+    if libpq.load() is None:
+        return
+    with _early_lock:
+        if url not in _early:
+            _early[url] = _Early(url)
 
 
 def drop_early(url: str) -> None:
     """Close the connection :func:`connect_early` made, unless a :func:`connect` took it."""
-    early = _early.pop(url, None)
+    with _early_lock:
+        early = _early.pop(url, None)
     if early is not None:
         early.thread.join()
         if early.conn is not None:
@@ -174,7 +179,8 @@ def drop_early(url: str) -> None:
 def connect(url: str, root: Path) -> PgConnection:
     """A read connection (the one :func:`connect_early` made, if it did), or the store's
     one-line error (unreachable, wrong password, ...)."""
-    early = _early.pop(url, None)
+    with _early_lock:
+        early = _early.pop(url, None)
     try:
         if early is None:
             return PgConnection(url)
