@@ -1,10 +1,10 @@
 """``log``, ``show`` and ``lineage`` run without typer: parsed here by argparse, run by
 nscas.cli.reads.
 
-Importing typer (and the click inside it) takes about a quarter of a read command's start-up on
-the dev VM, where a whole ``nscas log`` on a team store takes 0.2 s. This parser accepts a
-subset of what the typer app accepts and means the same by it: long options with a space or
-``=``, ``-n 5`` and ``-n5``, options before or after ID, an option given twice (the last wins).
+Importing typer (and the click inside it) is a large part of a read command's start-up, and a
+whole ``nscas log`` may take 0.2 s. This parser accepts a subset of what the typer app accepts
+and means the same by it: long options with a space or ``=``, ``-n 5`` and ``-n5``, options
+before or after ID, an option given twice (the last wins).
 Whatever it does not accept goes to the typer app, which parses it again and runs it or says
 what is wrong: ``--help``, ``--version``, completion, a misspelt option, a value out of range,
 ``--``, an ID starting with ``-``. So usage errors and help have one source, and this module

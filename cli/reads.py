@@ -1,8 +1,8 @@
 """What ``log``, ``show`` and ``lineage`` do, without typer.
 
 These three are the read commands people run most, so nscas.cli.fast parses them and calls
-these functions without importing typer (a quarter of a read command's start-up on the dev
-VM); cli/log.py, cli/show.py and cli/lineage.py declare the same options for typer (its
+these functions without importing typer (a large part of a read command's start-up);
+cli/log.py, cli/show.py and cli/lineage.py declare the same options for typer (its
 ``--help``, completion and usage errors) and call the same functions. ``store`` is the
 ``--store`` option: None searches upwards for ``.nscas``.
 """

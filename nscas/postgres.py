@@ -136,7 +136,7 @@ class _Early:
 
     def __init__(self, url: str) -> None:
         self.conn: PgConnection | None = None
-        self.error: PgError | None = None
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(url,), name="nscas-connect",
                                        daemon=True)
         self.thread.start()
@@ -144,7 +144,7 @@ class _Early:
     def _run(self, url: str) -> None:
         try:
             self.conn = PgConnection(url)
-        except PgError as exc:  # raised where the connection is claimed
+        except BaseException as exc:  # raised where the connection is claimed
             self.error = exc
 
 
@@ -155,8 +155,7 @@ _early_lock = threading.Lock()  # readers may open in several threads (the UI's 
 def connect_early(url: str) -> None:
     """Start connecting to ``url`` now, in a thread; the next :func:`connect` to it takes that
     connection. Opening a reader calls this before it imports the reading code, so the server's
-    start of a session (a backend process and authentication, about 10 ms on the dev VM)
-    overlaps that import: libpq runs without the interpreter lock (ctypes releases it).
+    start of a session (a backend process, authentication) overlaps that import: libpq runs without the interpreter lock (ctypes releases it).
     Nothing happens where libpq does not load (psycopg's import would cost more than it saves).
     The caller ends with :func:`drop_early`, whether or not a connect took the connection."""
     if libpq.load() is None:
@@ -185,9 +184,8 @@ def connect(url: str, root: Path) -> PgConnection:
         if early is None:
             return PgConnection(url)
         early.thread.join()
-        if early.error is not None:
-            raise early.error
-        assert early.conn is not None
+        if early.conn is None:  # a PgError becomes the store's line below; others as they were
+            raise early.error or PgError("connection failed", sqlstate=None, operational=True)
         return early.conn
     except PgError as exc:
         raise database_error(exc, root, url) from None

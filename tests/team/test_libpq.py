@@ -367,6 +367,17 @@ def test_an_early_connection_no_reader_took_is_closed(
     assert len(closed) == 1 and postgres._early == {}
 
 
+def test_an_unexpected_error_making_the_early_connection_is_raised_as_itself(
+        team_toml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: postgres.PgConnection, url: str) -> None:
+        raise TypeError("not a connection error")
+
+    monkeypatch.setattr(postgres.PgConnection, "__init__", broken)
+    with pytest.raises(TypeError, match="not a connection error"):
+        open_store(team_toml, readonly=True)
+    assert postgres._early == {}
+
+
 def test_the_cli_says_it_in_one_line(team_services: TeamServices, team_toml: Path,
                                      tmp_path: Path) -> None:
     toml = _with_database(team_toml, team_services.postgres.url(password="wrong"), tmp_path / "w")
