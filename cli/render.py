@@ -12,20 +12,18 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 ERROR_PREFIX = "nscas: error: "
 _FULL_ID = re.compile(r"blake3:([0-9a-f]{12})[0-9a-f]{52}")
 _SHORT_ID = re.compile(r"(?<![0-9a-z])[0-9a-f]{12}(?![0-9a-z])")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Branch:
+class Branch(NamedTuple):
     """One line of a rendered tree and the lines under it."""
 
     label: str
-    children: tuple[Branch, ...] = field(default=())
+    children: tuple[Branch, ...] = ()
 
 
 def is_tty() -> bool:

@@ -13,9 +13,8 @@ import json
 import os
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import blake3
 
@@ -33,8 +32,7 @@ _SAFETENSORS_HEADER_MAX = 100 << 20
 _VERIFY_BLOCK = 4 << 20  # read-back block when re-hashing a chunk file just written
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Segment:
+class Segment(NamedTuple):
     """A byte range of a file that becomes one object: ``tensor`` names safetensors tensors."""
 
     offset: int

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nscas.digests import Digest
 from nscas.errors import InvalidInput
@@ -27,8 +26,7 @@ FIXED_COLUMNS = ("receipt", "pipeline", "step", "recipe", "arm", "status", "star
 _MISSING = object()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Run:
+class Run(NamedTuple):
     """One receipt as a row of a comparison."""
 
     receipt: Digest
@@ -74,8 +72,7 @@ class Run:
                 "params": dict(self.params), "claims": dict(self.claims)}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Comparison:
+class Comparison(NamedTuple):
     """Runs side by side and the columns worth showing."""
 
     runs: tuple[Run, ...]

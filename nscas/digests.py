@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import BinaryIO
 
 import blake3
@@ -18,15 +17,49 @@ _PREFIX = re.compile(r"(?:blake3:)?([0-9a-f]{8,64})")
 _PARALLEL_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True, order=True)
 class Digest:
-    """A BLAKE3-256 object ID. Build it with :meth:`parse` or :meth:`of`, never from loose text."""
+    """A BLAKE3-256 object ID. Build it with :meth:`parse` or :meth:`of`, never from loose text.
 
+    Immutable, hashable and ordered by its hex digits. Written out rather than as a dataclass:
+    importing dataclasses (it imports inspect) is a tenth of what a read command such as
+    ``nscas log`` may take in all, and every command uses this class.
+    """
+
+    __slots__ = ("hex",)
+    __match_args__ = ("hex",)
     hex: str
 
-    def __post_init__(self) -> None:
-        if not _HEX.fullmatch(self.hex):
-            raise InvalidDigest(self.hex)
+    def __init__(self, hex: str) -> None:
+        if not _HEX.fullmatch(hex):
+            raise InvalidDigest(hex)
+        object.__setattr__(self, "hex", hex)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Digest cannot change: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a Digest cannot change: cannot delete {name!r}")
+
+    def __reduce__(self) -> tuple[type[Digest], tuple[str]]:  # pickle and copy: through __init__
+        return Digest, (self.hex,)
+
+    def __hash__(self) -> int:
+        return hash(self.hex)
+
+    def __eq__(self, other: object) -> bool:
+        return self.hex == other.hex if isinstance(other, Digest) else NotImplemented
+
+    def __lt__(self, other: object) -> bool:
+        return self.hex < other.hex if isinstance(other, Digest) else NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        return self.hex <= other.hex if isinstance(other, Digest) else NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        return self.hex > other.hex if isinstance(other, Digest) else NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        return self.hex >= other.hex if isinstance(other, Digest) else NotImplemented
 
     @classmethod
     def parse(cls, text: str) -> Digest:

@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -530,7 +530,7 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
             sha[t] = hashed[r][1]
         named = {*plan.files.values(), *plan.derived, *plan.omitted, *bare.derived, *bare.omitted}
         known = _Closure(target=lay.closure.target, records=lay.closure.records, infos={
-            d: replace(i, sha256=sha.get(d) or store.sha256(d))
+            d: i._replace(sha256=sha.get(d) or store.sha256(d))
             if i.sha256 is None and d in named else i for d, i in infos.items()})
         sums = {p: sha[d] for p, d in plan.files.items()}
         manifest = _manifest(known, plan, bundle_format)

@@ -12,8 +12,7 @@ growing at ``max_nodes`` (the rest are counted, not drawn), so a picture stays l
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from nscas.digests import Digest
 from nscas.errors import InvalidInput, NotFound
@@ -39,15 +38,14 @@ HIDE_CLASSES: Mapping[str, str] = {
 """What ``--hide`` accepts: a class of object, left out together with what only it reaches."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Node:
+class Node(NamedTuple):
     id: Digest
     kind: str | None
     via: str | None  # the JSON path of the link that led here
     linked_from: bool = False
     """True when this object links to the node above it (going down, and up from an output
     to the receipt that produced it); False when the node above links to this one."""
-    children: tuple[Node, ...] = field(default=())
+    children: tuple[Node, ...] = ()
     seen: bool = False  # already shown elsewhere in this graph: not expanded again
     more: int = 0  # links not expanded because of the depth limit, node limit or fan-out cap
     hidden: int = 0  # links left out by ``hide``
@@ -89,8 +87,7 @@ def parse_hide(text: str) -> frozenset[str]:
     return names
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Edge:
+class _Edge(NamedTuple):
     via: str
     target: Digest
     linked_from: bool

@@ -9,8 +9,7 @@ earliest succeeded receipt is the one, by ``started`` and then ID, as the cache 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from nscas.digests import Digest
@@ -19,8 +18,7 @@ if TYPE_CHECKING:
 SIGNATURE = "signature/1"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Producers:
+class Producers(NamedTuple):
     """The succeeded receipts that output one object, earliest first."""
 
     output: Digest

@@ -17,9 +17,8 @@ import sqlite3
 import threading
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, NoReturn
+from typing import Any, BinaryIO, Literal, NamedTuple, NoReturn
 
 from nscas import canonical
 from nscas.chunks import ChunkBackend, ChunkFiles
@@ -52,8 +51,7 @@ _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_
                      "release_work_area"})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ObjectInfo:
+class ObjectInfo(NamedTuple):
     id: Digest
     size: int
     sha256: str | None
@@ -66,8 +64,7 @@ class ObjectInfo:
     created: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RefEntry:
+class RefEntry(NamedTuple):
     name: str
     old: Digest | None
     new: Digest
@@ -75,8 +72,7 @@ class RefEntry:
     message: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Link:
+class Link(NamedTuple):
     parent: Digest
     path: str
     child: Digest
@@ -87,8 +83,7 @@ LinkWay = Literal["from", "to", "outputs"]
 to it from ``$.outputs`` paths (the receipts of the runs that made it)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Linked:
+class Linked(NamedTuple):
     """Links of some IDs with what is at their other ends (:meth:`StoreReader.linked`)."""
 
     links: dict[Digest, list[Link]]

@@ -9,8 +9,8 @@ by the writer (nscas.db).
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nscas.errors import DamagedStore, NoSpace, ReadOnlyStore, StoreError
 from nscas.locating import DB_NAME
@@ -54,8 +54,7 @@ TRIGGERS: dict[str, str] = {f"{t}_no_{v}": _guard_sql(t, v)
 """Trigger name -> the exact statement the migrations create it with."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SchemaDifference:
+class SchemaDifference(NamedTuple):
     """One way the store's schema differs from what the migrations create."""
 
     name: str  # the table, index or trigger

@@ -8,11 +8,9 @@ local object directory, its temporary files. The standard library only: readers 
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
 from nscas.errors import ConfigError, InvalidInput
@@ -25,8 +23,7 @@ _KEYS = {"database", "objects", "s3"}
 _S3_KEYS = {"endpoint_url", "region", "access_key_id", "secret_access_key"}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class S3Settings:
+class S3Settings(NamedTuple):
     """Where an S3-compatible service is and how to sign in; any field left out comes from the
     usual AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...)."""
 
@@ -38,8 +35,7 @@ class S3Settings:
     secret_access_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StoreConfig:
+class StoreConfig(NamedTuple):
     """What ``store.toml`` says: the database URL and where object data lives."""
 
     database: str
@@ -133,6 +129,8 @@ def render_config(config: StoreConfig) -> str:
 
 def toml_string(value: str) -> str:
     """A TOML basic string holding ``value`` (JSON's escapes, non-ASCII as it is, are TOML's)."""
+    import json  # only writing a config needs it: reading one is on every team read's path
+
     return json.dumps(value, ensure_ascii=False)
 
 

@@ -250,7 +250,10 @@ try:
     app(args=sys.argv[2:])
 except SystemExit as exc:
     code = exc.code
-loaded = sorted({m.split(".")[0] for m in sys.modules} & {"typer", "click", "sqlalchemy"})
+# typer and click are most of a typer command's start-up, SQLAlchemy the writer's, and
+# dataclasses (with the inspect it imports) a tenth of a read command's: none is needed here
+loaded = sorted({m.split(".")[0] for m in sys.modules}
+                & {"typer", "click", "sqlalchemy", "dataclasses", "inspect"})
 with open(sys.argv[1], "w") as f:
     json.dump([code, loaded], f)
 """
@@ -259,7 +262,7 @@ with open(sys.argv[1], "w") as f:
 @pytest.mark.parametrize("argv", [["log"], ["show", "runs/latest"], ["lineage", "runs/latest"],
                                   ["lineage", "runs/latest", "--down", "--format", "dot"]],
                          ids=" ".join)
-def test_the_fast_commands_never_import_typer(tmp_path: Path, argv: list[str]) -> None:
+def test_the_fast_commands_import_no_typer_sqlalchemy_or_dataclasses(tmp_path: Path, argv: list[str]) -> None:
     root, _ = _setup(tmp_path)
     report = tmp_path / "report.json"
     p = subprocess.run([sys.executable, "-c", _PROBE, str(report), "--store", str(root), *argv],
