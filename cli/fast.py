@@ -14,17 +14,24 @@ against click's own parse, option by option and on generated command lines).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nscas.cli import reads, render
 from nscas.errors import NscasError
 
+if TYPE_CHECKING:
+    import argparse
+
 STORE_ENV = "NSCAS_STORE"
+# Listing limits stop where SQLite's integers and JSON's exact ones do (2^53): a larger one is
+# refused as a usage error, not passed on to overflow. The typer commands declare the same.
+LIMIT_MAX = 2**53
+LINEAGE_MAX_NODES = 1_000_000  # --max-nodes' ceiling
+LINEAGE_FORMATS = ("tree", "json", "dot")  # --format
 _COMPLETE_ENV = "_NSCAS_COMPLETE"  # set while a shell asks typer for completions
 
 
@@ -32,18 +39,30 @@ class _Refused(Exception):
     """argparse found the command line wrong: the typer app says how."""
 
 
-def _formatter(prog: str) -> argparse.HelpFormatter:
-    # add_argument formats each option once as a check; a fixed width spares it importing
-    # shutil for the terminal's. This parser never prints help: typer does.
-    return argparse.HelpFormatter(prog, width=100)
+@cache
+def _parser_class() -> type[argparse.ArgumentParser]:
+    # argparse (with the gettext and locale it imports) loads here, once a team store's
+    # connection has started (run): while the connection is made, not before it starts.
+    import argparse
+
+    def formatter(prog: str) -> argparse.HelpFormatter:
+        # add_argument formats each option once as a check; a fixed width spares it importing
+        # shutil for the terminal's. This parser never prints help: typer does.
+        return argparse.HelpFormatter(prog, width=100)
+
+    class Parser(argparse.ArgumentParser):
+        def __init__(self, prog: str) -> None:
+            super().__init__(prog=prog, add_help=False, allow_abbrev=False,
+                             formatter_class=formatter)
+
+        def error(self, message: str) -> Any:  # argparse would print usage and exit
+            raise _Refused(message)
+
+    return Parser
 
 
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog=prog, add_help=False, allow_abbrev=False, formatter_class=_formatter)
-
-    def error(self, message: str) -> Any:  # argparse would print usage and exit
-        raise _Refused(message)
+def _parser(prog: str) -> argparse.ArgumentParser:
+    return _parser_class()(prog)
 
 
 def _int_in(low: int, high: int | None) -> Callable[[str], int]:
@@ -56,48 +75,45 @@ def _int_in(low: int, high: int | None) -> Callable[[str], int]:
     return convert
 
 
-def _log() -> _Parser:
-    p = _Parser("nscas log")
+def _log() -> argparse.ArgumentParser:
+    p = _parser("nscas log")
     p.add_argument("--kind")
-    p.add_argument("--limit", "-n", type=_int_in(1, reads.LIMIT_MAX), default=20)
+    p.add_argument("--limit", "-n", type=_int_in(1, LIMIT_MAX), default=20)
     p.add_argument("--json", dest="as_json", action="store_true")
     return p
 
 
-def _show() -> _Parser:
-    p = _Parser("nscas show")
+def _show() -> argparse.ArgumentParser:
+    p = _parser("nscas show")
     p.add_argument("id_")
     p.add_argument("--json", dest="as_json", action="store_true")
     return p
 
 
-def _lineage() -> _Parser:
+def _lineage() -> argparse.ArgumentParser:
     from nscas.lineage import MAX_NODES  # only here: log and show need none of nscas.lineage
 
-    p = _Parser("nscas lineage")
+    p = _parser("nscas lineage")
     p.add_argument("id_")
     p.add_argument("--up", dest="up", action="store_true", default=True)
     p.add_argument("--down", dest="up", action="store_false")
     p.add_argument("--depth", type=_int_in(0, None), default=None)
     p.add_argument("--hide", default="")
-    p.add_argument("--max-nodes", type=_int_in(1, reads.LINEAGE_MAX_NODES), default=MAX_NODES)
-    p.add_argument("--format", dest="fmt", choices=reads.LINEAGE_FORMATS, default="tree")
+    p.add_argument("--max-nodes", type=_int_in(1, LINEAGE_MAX_NODES), default=MAX_NODES)
+    p.add_argument("--format", dest="fmt", choices=LINEAGE_FORMATS, default="tree")
     p.add_argument("--json", dest="as_json", action="store_true")
     return p
 
 
-COMMANDS: dict[str, tuple[Callable[[], _Parser], Callable[..., None]]] = {
-    "log": (_log, reads.log),
-    "show": (_show, reads.show),
-    "lineage": (_lineage, reads.lineage),
-}
-"""The commands run here: the parser of each and what runs it."""
+COMMANDS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "log": _log, "show": _show, "lineage": _lineage}
+"""The commands run here, each with its parser; nscas.cli.reads has a function of each name."""
 
 
-def parse(argv: Sequence[str], environ: Mapping[str, str]
-          ) -> tuple[Callable[..., None], Path | None, dict[str, Any]] | None:
-    """What to run for ``nscas ARGV``: the command, ``--store``, its options; None: the
-    typer app's to run."""
+def _scan(argv: Sequence[str], environ: Mapping[str, str]
+          ) -> tuple[str, Path | None, Sequence[str]] | None:
+    """The command's name, ``--store`` and the command's arguments, if the command is one of
+    :data:`COMMANDS` and the root's options are ones this module knows; else None."""
     if _COMPLETE_ENV in environ:
         return None
     store = environ.get(STORE_ENV)
@@ -112,36 +128,63 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]
             return None
     if i == len(argv) or argv[i] not in COMMANDS or store == "":
         return None
-    args = argv[i + 1:]
+    return argv[i], None if store is None else Path(store), argv[i + 1:]
+
+
+def _options(name: str, args: Sequence[str]) -> dict[str, Any] | None:
+    """The options of ``nscas NAME ARGS``, or None where the typer app is to parse them."""
     if "--" in args:
         return None
-    make_parser, command = COMMANDS[argv[i]]
     try:
-        params = vars(make_parser().parse_args(args))
+        params = vars(COMMANDS[name]().parse_args(args))
     except _Refused:
         return None
     if str(params.get("id_", "")).startswith("-"):
         return None  # click reads it as an option it does not know
-    return command, None if store is None else Path(store), params
+    return params
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]
+          ) -> tuple[Callable[..., None], Path | None, dict[str, Any]] | None:
+    """What to run for ``nscas ARGV``: the command, ``--store``, its options; None: the
+    typer app's to run."""
+    line = _scan(argv, environ)
+    params = None if line is None else _options(line[0], line[2])
+    if line is None or params is None:
+        return None
+    from nscas.cli import reads
+
+    return getattr(reads, line[0]), line[1], params
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int | None:
-    """Run ``nscas ARGV`` if :func:`parse` takes it: its exit code. None: it did not."""
-    parsed = parse(argv, environ)
-    if parsed is None:
+    """Run ``nscas ARGV`` if :func:`parse` takes it: its exit code. None: it did not.
+
+    A team store's connection is started first, so that it is made while the rest of the
+    command's code imports (nscas.opening.connecting)."""
+    line = _scan(argv, environ)
+    if line is None:
         return None
-    command, store, params = parsed
-    try:
-        command(store, **params)
-        sys.stdout.flush()  # a closed pipe shows here, not at exit
-    except (NscasError, OSError) as exc:
-        code = render.failure(exc)
-        if code is not None:
-            return code
-        # a closed pipe (``nscas log | head``): quiet, exit 1, as the typer app does
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
-        return 1
-    except KeyboardInterrupt:
-        render.error("aborted")
-        return 1
+    from nscas.opening import connecting
+
+    name, store, args = line
+    with connecting(store):
+        params = _options(name, args)
+        if params is None:
+            return None
+        from nscas.cli import reads, render
+
+        try:
+            getattr(reads, name)(store, **params)
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+        except (NscasError, OSError) as exc:
+            code = render.failure(exc)
+            if code is not None:
+                return code
+            # a closed pipe (``nscas log | head``): quiet, exit 1, as the typer app does
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
+            return 1
+        except KeyboardInterrupt:
+            render.error("aborted")
+            return 1
     return 0

@@ -8,17 +8,14 @@ from typing import Annotated
 
 import typer
 
-from nscas.cli import reads
+from nscas.cli import fast, reads
 from nscas.cli.common import IdArgument, JsonFlag, command_app, state
 from nscas.lineage import HIDE_CLASSES, MAX_NODES
 
 app = command_app()
 
 
-class Format(StrEnum):
-    tree = "tree"
-    json = "json"
-    dot = "dot"
+Format = StrEnum("Format", {f: f for f in fast.LINEAGE_FORMATS})  # the fast parser's choices
 
 
 @app.command("lineage")
@@ -36,7 +33,7 @@ def lineage_(
         help="Leave out these classes of object, comma-separated: "
              + "; ".join(f"{k}: {v}" for k, v in HIDE_CLASSES.items()) + ".")] = "",
     max_nodes: Annotated[int, typer.Option(
-        "--max-nodes", min=1, max=reads.LINEAGE_MAX_NODES,
+        "--max-nodes", min=1, max=fast.LINEAGE_MAX_NODES,
         help="Show at most this many objects, nearest first; the rest are counted.")
     ] = MAX_NODES,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.tree,

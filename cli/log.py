@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from nscas.cli import reads
+from nscas.cli import fast, reads
 from nscas.cli.common import JsonFlag, command_app, state
 
 app = command_app()
@@ -20,7 +20,7 @@ def log(
         "--kind", metavar="KIND", show_default=False,
         help="Only records of this kind, e.g. receipt/1.")] = None,
     limit: Annotated[int, typer.Option(
-        "--limit", "-n", min=1, max=reads.LIMIT_MAX, help="At most this many.")] = 20,
+        "--limit", "-n", min=1, max=fast.LIMIT_MAX, help="At most this many.")] = 20,
     as_json: JsonFlag = False,
 ) -> None:
     """List records, newest first: ID, kind, time, size; for receipts also the recipe, status,

@@ -19,12 +19,6 @@ from nscas.digests import Digest
 if TYPE_CHECKING:
     from nscas.lineage import Node
 
-# Listing limits stop where SQLite's integers and JSON's exact ones do (2^53): a larger one is
-# refused as a usage error, not passed on to overflow.
-LIMIT_MAX = 2**53
-LINEAGE_MAX_NODES = 1_000_000  # --max-nodes' ceiling
-LINEAGE_FORMATS = ("tree", "json", "dot")  # --format
-
 _CLAIMS_SHOWN = 4  # headline claims per receipt in the table (--json has them all, exact)
 _LINKED_FROM_SHOWN = 10
 

@@ -8,7 +8,8 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
-from nscas.cli.reads import LIMIT_MAX, iso_time
+from nscas.cli.fast import LIMIT_MAX
+from nscas.cli.reads import iso_time
 
 app = command_app(
     help="Set, list and trace refs: names for IDs. Names under tags/ never move once set.\n\n"

@@ -7,6 +7,8 @@ or upgrading a store is the writer's (``nscas.store.init_store``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
@@ -44,3 +46,28 @@ def open_store(path: Path | None = None, *, readonly: bool = False) -> StoreRead
     from nscas.store import Store
 
     return Store(root)
+
+
+@contextmanager
+def connecting(path: Path | None = None) -> Iterator[None]:
+    """Start connecting to the team store at ``path`` (default: found upwards from here) now,
+    for a reader opened inside this block to take: a read command enters it before it imports
+    the code it runs, so that the server's start of a session overlaps those imports too. An
+    SQLite store: nothing to do. A store that cannot be found or read is left for
+    :func:`open_store` to report, as it does without this block; a connection that no reader
+    took is closed at its end."""
+    try:
+        root = store_dir_of(path) if path is not None else find_store()
+        config = read_config(root)
+    except Exception:  # whatever it is, open_store says it, in its own words
+        config = None
+    if config is None:
+        yield
+        return
+    from nscas import postgres
+
+    postgres.connect_early(config.database)
+    try:
+        yield
+    finally:
+        postgres.drop_early(config.database)

@@ -651,7 +651,11 @@ class StoreReader:
     def schema_differences(self) -> list[SchemaDifference]:
         """How the store's tables, indexes and triggers differ from what the migrations create."""
         with self._read() as c:
-            return self._pg.schema_differences(c) if self._pg else schema_differences(c)
+            if self._pg is not None:
+                from nscas import pgschema
+
+                return pgschema.schema_differences(c)
+            return schema_differences(c)
 
     def counts(self) -> dict[str, int]:
         with self._read() as c:

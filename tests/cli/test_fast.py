@@ -101,7 +101,7 @@ def test_the_store_comes_from_the_environment_unless_given(
 # Left to typer: help, errors, anything unusual. Each must be refused, not run.
 LEFT_TO_TYPER = [
     ["--help"], ["--version"], ["log", "--help"], ["lineage", "-h"], ["log", "--limit", "0"],
-    ["log", "--limit", str(reads.LIMIT_MAX + 1)], ["log", "--limit", "5.0"], ["log", "--lim", "5"],
+    ["log", "--limit", str(fast.LIMIT_MAX + 1)], ["log", "--limit", "5.0"], ["log", "--lim", "5"],
     ["log", "--jsn"], ["log", "extra"], ["log", "--json=yes"], ["show"], ["show", "a", "b"],
     ["show", "-x"], ["show", "--", "-x"], ["lineage", "ID", "--depth", "-1"],
     ["lineage", "ID", "--max-nodes", "0"], ["lineage", "ID", "--format", "svg"],
@@ -121,7 +121,7 @@ def test_completion_is_left_to_typer() -> None:
 
 
 _INTS = st.sampled_from(["0", "1", "5", "20", "-1", "+2", " 7", "1_0", "5.0", "0x10", "1000000",
-                         "1000001", str(reads.LIMIT_MAX), str(reads.LIMIT_MAX + 1), "x", ""])
+                         "1000001", str(fast.LIMIT_MAX), str(fast.LIMIT_MAX + 1), "x", ""])
 _TEXTS = st.sampled_from(["receipt/1", "blobs", "blobs,code", "nope", "", "x y", "-x", "-1",
                           "--x=1", "é"])
 _VALUES = {"--kind": _TEXTS, "--limit": _INTS, "-n": _INTS, "--depth": _INTS, "--hide": _TEXTS,
@@ -174,7 +174,7 @@ def test_the_options_are_the_typer_commands_options() -> None:
     default, and no other: a new option added to one side only fails here."""
     from nscas.cli.root import load_command
 
-    for name, (make_parser, _) in fast.COMMANDS.items():
+    for name, make_parser in fast.COMMANDS.items():
         command = load_command(name)
         declared, declared_choices = {}, {}
         for param in command.params:

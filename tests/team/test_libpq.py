@@ -19,7 +19,7 @@ import pytest
 
 from nscas import libpq, postgres
 from nscas.digests import Digest
-from nscas.errors import DamagedStore, ReadOnlyStore, StoreError
+from nscas.errors import DamagedStore, NscasError, ReadOnlyStore, StoreError
 from nscas.libpq import PgError
 from nscas.opening import open_store
 from nscas.store import init_store
@@ -365,6 +365,69 @@ def test_an_early_connection_no_reader_took_is_closed(
     with pytest.raises(StoreError, match="no object storage here"):
         open_store(team_toml, readonly=True)
     assert len(closed) == 1 and postgres._early == {}
+
+
+def test_a_read_command_starts_connecting_before_it_imports_its_code(
+        team_toml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI enters ``connecting`` before it imports the reading code: the connection made
+    there is the one the reader takes, and the only one."""
+    from nscas.opening import connecting
+
+    made: list[str] = []
+    real = postgres.PgConnection.__init__
+
+    def init(self: postgres.PgConnection, url: str) -> None:
+        made.append(threading.current_thread().name)
+        real(self, url)
+
+    monkeypatch.setattr(postgres.PgConnection, "__init__", init)
+    with connecting(team_toml):
+        assert list(postgres._early) == [team_services_url(team_toml)]
+        with open_store(team_toml, readonly=True) as s:
+            s.log(limit=1)
+    assert made == ["nscas-connect"] and postgres._early == {}
+
+
+def test_a_connection_no_command_took_is_closed(team_toml: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nscas lineage --help`` on a team store: the command line goes to typer after the
+    connection was started; it is closed, not left open."""
+    from nscas.opening import connecting
+
+    closed: list[object] = []
+    real = postgres.PgConnection.close
+
+    def close(self: postgres.PgConnection) -> None:
+        closed.append(self)
+        real(self)
+
+    monkeypatch.setattr(postgres.PgConnection, "close", close)
+    with connecting(team_toml):
+        pass
+    assert len(closed) == 1 and postgres._early == {}
+
+
+@pytest.mark.parametrize("damage", ["missing", "not toml", "unknown key", "not a store"])
+def test_connecting_leaves_a_bad_store_for_open_store_to_report(
+        team_toml: Path, tmp_path: Path, damage: str) -> None:
+    from nscas.opening import connecting
+
+    where = {"missing": tmp_path / "none", "not a store": tmp_path}.get(damage, team_toml)
+    if damage == "not toml":
+        team_toml.write_text("database = [[[\n")
+    elif damage == "unknown key":
+        team_toml.write_text(team_toml.read_text() + "colour = 'blue'\n")
+    with connecting(where):  # never raises: nothing connects
+        assert postgres._early == {}
+        with pytest.raises(NscasError) as err:
+            open_store(where, readonly=True)
+    assert "\n" not in str(err.value)
+
+
+def team_services_url(toml: Path) -> str:
+    from nscas.storeconfig import parse_config
+
+    return parse_config(toml).database
 
 
 def test_an_unexpected_error_making_the_early_connection_is_raised_as_itself(
