@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import binascii
 import ctypes
+import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
@@ -89,11 +90,39 @@ def _candidates() -> Iterator[str]:
 
 
 @cache
+def _dl() -> ctypes.CDLL | None:
+    """The C library's ``dlopen`` and ``dlerror``, or None where the process has none."""
+    try:
+        dl = ctypes.CDLL(None)  # what the process has loaded: the C library's own functions
+        dl.dlopen.restype, dl.dlopen.argtypes = _P, [ctypes.c_char_p, ctypes.c_int]
+        dl.dlerror.restype, dl.dlerror.argtypes = ctypes.c_char_p, []
+    except (OSError, AttributeError, TypeError):
+        return None
+    return dl
+
+
+def _open(name: str) -> ctypes.CDLL:
+    """``ctypes.CDLL(name)``, the library loaded by a call to the C library's ``dlopen``:
+    ctypes releases the interpreter lock during a foreign call, but holds it while
+    ``ctypes.CDLL`` loads a library. Loading libpq and the 20-odd libraries it needs takes
+    longer than anything else a read command's connection thread does before it connects
+    (nscas.postgres.connect_early), and the command's own thread waits for the lock that long
+    unless the loading runs without it."""
+    dl = _dl()
+    if dl is None:
+        return ctypes.CDLL(name)
+    handle = dl.dlopen(name.encode(), os.RTLD_NOW | ctypes.DEFAULT_MODE)  # what CDLL asks for
+    if not handle:
+        raise OSError((dl.dlerror() or b"cannot load " + name.encode()).decode(errors="replace"))
+    return ctypes.CDLL(name, handle=handle)
+
+
+@cache
 def load() -> ctypes.CDLL | None:
     """libpq with every function this module calls declared, or None where none loads."""
     for name in _candidates():
         try:
-            lib = ctypes.CDLL(name)
+            lib = _open(name)
             for func, (restype, argtypes) in _SIGNATURES.items():
                 f = getattr(lib, func)
                 f.restype, f.argtypes = restype, argtypes
