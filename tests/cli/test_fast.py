@@ -276,6 +276,24 @@ def test_help_still_comes_from_typer(tmp_path: Path) -> None:
     assert ran.exit_code == 0 and "--limit" in ran.stdout and "Example: nscas log" in ran.stdout
 
 
+def test_the_whole_output_arrives_before_the_process_ends(tmp_path: Path) -> None:
+    """The fast path ends the process without finalizing the interpreter (nscas.cli.main):
+    what it printed is flushed first, to a pipe, errors included."""
+    root, _ = _setup(tmp_path)
+    with open_store(root) as s:
+        for i in range(1000):
+            s.put_record({"nscas": "tasks/1", "role": "eval", "records": str(s.put_bytes(b"x")),
+                          "count": 1, "ids": [f"t{i}"]})
+        stored = s.counts()["records"]
+    assert stored > 1000
+    ran = run_process("--store", str(root), "log", "--limit", "5000", "--json", cwd=tmp_path)
+    assert ran.exit_code == 0 and ran.stderr == ""
+    assert len(json.loads(ran.stdout)) == stored
+    ran = run_process("--store", str(root), "show", "runs/none", cwd=tmp_path)
+    assert (ran.exit_code, ran.stdout) == (2, "")
+    assert ran.stderr.startswith("nscas: error: ") and ran.stderr.endswith("\n")
+
+
 def test_a_closed_pipe_ends_the_fast_path_quietly(tmp_path: Path) -> None:
     root, _ = _setup(tmp_path)
     with open_store(root) as s:
