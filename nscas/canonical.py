@@ -18,11 +18,11 @@ _SAFE_INT = 2**53 - 1  # the integers rfc8785 accepts as Python ints
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise StrictJSONError(f"duplicate key {key!r} (a key repeats within an object)")
-        out[key] = value
+    out = dict(pairs)  # in C: every record read goes through here, once per object in it
+    if len(out) != len(pairs):
+        keys = [k for k, _ in pairs]
+        key = next(k for i, k in enumerate(keys) if k in keys[:i])  # the first one repeated
+        raise StrictJSONError(f"duplicate key {key!r} (a key repeats within an object)")
     return out
 
 
