@@ -28,8 +28,8 @@ def app(*, prog_name: str = "nscas", args: Sequence[str] | None = None) -> None:
 def _end(code: int) -> NoReturn:
     """End the process now, its output flushed. A read command has nothing left to finish
     (its connection is closed, it wrote no file), and finalizing the interpreter (tearing
-    down every module, the exit handlers of OpenSSL and the other libraries libpq loads)
-    takes longer than any other step of ``nscas log`` but its start."""
+    down every module, the exit handlers of OpenSSL and the other libraries libpq loads) is
+    a large part of a read command's time (docs/benchmarks.md §9)."""
     for stream in (sys.stdout, sys.stderr):
         with suppress(OSError, ValueError):  # a pipe closed meanwhile: what was lost is lost
             stream.flush()

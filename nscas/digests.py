@@ -21,8 +21,8 @@ class Digest:
     """A BLAKE3-256 object ID. Build it with :meth:`parse` or :meth:`of`, never from loose text.
 
     Immutable, hashable and ordered by its hex digits. Written out rather than as a dataclass:
-    importing dataclasses (it imports inspect) is a tenth of what a read command such as
-    ``nscas log`` may take in all, and every command uses this class.
+    every command uses this class, and importing dataclasses (it imports inspect) was a good
+    part of the start-up of a read command such as ``nscas log`` (docs/benchmarks.md §9).
     """
 
     __slots__ = ("hex",)

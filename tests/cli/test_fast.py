@@ -251,7 +251,7 @@ try:
 except SystemExit as exc:
     code = exc.code
 # typer and click are most of a typer command's start-up, SQLAlchemy the writer's, and
-# dataclasses (with the inspect it imports) a tenth of a read command's: none is needed here
+# dataclasses (with the inspect it imports) a good part of a read command's: none is needed
 loaded = sorted({m.split(".")[0] for m in sys.modules}
                 & {"typer", "click", "sqlalchemy", "dataclasses", "inspect"})
 with open(sys.argv[1], "w") as f:

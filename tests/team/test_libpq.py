@@ -328,16 +328,36 @@ def test_connection_errors_are_one_clear_line(team_services: TeamServices, team_
         listener.close()
 
 
-def test_a_reader_takes_the_connection_made_while_it_imported(
-        team_toml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[str] = []
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread that made each read connection, as they are made."""
+    threads: list[str] = []
     real = postgres.PgConnection.__init__
 
     def init(self: postgres.PgConnection, url: str) -> None:
-        made.append(threading.current_thread().name)
+        threads.append(threading.current_thread().name)
         real(self, url)
 
     monkeypatch.setattr(postgres.PgConnection, "__init__", init)
+    return threads
+
+
+@pytest.fixture
+def closed(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every read connection closed, as they are closed."""
+    connections: list[object] = []
+    real = postgres.PgConnection.close
+
+    def close(self: postgres.PgConnection) -> None:
+        connections.append(self)
+        real(self)
+
+    monkeypatch.setattr(postgres.PgConnection, "close", close)
+    return connections
+
+
+def test_a_reader_takes_the_connection_made_while_it_imported(team_toml: Path,
+                                                              made: list[str]) -> None:
     with open_store(team_toml, readonly=True) as s:
         s.log(limit=1)
         s.counts()
@@ -347,20 +367,12 @@ def test_a_reader_takes_the_connection_made_while_it_imported(
 
 
 def test_an_early_connection_no_reader_took_is_closed(
-        team_toml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        team_toml: Path, closed: list[object], monkeypatch: pytest.MonkeyPatch) -> None:
     from nscas import reading
-
-    closed: list[object] = []
-    real = postgres.PgConnection.close
-
-    def close(self: postgres.PgConnection) -> None:
-        closed.append(self)
-        real(self)
 
     def no_backend(*_: object) -> object:
         raise StoreError("no object storage here")
 
-    monkeypatch.setattr(postgres.PgConnection, "close", close)
     monkeypatch.setattr(reading, "chunk_backend", no_backend)  # fails before it connects
     with pytest.raises(StoreError, match="no object storage here"):
         open_store(team_toml, readonly=True)
@@ -368,40 +380,24 @@ def test_an_early_connection_no_reader_took_is_closed(
 
 
 def test_a_read_command_starts_connecting_before_it_imports_its_code(
-        team_toml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        team_toml: Path, made: list[str]) -> None:
     """The CLI enters ``connecting`` before it imports the reading code: the connection made
     there is the one the reader takes, and the only one."""
     from nscas.opening import connecting
+    from nscas.storeconfig import parse_config
 
-    made: list[str] = []
-    real = postgres.PgConnection.__init__
-
-    def init(self: postgres.PgConnection, url: str) -> None:
-        made.append(threading.current_thread().name)
-        real(self, url)
-
-    monkeypatch.setattr(postgres.PgConnection, "__init__", init)
     with connecting(team_toml):
-        assert list(postgres._early) == [team_services_url(team_toml)]
+        assert list(postgres._early) == [parse_config(team_toml).database]
         with open_store(team_toml, readonly=True) as s:
             s.log(limit=1)
     assert made == ["nscas-connect"] and postgres._early == {}
 
 
-def test_a_connection_no_command_took_is_closed(team_toml: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_connection_no_command_took_is_closed(team_toml: Path, closed: list[object]) -> None:
     """``nscas lineage --help`` on a team store: the command line goes to typer after the
     connection was started; it is closed, not left open."""
     from nscas.opening import connecting
 
-    closed: list[object] = []
-    real = postgres.PgConnection.close
-
-    def close(self: postgres.PgConnection) -> None:
-        closed.append(self)
-        real(self)
-
-    monkeypatch.setattr(postgres.PgConnection, "close", close)
     with connecting(team_toml):
         pass
     assert len(closed) == 1 and postgres._early == {}
@@ -422,12 +418,6 @@ def test_connecting_leaves_a_bad_store_for_open_store_to_report(
         with pytest.raises(NscasError) as err:
             open_store(where, readonly=True)
     assert "\n" not in str(err.value)
-
-
-def team_services_url(toml: Path) -> str:
-    from nscas.storeconfig import parse_config
-
-    return parse_config(toml).database
 
 
 def test_an_unexpected_error_making_the_early_connection_is_raised_as_itself(
