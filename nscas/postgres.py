@@ -170,9 +170,9 @@ def connect(url: str, root: Path) -> PgConnection:
         if early is None:
             return PgConnection(url)
         early.thread.join()
-        if early.error is not None:  # a PgError becomes the store's line below; others as
-            raise early.error        # they were
-        return early.conn or PgConnection(url)  # None: no libpq loaded (psycopg, here)
+        if early.error is not None:
+            raise early.error  # a PgError becomes the store's line below; any other as it is
+        return early.conn or PgConnection(url)  # no libpq loaded: through psycopg, here
     except PgError as exc:
         raise database_error(exc, root, url) from None
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from nscas.opening import open_store
-from nscas.postgres import PG_TRIGGERS
+from nscas.pgschema import PG_TRIGGERS
 from nscas.store import init_store
 from nscas.storeconfig import render_config
 from tests.store.services import TeamServices
