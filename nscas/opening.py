@@ -55,7 +55,8 @@ def connecting(path: Path | None = None) -> Iterator[None]:
     the code it runs, so that the server's start of a session overlaps those imports too. An
     SQLite store: nothing to do. A store that cannot be found or read is left for
     :func:`open_store` to report, as it does without this block; a connection that no reader
-    took is closed at its end."""
+    took is closed at its end, without waiting for one still being made (``nscas log --help``
+    is typer's to answer, at once, whether or not the server answers)."""
     try:
         root = store_dir_of(path) if path is not None else find_store()
         config = read_config(root)
@@ -70,4 +71,4 @@ def connecting(path: Path | None = None) -> Iterator[None]:
     try:
         yield
     finally:
-        postgres.drop_early(config.database)
+        postgres.abandon_early(config.database)

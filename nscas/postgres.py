@@ -122,6 +122,8 @@ class _Early:
     def __init__(self, url: str) -> None:
         self.conn: PgConnection | None = None
         self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._abandoned = False
         self.thread = threading.Thread(target=self._run, args=(url,), name="nscas-connect",
                                        daemon=True)
         self.thread.start()
@@ -129,9 +131,20 @@ class _Early:
     def _run(self, url: str) -> None:
         try:
             if libpq.load() is not None:  # else connect() reads through psycopg, in its thread
-                self.conn = PgConnection(url)
+                conn = PgConnection(url)
+                with self._lock:
+                    self.conn = conn
+                    if self._abandoned:
+                        conn.close()
         except BaseException as exc:  # raised where the connection is claimed
             self.error = exc
+
+    def abandon(self) -> None:
+        """Close the connection now if it is made, else as soon as it is: without waiting."""
+        with self._lock:
+            self._abandoned = True
+            if self.conn is not None:
+                self.conn.close()
 
 
 _early: dict[str, _Early] = {}
@@ -159,6 +172,15 @@ def drop_early(url: str) -> None:
         early.thread.join()
         if early.conn is not None:
             early.conn.close()
+
+
+def abandon_early(url: str) -> None:
+    """:func:`drop_early` without waiting for a connection still being made: its thread closes
+    it when it is (a server that is down would hold the caller for ``connect_timeout``)."""
+    with _early_lock:
+        early = _early.pop(url, None)
+    if early is not None:
+        early.abandon()
 
 
 def connect(url: str, root: Path) -> PgConnection:

@@ -4,6 +4,7 @@ stderr, every result cleared, and the psycopg connection where no libpq loads.""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 import subprocess
@@ -254,6 +255,22 @@ def test_the_copy_in_psycopgs_wheel_serves_when_no_other_loads(
         c.close()
 
 
+@pytest.mark.parametrize("dlopen", [True, False], ids=["dlopen", "ctypes.CDLL"])
+def test_libpq_loads_through_dlopen_or_where_none_is_callable_through_ctypes(
+        url: str, fresh_load: None, dlopen: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not dlopen:
+        monkeypatch.setattr(libpq, "_dl", lambda: None)
+    with pytest.raises(OSError, match=r"nowhere/libpq\.so\.5"):  # the loader's own reason
+        libpq._open("/nowhere/libpq.so.5")
+    lib = libpq.load()
+    assert lib is not None
+    c = libpq.Connection(lib, url, OPTIONS)
+    try:
+        assert c.execute("SELECT count(*) FROM t").fetchone() == (len(ROWS),)
+    finally:
+        c.close()
+
+
 def test_without_libpq_reads_go_through_psycopg(url: str, fresh_load: None,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(libpq, "_candidates", lambda: iter(["/nowhere/libpq.so.5"]))
@@ -289,8 +306,13 @@ def _silent_server() -> tuple[int, socket.socket]:
     s.bind(("127.0.0.1", 0))
     s.listen()
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.extend([s.accept()[0] for _ in range(4)]),
-                     daemon=True).start()
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            while len(held) < 4:
+                held.append(s.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
     return s.getsockname()[1], s
 
 
@@ -395,12 +417,34 @@ def test_a_read_command_starts_connecting_before_it_imports_its_code(
 
 def test_a_connection_no_command_took_is_closed(team_toml: Path, closed: list[object]) -> None:
     """``nscas lineage --help`` on a team store: the command line goes to typer after the
-    connection was started; it is closed, not left open."""
+    connection was started; it is closed, not left open (by its thread, once it is made)."""
     from nscas.opening import connecting
 
     with connecting(team_toml):
         pass
-    assert len(closed) == 1 and postgres._early == {}
+    assert postgres._early == {}
+    deadline = time.monotonic() + 10
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(closed) == 1
+
+
+def test_leaving_connecting_never_waits_for_a_server_that_does_not_answer(
+        team_toml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nscas log --help`` with the database down: typer answers at once, not after the
+    connection times out."""
+    from nscas.opening import connecting
+
+    port, listener = _silent_server()
+    monkeypatch.setitem(postgres._OPTIONS, "connect_timeout", "5")
+    toml = _with_database(team_toml, f"postgresql://nscas:pw@127.0.0.1:{port}/x", tmp_path / "s")
+    try:
+        t0 = time.monotonic()
+        with connecting(toml):
+            pass
+        assert time.monotonic() - t0 < 2 and postgres._early == {}
+    finally:
+        listener.close()
 
 
 @pytest.mark.parametrize("damage", ["missing", "not toml", "unknown key", "not a store"])
