@@ -134,6 +134,8 @@ def test_training_from_journals(done: dict[str, Any], experiment: Experiment) ->
     assert (pair["targets"], pair["weighted_targets"], pair["tokens_per_second"]) == (
         40, 200, 400 / 22)
     assert pair["loss_by_step"] == [2.5, 2.0, 1.5, 1.0]
+    # The train receipts claim the loss, so the arms show its mean per update too.
+    assert (pair["first_loss"], pair["last_loss"], pair["mean_loss"]) == (2.5, 1.0, 1.75)
     for rank in pair["ranks"]:  # every rank's series by step, as the training figure draws
         assert rank["loss_by_step"] == [2.5, 2.0, 1.5, 1.0]
         assert rank["lr_by_step"] == [0.001] * 4 and rank["grad_norm_by_step"] == [1.0] * 4
@@ -388,6 +390,8 @@ def test_the_summary_page_shows_the_headline_tables(done: dict[str, Any]) -> Non
     assert single[:3] == ["seed", "9", "0"]
     assert single[3] == f"{_comparison(report, 'versus_seed', 'clean-single')['gain_points']:+.2f}"
     assert _row(parsed, "Updates") == ["4", "4", "4"]
+    assert _row(parsed, "First loss") == ["2.5000"] * 3
+    assert _row(parsed, "Mean loss per update") == ["1.7500"] * 3
     pair = report["parameters"]["pairs"][-1]
     rows = [r for r in parsed.rows if r and r[0] == "clean-pair pair versus single"]
     assert rows[-1][1:] == ["clean-single", "3", "2", "10", f"{pair['relative_l2']:.6g}",
