@@ -197,13 +197,15 @@ def request_log(tasks: list[str]) -> bytes:
     return _jsonl(lines)
 
 
-def build(store: Store, tmp: Path, *, override: Mapping[tuple[str, str], Any] | None = None
-          ) -> Experiment:
-    """The whole experiment; ``override`` replaces claims: {(input name, claim): value}."""
+def build(store: Store, tmp: Path, *, override: Mapping[tuple[str, str], Any] | None = None,
+          drop: frozenset[tuple[str, str]] = frozenset()) -> Experiment:
+    """The whole experiment; ``override`` replaces claims: {(input name, claim): value};
+    ``drop`` leaves claims out: {(input name, claim)} (a receipt from before the claim)."""
     override = dict(override or {})
 
     def claims_of(name: str, claims: dict[str, Any]) -> dict[str, Any]:
-        return {**claims, **{c: v for (n, c), v in override.items() if n == name}}
+        return {c: v for c, v in {**claims, **{c: v for (n, c), v in override.items()
+                                               if n == name}}.items() if (name, c) not in drop}
 
     prep = run_step(store, PREPARE, StepConfig(
         name="prepare", recipe="prepare", inputs={}, outputs={},
