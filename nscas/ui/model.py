@@ -122,7 +122,7 @@ def _config(store: StoreReader, entry: Any) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(store.get_bytes(oid))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -15,6 +15,7 @@ import tracemalloc
 from html import unescape
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from nscas.digests import Digest
@@ -253,3 +254,37 @@ def test_the_lineage_page_opens_collapsed_and_expands(demo: Demo) -> None:
     page = get(demo.store_dir, f"/lineage/{receipt}").text
     assert page.count('<g class="node ') == len(
         build_graph([(lineage(demo.store, receipt, depth=2), 0)]).nodes)
+
+
+@pytest.mark.parametrize("config", ["[" * 200_000 + "]" * 200_000, '["a list"]', "not json",
+                                    '{"architectures": [7], "model_type": "<b>x</b>", '
+                                    '"num_hidden_layers": true, "hidden_size": 99}'])
+def test_a_hostile_config_leaves_the_summary_standing(tmp_path: Path, config: str) -> None:
+    """Whatever config.json holds, the page shows what it can read, escaped, and the rest as
+    unknown: never a server error."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from nscas.checkpoints import put_checkpoint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"w": np.zeros((3, 4), dtype=np.float32), "b": np.zeros(4, dtype=np.float16)},
+              str(model / "model.safetensors"))
+    (model / "config.json").write_text(config)
+    store = init_store(tmp_path)
+    oid = put_checkpoint(store, model, step=0, parent=None)
+    store.close()
+    r = get(tmp_path / ".nscas", f"/object/{oid}")
+    assert r.status == 200
+    section = re.search(r'<section id="model">(.*?)</section>', r.text, re.S)
+    assert section
+    text = unescape(re.sub(r"<[^>]+>", "", section.group(1)))
+    assert "parameters16 in 2 tensors" in text.replace("\n", "")
+    assert "F32 (12 parameters), F16 (4 parameters)" in text
+    assert "56 bytes of weights" in text  # 12 x 4 + 4 x 2
+    if config.startswith('{"arch'):
+        assert "<b>x</b>" not in r.text and "&lt;b&gt;x&lt;/b&gt;" in r.text
+        assert "hidden size 99" in text and "layers" not in text
+    else:
+        assert "not named by a config.json" in text
