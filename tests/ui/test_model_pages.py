@@ -288,3 +288,34 @@ def test_a_hostile_config_leaves_the_summary_standing(tmp_path: Path, config: st
         assert "hidden size 99" in text and "layers" not in text
     else:
         assert "not named by a config.json" in text
+
+
+def test_long_and_unicode_names_get_pax_headers_of_the_announced_length() -> None:
+    """Names past ustar's 100 bytes, or not ASCII, take a pax header; the length announced is
+    still the archive's, and tarfile reads every name and byte back."""
+    data = {"a" * 180 + "/weights.bin": b"x" * 1000, "tokenizer – ü.json": b"{}",
+            "empty": b"", "block": b"y" * 512}
+    archive = files.Folder(tree=Digest.parse("blake3:" + "0" * 64), name="tree-0000000000000000",
+                           entries=tuple(files.FileEntry(path=p, id=Digest.parse(
+                               "blake3:" + "1" * 64), size=len(b)) for p, b in sorted(data.items())))
+    out = io.BytesIO()
+    for header, entry in archive.headers():
+        out.write(header + data[entry.path] + files.padding(entry.size))
+    out.write(files.END)
+    assert len(out.getvalue()) == archive.tar_size()
+    assert len(out.getvalue()) % files.BLOCK == 0
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        got = {m.name.removeprefix("tree-0000000000000000/"): tar.extractfile(m).read()  # type: ignore[union-attr]
+               for m in tar.getmembers()}
+    assert got == data
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../b", "a//b", "./a", "a\\b",
+                                  "a/", "", "a\x00b", "\ud800"])
+def test_a_path_out_of_the_folder_is_not_safe(path: str) -> None:
+    assert not files.safe_path(path)
+
+
+@pytest.mark.parametrize("path", ["config.json", "sub/page.html", "a b/ü.txt", "...", "a..b"])
+def test_a_relative_path_inside_the_folder_is_safe(path: str) -> None:
+    assert files.safe_path(path)
