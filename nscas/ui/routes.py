@@ -25,7 +25,7 @@ from nscas.digests import Digest
 from nscas.lineage import HIDE_CLASSES, MAX_NODES, lineage, parse_hide, to_dot
 from nscas.ui import views
 from nscas.ui.app import SETTINGS, VERIFY_SLOTS, BadQuery, security_headers
-from nscas.ui.files import END, folder, padding
+from nscas.ui.files import END, FOLDER_KINDS, folder, padding
 from nscas.ui.graph import BOX_W, drawn_edges
 from nscas.ui.preview import PageOutOfRange, sniff
 from nscas.ui.render import page
@@ -256,6 +256,8 @@ async def raw(request: web.Request) -> web.StreamResponse:
     store = _store(request)
     oid = await asyncio.to_thread(_resolve, request)
     info = await asyncio.to_thread(store.info, oid)
+    if download and info.kind in FOLDER_KINDS:  # a folder downloads as its files
+        raise web.HTTPFound(f"/files/{oid}")
     if download:
         media = "application/octet-stream"
     elif info.kind is not None:

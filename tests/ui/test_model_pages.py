@@ -67,6 +67,10 @@ def test_a_checkpoint_downloads_as_a_tar_of_its_files(demo: Demo, tmp_path: Path
     # a tree downloads the same way, under its own name
     tree = demo.record(oid)["files"]
     assert get(demo.store_dir, f"/files/{tree}").body.startswith(b"tree-")
+    # asking /raw to download a folder gets its files; the record stays readable as JSON
+    moved, record = fetch(demo.store_dir, f"/raw/{oid}?download=1", f"/raw/{oid}")
+    assert moved.status == 302 and moved.headers["Location"] == f"/files/{oid}"
+    assert record.status == 200 and json.loads(record.body) == demo.record(oid)
 
 
 def test_each_file_downloads_under_its_own_name(demo: Demo) -> None:
