@@ -44,6 +44,7 @@ from .selection import CORPUS_CLAIMS, OUTPUT_CLAIMS, check_selection
 from .taskchecks import prepare_claims
 from .throughput import ServeRun, check_serving
 from .training import (
+    LOSS_CLAIMS,
     agreement_check,
     bytes_check,
     diloco_checks,
@@ -51,6 +52,7 @@ from .training import (
     effective_steps,
     is_diloco,
     journal_checks,
+    loss_values,
     lr_check,
     parameter_digest_checks,
     parameter_findings,
@@ -399,7 +401,7 @@ def _train(objects: Objects, run: Run, found: Findings) -> None:
         found.skipped["peak_memory_bytes"] = "no journal record carries the peak memory measured"
     if 0 not in ranks:
         for claim in ("updates", "update_seconds", "median_update_seconds", "bytes_communicated",
-                      "targets", "weighted_targets", "tokens_per_second"):
+                      "targets", "weighted_targets", "tokens_per_second", *LOSS_CLAIMS):
             found.skipped[claim] = "rank 0's journal is not readable"
         return
     steps = effective_steps(ranks[0])
@@ -446,6 +448,10 @@ def _train(objects: Objects, run: Run, found: Findings) -> None:
     if problems:
         found.checks.append(Check.failed(f"{name}.journals.steps", "; ".join(problems)))
     found.values.update(values)
+    losses, why = loss_values(steps)
+    found.values.update(losses)
+    for claim in LOSS_CLAIMS if why else ():
+        found.skipped[claim] = f"not recomputed from rank 0's journal: {why}"
     for rank in sorted(ranks):
         rank_values, _ = run_values(effective_steps(ranks[rank]),
                                     effective_outer_steps(ranks[rank]) if diloco else ())

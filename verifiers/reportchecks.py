@@ -91,9 +91,10 @@ KNOWN_PARTS = frozenset({"format", "title", "inputs", "prepared", "commitment", 
 REL_TOL = 1e-9
 ABS_TOL = 1e-12
 TOLERANCE = f"float_recomputation (relative {REL_TOL:g}, absolute {ABS_TOL:g})"
-EXACT_KEYS = frozenset({"first_loss", "last_loss", "loss_by_step", "lr_by_step",
+EXACT_KEYS = frozenset({"first_loss", "last_loss", "mean_loss", "loss_by_step", "lr_by_step",
                         "grad_norm_by_step", "x", "y"})
-"""Members whose floats are copied from retained entries, so they compare exactly."""
+"""Members whose floats are copied from retained entries, or defined to the bit (``mean_loss``,
+``math.fsum`` then one division: docs/format.md §3.10), so they compare exactly."""
 INEXACT_KEYS = frozenset({"parameters"})
 """Members whose floats are all recomputed sums (report.json's ``parameters`` and the
 ``parameters`` figure drawn from it, whose lines' ``y`` are distances): within the tolerance

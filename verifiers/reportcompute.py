@@ -52,7 +52,7 @@ from .stats import (
 )
 from .taskchecks import read_lines, task_lines
 from .throughput import PHASES, read_log, recompute
-from .training import effective_steps
+from .training import effective_steps, mean_loss
 
 REPORT_FORMATS = {1: "nscas-report/2", 2: "nscas-report/3"}
 """report.json's format by report recipe version (version 2 adds ``action``)."""
@@ -281,6 +281,9 @@ def _train_arm(objects: Objects, ins: Inputs, run: Run) -> dict[str, Any]:
                              if head["updates"] else 0),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
+        # Shown when the train receipt claims it (receipts from before the claim do not).
+        **({"mean_loss": mean_loss(losses)}
+           if "mean_loss" in run.receipt["claims"] else {}),
         "loss_by_step": losses,
         "ranks": [{"rank": rank, **{k: ranks[rank][k] for k in per_rank}}
                   for rank in sorted(ranks)],

@@ -31,7 +31,7 @@ from typing import Any
 import blake3
 
 from .closure import Objects, Unusable
-from .compare import Tolerance
+from .compare import Exact, Tolerance
 from .errors import InvalidArgument, LogFormatError, RecordParseError, SafetensorsError
 from .params import ParamsDigest, params_digest, read_header, sha256_stream
 from .records import parse_json
@@ -418,6 +418,51 @@ def run_values(steps: list[Mapping[str, Any]], outer: Sequence[Mapping[str, Any]
     if outer:
         values["outer_steps"] = len(outer)
     return values, []
+
+
+LOSS_CLAIMS = ("first_loss", "last_loss", "mean_loss")
+"""A train run's claims of its training loss (docs/format.md §3.10)."""
+
+
+def loss_values(steps: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Exact], str | None]:
+    """``first_loss``, ``last_loss`` and ``mean_loss`` recomputed from one rank's effective
+    step entries, each compared exactly: the first and last step's ``loss``, and the mean
+    ``math.fsum(losses) / len(losses)`` (the exact sum rounded once, then one division).
+    Every step's loss must be a finite number ``>= 0`` (the objective of docs/experiment.md
+    §3.3); otherwise nothing is recomputed and the reason is returned."""
+    losses = [_loss(e.get("loss")) for e in steps]
+    bad = [e.get("step") for e, loss in zip(steps, losses, strict=True) if loss is None]
+    if bad:
+        return {}, f"steps {bad[:3]} lack a finite loss >= 0"
+    finite = [loss for loss in losses if loss is not None]
+    mean = mean_loss(finite)
+    if mean is None:
+        return {}, "no step entries" if not finite else "the losses' sum overflows a float"
+    return {"first_loss": Exact(finite[0]), "last_loss": Exact(finite[-1]),
+            "mean_loss": Exact(mean)}, None
+
+
+def mean_loss(losses: Sequence[Any]) -> float | None:
+    """``math.fsum(losses) / len(losses)``; None when there are none, one is not a finite
+    number ``>= 0``, or the sum overflows."""
+    values = [v for v in map(_loss, losses) if v is not None]
+    if not values or len(values) != len(losses):
+        return None
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return None
+
+
+def _loss(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number giving a finite float ``>= 0``."""
+    if not _is_real(value):
+        return None
+    try:
+        loss = float(value)
+    except OverflowError:
+        return None
+    return loss if math.isfinite(loss) and loss >= 0 else None
 
 
 def learning_rate(step: int, *, lr: float, warmup: int, steps: int) -> float:

@@ -31,7 +31,7 @@ def environment() -> Environment:
                       autoescape=select_autoescape(default=True, default_for_string=True),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(short=short, human=human, json_html=json_html, seconds=seconds,
-                       idlink=idlink, q=quote_path)
+                       idlink=idlink, q=quote_path, size=size, count=count)
     env.globals.update(url=url)
     return env
 
@@ -53,7 +53,7 @@ def quote_path(text: str) -> str:
     return quote(str(text), safe="/:@")
 
 
-def url(path: str, **query: Any) -> str:
+def url(path: str, /, **query: Any) -> str:
     """``path?query``, leaving out empty values; list values repeat their key."""
     pairs: list[tuple[str, str]] = []
     for key, value in query.items():
@@ -84,6 +84,24 @@ def human(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+_UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def size(value: int | None) -> str:
+    """A byte count for people: ``812 bytes``, ``3.24 MiB``."""
+    if value is None:
+        return "-"
+    amount, unit = float(value), 0
+    while amount >= 1024 and unit < len(_UNITS) - 1:
+        amount, unit = amount / 1024, unit + 1
+    return f"{value} bytes" if unit == 0 else f"{amount:.3g} {_UNITS[unit]}"
+
+
+def count(value: int | None) -> str:
+    """A count with thousands separators: ``1,234,567``."""
+    return "-" if value is None else f"{value:,}"
 
 
 def seconds(value: float | None) -> str:

@@ -2,7 +2,8 @@
 through ``nscas.ui.views`` in a worker thread (the store is synchronous) and renders a template.
 
 Pages: ``/`` experiments, ``/receipt/ID``, ``/object/ID``, ``/lineage/ID``, ``/compare?run=..``;
-data: ``/raw/ID`` (a blob's bytes, streamed), ``/dot/ID`` (the lineage as Graphviz dot),
+data: ``/raw/ID`` (a blob's bytes, streamed), ``/files/ID`` (a checkpoint's or tree's files as
+one tar, or ``?path=P`` one of them, streamed), ``/dot/ID`` (the lineage as Graphviz dot),
 ``/verify/ID`` (the independent verification as server-sent events). ``ID`` is anything
 ``nscas show`` accepts: a full ID, a ref name or a unique prefix.
 """
@@ -18,11 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
+from aiohttp.helpers import content_disposition_header
 
 from nscas.digests import Digest
 from nscas.lineage import HIDE_CLASSES, MAX_NODES, lineage, parse_hide, to_dot
 from nscas.ui import views
 from nscas.ui.app import SETTINGS, VERIFY_SLOTS, BadQuery, security_headers
+from nscas.ui.files import END, FOLDER_KINDS, folder, padding
 from nscas.ui.graph import BOX_W, drawn_edges
 from nscas.ui.preview import PageOutOfRange, sniff
 from nscas.ui.render import page
@@ -30,6 +33,8 @@ from nscas.ui.render import page
 CHUNK = 1 << 20
 MAX_PAGE = 1_000_000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@/+-]{0,199}")
+_PATH = re.compile(r"[^\x00-\x1f\x7f]{1,4096}")
+"""A file's path in a tree: only looked up among the tree's entries, never opened."""
 
 
 class Query:
@@ -116,15 +121,26 @@ async def object_page(request: web.Request) -> web.StreamResponse:
     return html(page("object.jinja", view=view, nav="objects", store=str(store.root)))
 
 
-def _lineage_args(request: web.Request) -> dict[str, Any]:
+def collapsed_depth(kind: str | None, direction: str) -> int:
+    """How far the lineage page walks when no depth is asked for: up, the target and what it
+    was made from one link away (for a receipt two: its inputs are its action's); down, two,
+    the runs that read it (through their actions)."""
+    return 2 if kind == "receipt/1" or direction == "down" else 1
+
+
+def _lineage_args(request: web.Request, *, default_depth: int | None) -> dict[str, Any]:
+    """The lineage options of a query; ``depth=all`` walks as far as the links go, no
+    depth walks ``default_depth``."""
     q = Query(request, ("direction", "depth", "hide", "max_nodes"), many=("expand",))
     hide_text = request.query.get("hide", "")
     if len(hide_text) > 200:
         raise BadQuery("hide is too long")
     store = _store(request)
     expand = [store.resolve(e) for e in q.all("expand")[:50]]
+    everything = request.query.get("depth") == "all"
     return {"direction": q.choice("direction", ("up", "down")) or "up",
-            "depth": q.integer("depth", default=None, low=0, high=1000),
+            "depth": None if everything else q.integer("depth", default=default_depth, low=0,
+                                                       high=1000),
             "hide": parse_hide(hide_text),
             "max_nodes": q.integer("max_nodes", default=MAX_NODES, low=1, high=2000) or MAX_NODES,
             "expand": expand}
@@ -133,17 +149,21 @@ def _lineage_args(request: web.Request) -> dict[str, Any]:
 async def lineage_page(request: web.Request) -> web.StreamResponse:
     store = _store(request)
     oid = await asyncio.to_thread(_resolve, request)
-    args = await asyncio.to_thread(_lineage_args, request)
+    kind = (await asyncio.to_thread(store.info, oid)).kind
+    collapsed = collapsed_depth(kind, request.query.get("direction") or "up")
+    args = await asyncio.to_thread(_lineage_args, request, default_depth=collapsed)
     view = await asyncio.to_thread(views.lineage_view, store, oid, **args)
     return html(page("lineage.jinja", view=view, args=args, hide_classes=HIDE_CLASSES,
-                     edges=drawn_edges(view.graph), box_w=BOX_W, nav="lineage",
-                     store=str(store.root)))
+                     depth="all" if args["depth"] is None else (
+                         args["depth"] if request.query.get("depth") else None),
+                     collapsed=collapsed, edges=drawn_edges(view.graph),
+                     box_w=BOX_W, nav="lineage", store=str(store.root)))
 
 
 async def dot(request: web.Request) -> web.StreamResponse:
     store = _store(request)
     oid = await asyncio.to_thread(_resolve, request)
-    args = await asyncio.to_thread(_lineage_args, request)
+    args = await asyncio.to_thread(_lineage_args, request, default_depth=None)
     del args["expand"]
 
     def text() -> str:
@@ -173,12 +193,71 @@ async def compare_page(request: web.Request) -> web.StreamResponse:
 # ------------------------------------------------------------------ bytes
 
 
+async def _send_object(response: web.StreamResponse, store: Any, oid: Digest,
+                       size: int | None = None) -> None:
+    """An object's bytes, a block at a time; with ``size``, exactly that many or the
+    connection is broken off (a tar entry whose object changed length must not shift the
+    rest of the archive)."""
+    f = await asyncio.to_thread(store.open, oid)
+    sent = 0
+    try:
+        while block := await asyncio.to_thread(f.read, CHUNK):
+            sent += len(block)
+            if size is not None and sent > size:
+                break
+            await response.write(block)
+    finally:
+        f.close()
+    if size is not None and sent != size:
+        raise ConnectionAbortedError(f"{oid} is {sent} bytes, not the {size} announced")
+
+
+async def files(request: web.Request) -> web.StreamResponse:
+    """A checkpoint's (or a tree's) files: the folder as one tar archive, or with ``?path=`` the
+    one file of that path, each downloaded under its own name and streamed."""
+    q = Query(request, ("path",))
+    path = q.text("path", pattern=_PATH)
+    store = _store(request)
+    oid = await asyncio.to_thread(_resolve, request)
+    found = await asyncio.to_thread(folder, store, oid)
+    if path is not None:
+        entry = found.entry(path)
+        response = web.StreamResponse(headers={
+            **security_headers(raw=True), "Content-Type": "application/octet-stream",
+            "Content-Length": str(entry.size),
+            "Content-Disposition": content_disposition_header(
+                "attachment", filename=path.rpartition("/")[2])})
+        await response.prepare(request)
+        if request.method != "HEAD":
+            await _send_object(response, store, entry.id, entry.size)
+            await response.write_eof()
+        return response
+    size = await asyncio.to_thread(found.tar_size)
+    response = web.StreamResponse(headers={
+        **security_headers(raw=True), "Content-Type": "application/x-tar",
+        "Content-Length": str(size),
+        "Content-Disposition": content_disposition_header("attachment",
+                                                          filename=found.name + ".tar")})
+    await response.prepare(request)
+    if request.method == "HEAD":
+        return response
+    for header, entry in found.headers():
+        await response.write(header)
+        await _send_object(response, store, entry.id, entry.size)
+        await response.write(padding(entry.size))
+    await response.write(END)
+    await response.write_eof()
+    return response
+
+
 async def raw(request: web.Request) -> web.StreamResponse:
     q = Query(request, ("download",))
     download = q.choice("download", ("1",)) == "1"
     store = _store(request)
     oid = await asyncio.to_thread(_resolve, request)
     info = await asyncio.to_thread(store.info, oid)
+    if download and info.kind in FOLDER_KINDS:  # a folder downloads as its files
+        raise web.HTTPFound(f"/files/{oid}")
     if download:
         media = "application/octet-stream"
     elif info.kind is not None:
@@ -193,12 +272,7 @@ async def raw(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     if request.method == "HEAD":
         return response
-    f = await asyncio.to_thread(store.open, oid)
-    try:
-        while block := await asyncio.to_thread(f.read, CHUNK):
-            await response.write(block)
-    finally:
-        f.close()
+    await _send_object(response, store, oid)
     await response.write_eof()
     return response
 
@@ -260,4 +334,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/dot/{target:.+}", dot)
     app.router.add_get("/compare", compare_page)
     app.router.add_get("/raw/{target:.+}", raw)
+    app.router.add_get("/files/{target:.+}", files)
     app.router.add_get("/verify/{target:.+}", verify_stream)

@@ -15,12 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from nscas.comparing import Comparison, compare, headline_claims, receipts_of
 from nscas.digests import Digest
-from nscas.errors import InvalidInput, NscasError
+from nscas.errors import InvalidInput, NotFound, NscasError
 from nscas.lineage import Direction, lineage
 from nscas.recipes.common.stats import Paired, paired
 from nscas.ui import preview
 from nscas.ui.charts import Series, line_chart
+from nscas.ui.files import FOLDER_KINDS, Folder, folder
 from nscas.ui.graph import Graph, build_graph
+from nscas.ui.labels import TASK_COLUMNS, CompareColumns, column_labels, run_labels
+from nscas.ui.model import ModelSummary
+from nscas.ui.model import summary as model_summary
 from nscas.ui.render import duration
 
 if TYPE_CHECKING:
@@ -284,6 +288,12 @@ class ObjectView:
     tensors: preview.TensorTable | None = None
     hexdump: preview.HexPreview | None = None
     producer: Digest | None = None
+    model: ModelSummary | None = None
+    """A checkpoint's architecture, parameters, dtypes, size and lineage."""
+    folder: Folder | None = None
+    """A checkpoint's or tree's files, for download one by one or as one tar."""
+    folder_problem: str | None = None
+    """Why its files cannot be downloaded (a file missing from this store, an unsafe path)."""
 
 
 def object_view(store: StoreReader, oid: Digest, *, page: int = 1) -> ObjectView:
@@ -304,7 +314,15 @@ def object_view(store: StoreReader, oid: Digest, *, page: int = 1) -> ObjectView
         "producer": producers(store, oid).first if info.kind != "receipt/1" else None,
     }
     if info.kind is not None:
-        return ObjectView(**base, record=store.get_record(oid), sniffed=None)
+        record = store.get_record(oid)
+        if info.kind in FOLDER_KINDS:
+            try:
+                base["folder"] = folder(store, oid)
+            except (NotFound, InvalidInput) as exc:
+                base["folder_problem"] = exc.message
+        if info.kind == "checkpoint/1":
+            base["model"] = model_summary(store, oid, record)
+        return ObjectView(**base, record=record, sniffed=None)
     sniffed = preview.sniff(store, oid)
     extra: dict[str, Any] = {}
     if sniffed.kind == "jsonl":
@@ -396,6 +414,7 @@ class CompareView:
     targets: tuple[str, ...]
     comparison: Comparison
     arms: tuple[Arm, ...]
+    columns: CompareColumns
     per_task: bool
     why_not: str | None
     """Why there is no per-task table, when there is none."""
@@ -415,14 +434,15 @@ def compare_view(store: StoreReader, targets: Sequence[str], f: CompareFilter) -
         raise InvalidInput("compare needs two or more runs: add ?run=ID for each")
     named = receipts_of(store, targets)
     comparison = compare(store, named)
-    arms = tuple(Arm(receipt=r.receipt, label=r.arm or r.step or str(r.receipt)[:19])
-                 for r in comparison.runs)
+    arms = tuple(Arm(receipt=r.receipt, label=label)
+                 for r, label in zip(comparison.runs, run_labels(comparison.runs, TASK_COLUMNS), strict=True))
+    columns = column_labels(comparison)
     empty = {"pairs": (), "tasks": (), "matching": 0, "total": 0, "families": (),
              "variants": (), "page": 1, "pages": 1}
     why = _why_not_per_task(comparison)
     if why is not None:
         return CompareView(targets=tuple(targets), comparison=comparison, arms=arms,
-                           per_task=False, why_not=why, **empty)
+                           columns=columns, per_task=False, why_not=why, **empty)
     first = comparison.runs[0]
     records = _jsonl(store, Digest.parse(store.get_record(first.inputs["tasks"])["records"]))
     ids = [str(r.get("id")) for r in records]
@@ -434,7 +454,8 @@ def compare_view(store: StoreReader, targets: Sequence[str], f: CompareFilter) -
         checks.append({str(x.get("id")): x for x in _jsonl(store, Digest.parse(outputs["checks"]))})
         if list(checks[-1]) != ids:
             return CompareView(targets=tuple(targets), comparison=comparison, arms=arms,
-                               per_task=False, why_not=f"{arms[len(checks) - 1].label} scored "
+                               columns=columns, per_task=False,
+                               why_not=f"{arms[len(checks) - 1].label} scored "
                                "other tasks than its task set lists", **empty)
     outcomes = [[(i, c[i].get("correct") is True) for i in ids] for c in checks]
     pairs = tuple(PairRow(baseline=arms[0], candidate=arms[k], paired=paired(outcomes[0], outcomes[k]))
@@ -462,8 +483,9 @@ def compare_view(store: StoreReader, targets: Sequence[str], f: CompareFilter) -
     if f.page > pages:
         raise InvalidInput(f"page {f.page} is past the last page ({pages})")
     start = (f.page - 1) * COMPARE_PAGE
-    return CompareView(targets=tuple(targets), comparison=comparison, arms=arms, per_task=True,
-                       why_not=None, pairs=pairs, tasks=tuple(chosen[start:start + COMPARE_PAGE]),
+    return CompareView(targets=tuple(targets), comparison=comparison, arms=arms,
+                       columns=columns, per_task=True, why_not=None, pairs=pairs,
+                       tasks=tuple(chosen[start:start + COMPARE_PAGE]),
                        matching=len(chosen), total=len(rows), families=families,
                        variants=variants, page=f.page, pages=pages)
 

@@ -193,6 +193,8 @@ def training(report: Report) -> str | None:
         row("Bytes per update (rank 0)", lambda a: _bytes(a["bytes_per_update"])),
         row("First loss", lambda a: _fixed(a["first_loss"], 4)),
         row("Last loss", lambda a: _fixed(a["last_loss"], 4)),
+        *([row("Mean loss per update", lambda a: _fixed(a.get("mean_loss"), 4))]
+          if any("mean_loss" in a for a in arms.values()) else []),
         row("Ranks agree on the parameters", lambda a: _yes(a["parameters_agree"])),
         row("Loop time, self-reported (s)",
             lambda a: _fixed(a["claimed_only"]["loop_seconds"], 2)),

@@ -20,7 +20,7 @@ from typing import Any
 
 from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipes.train.journal import effective_steps, read_journal
+from nscas.recipes.train.journal import LOSS_CLAIMS, effective_steps, loss_claims, read_journal
 
 from .audit import Audit
 from .evidence import BASELINE, Evidence, Run, documents_kind
@@ -136,6 +136,8 @@ class TrainArm:
     ranks: tuple[RankNumbers, ...]
     """By rank; rank 0 first."""
     claimed_only: ClaimedOnly
+    shows_mean_loss: bool
+    """The train receipt claims ``mean_loss`` (receipts from before the claim do not)."""
 
     @property
     def head(self) -> RankNumbers:
@@ -164,6 +166,8 @@ class TrainArm:
             "bytes_per_update": self.bytes_per_update,
             "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
+            **({"mean_loss": loss_claims(losses).get("mean_loss")} if self.shows_mean_loss
+               else {}),
             "loss_by_step": list(losses),
             "ranks": [r.to_json() for r in self.ranks],
             "claimed_only": self.claimed_only.to_json(),
@@ -206,11 +210,15 @@ def train_arm(store: Any, ev: Evidence, arm: str, run: Run, scratch: Path,
         ranks=numbers,
         claimed_only=ClaimedOnly(loop_seconds=claims.get("loop_seconds"),
                                  peak_memory_bytes=claims.get("peak_memory_bytes")),
+        shows_mean_loss="mean_loss" in claims,
     )
     audit.claim(run, "parameter_digest", params_id)
     for name in ("updates", "update_seconds", "median_update_seconds", "bytes_communicated",
                  "targets", "weighted_targets", "tokens_per_second"):
         audit.claim(run, name, getattr(head, name))
+    losses = loss_claims(head.loss_by_step)
+    for name in LOSS_CLAIMS:
+        audit.claim(run, name, losses.get(name))
     return summary
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,3 +132,17 @@ def effective_outer_steps(entries: list[dict[str, Any]] | tuple[dict[str, Any], 
         elif entry.get("event") == "outer":
             kept[entry["step"]] = entry
     return [kept[s] for s in sorted(kept)]
+
+
+LOSS_CLAIMS = ("first_loss", "last_loss", "mean_loss")
+"""The train claims of the training loss (docs/format.md §3.10), in this order."""
+
+
+def loss_claims(losses: Sequence[float]) -> dict[str, float]:
+    """The loss claims of the effective steps' losses, in step order: ``first_loss`` and
+    ``last_loss`` the first and last, ``mean_loss`` their ``math.fsum`` (the exact sum,
+    rounded once) divided by their number. Empty when there are none."""
+    if not losses:
+        return {}
+    return {"first_loss": float(losses[0]), "last_loss": float(losses[-1]),
+            "mean_loss": math.fsum(losses) / len(losses)}

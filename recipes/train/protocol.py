@@ -61,6 +61,12 @@ class RankResult:
     """Input tokens over all updates."""
     tokens_per_second: float
     """tokens / update_seconds."""
+    first_loss: float
+    """The loss of the first effective update (``journal.loss_claims``)."""
+    last_loss: float
+    """The loss of the last effective update."""
+    mean_loss: float
+    """``math.fsum`` of the effective updates' losses divided by their number."""
     parameter_blake3: str
     """BLAKE3 hex of the final raw parameter bytes, agreed by every rank."""
     sha256_stream: str | None

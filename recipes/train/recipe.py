@@ -19,6 +19,7 @@ from nscas.errors import RecipeError
 from nscas.objectstore import tree_record
 from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 from nscas.recipes.train.config import TrainParams
+from nscas.recipes.train.journal import LOSS_CLAIMS
 
 _MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json"})
 STATE_REF = "states/train-{action}/step-{step:06d}"
@@ -149,6 +150,7 @@ def run(ctx: RunContext) -> RecipeResult:
         "targets": Claim(value=lead.targets, verifier="journals"),
         "weighted_targets": Claim(value=lead.weighted_targets, verifier="journals"),
         "tokens_per_second": Claim(value=lead.tokens_per_second, verifier="journals"),
+        **{name: Claim(value=getattr(lead, name), verifier="journals") for name in LOSS_CLAIMS},
         "end_of_turn": Claim(value=turn.to_json(), verifier="template"),
     }
     if p.diloco:

@@ -34,7 +34,12 @@ from nscas.recipes.train.diloco import OuterStep
 from nscas.recipes.train.documents import TrainDocument, read_documents
 from nscas.recipes.train.events import CheckpointReady, StepProgress, WorkerEvent, event_line
 from nscas.recipes.train.exchange import broadcast_object, parameter_digest, restore_rng_state
-from nscas.recipes.train.journal import Journal, effective_outer_steps, effective_steps
+from nscas.recipes.train.journal import (
+    Journal,
+    effective_outer_steps,
+    effective_steps,
+    loss_claims,
+)
 from nscas.recipes.train.loop import (
     Placement,
     StepRecord,
@@ -263,6 +268,7 @@ def _result(
         weighted_targets=sum(e["weighted_targets"] for e in steps),
         tokens=tokens,
         tokens_per_second=tokens / update_seconds if update_seconds else 0.0,
+        **loss_claims([e["loss"] for e in steps]),
         parameter_blake3=agreed[-1]["parameters"],
         sha256_stream=sha256,
         journal=str(journal.path),

@@ -134,6 +134,8 @@ def test_training_from_journals(done: dict[str, Any], experiment: Experiment) ->
     assert (pair["targets"], pair["weighted_targets"], pair["tokens_per_second"]) == (
         40, 200, 400 / 22)
     assert pair["loss_by_step"] == [2.5, 2.0, 1.5, 1.0]
+    # The train receipts claim the loss, so the arms show its mean per update too.
+    assert (pair["first_loss"], pair["last_loss"], pair["mean_loss"]) == (2.5, 1.0, 1.75)
     for rank in pair["ranks"]:  # every rank's series by step, as the training figure draws
         assert rank["loss_by_step"] == [2.5, 2.0, 1.5, 1.0]
         assert rank["lr_by_step"] == [0.001] * 4 and rank["grad_norm_by_step"] == [1.0] * 4
@@ -388,6 +390,8 @@ def test_the_summary_page_shows_the_headline_tables(done: dict[str, Any]) -> Non
     assert single[:3] == ["seed", "9", "0"]
     assert single[3] == f"{_comparison(report, 'versus_seed', 'clean-single')['gain_points']:+.2f}"
     assert _row(parsed, "Updates") == ["4", "4", "4"]
+    assert _row(parsed, "First loss") == ["2.5000"] * 3
+    assert _row(parsed, "Mean loss per update") == ["1.7500"] * 3
     pair = report["parameters"]["pairs"][-1]
     rows = [r for r in parsed.rows if r and r[0] == "clean-pair pair versus single"]
     assert rows[-1][1:] == ["clean-single", "3", "2", "10", f"{pair['relative_l2']:.6g}",
@@ -406,6 +410,37 @@ def test_the_summary_page_shows_the_headline_tables(done: dict[str, Any]) -> Non
     assert parsed.scripts == 0 and parsed.handlers == []
     assert set(parsed.links) == {p.name for p in files.iterdir()} - {"index.html"}
     assert "generations.html" in parsed.links and "comparison.svg" in parsed.links
+
+
+def test_an_arm_whose_receipt_claims_no_loss_shows_no_mean(tmp_path: Path) -> None:
+    """A train receipt from before the loss claims: its arm has first and last loss, as
+    before, and no mean; the page's mean row says n/a for it."""
+    store = init_store(tmp_path)
+    old = frozenset(("train.clean-single", c) for c in ("first_loss", "last_loss", "mean_loss"))
+    exp = build(store, tmp_path, drop=old)
+    result = run_report(exp)
+    assert result.status == "succeeded", result.error
+    (tmp_path / "out").mkdir()
+    files = report_files(exp, result, tmp_path / "out" / "report")
+    arms = json.loads((files / "report.json").read_text(encoding="utf-8"))["training"]["arms"]
+    assert "mean_loss" not in arms["clean-single"] and arms["clean-single"]["first_loss"] == 2.5
+    assert arms["clean-pair"]["mean_loss"] == 1.75
+    parsed = _Links()
+    parsed.feed((files / "index.html").read_text(encoding="utf-8"))
+    assert _row(parsed, "Mean loss per update") == ["n/a", "1.7500", "1.7500"]
+    # and none of them claiming it: no such row at all
+    every = frozenset((f"train.{arm}", c) for arm in ("clean-single", "damaged-single",
+                                                      "clean-pair")
+                      for c in ("first_loss", "last_loss", "mean_loss"))
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none-out").mkdir()
+    other = init_store(tmp_path / "none")
+    exp = build(other, tmp_path / "none", drop=every)
+    result = run_report(exp)
+    files = report_files(exp, result, tmp_path / "none-out" / "report")
+    assert "Mean loss per update" not in (files / "index.html").read_text(encoding="utf-8")
+    store.close()
+    other.close()
 
 
 def test_the_summary_page_escapes_every_string(done: dict[str, Any]) -> None:

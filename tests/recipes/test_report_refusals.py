@@ -48,6 +48,19 @@ def test_claims_that_disagree_with_retained_data_fail_naming_both_values(tmp_pat
     store.close()
 
 
+def test_a_loss_claim_the_journals_contradict_fails(tmp_path: Path) -> None:
+    store = init_store(tmp_path)
+    exp = build(store, tmp_path, override={("train.clean-single", "mean_loss"): 1.5,
+                                           ("train.clean-pair", "last_loss"): 1.25})
+    result = run_report(exp)
+    assert result.status == "failed"
+    error = result.error or ""
+    assert error.startswith("2 claimed value(s) differ from the retained data")
+    assert "mean_loss claimed 1.5, recomputed 1.75" in error
+    assert "last_loss claimed 1.25, recomputed 1.0" in error
+    store.close()
+
+
 @pytest.mark.parametrize(("name", "source", "message"), [
     ("train.x", "evaluate.clean-single", "is a receipt of recipe 'evaluate', but its name says "
                                          "'train'"),

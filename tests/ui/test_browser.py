@@ -134,9 +134,11 @@ def _view_box(tab: Page) -> str:
 def test_lineage_pan_zoom_expand_and_click_through(tab: Page, demo: Demo) -> None:
     oid = demo.receipt("eval-again")
     tab.open(f"/lineage/{oid}")
-    graph = build_graph([(lineage(demo.store, oid), 0)])
+    # collapsed: a receipt and what it was made from, two links away (its action's inputs)
+    graph = build_graph([(lineage(demo.store, oid, depth=2), 0)])
     assert tab.tab.locator("g.node").count() == len(graph.nodes)
     tab.shot("lineage")
+    _assert_fits(tab)
     box = tab.tab.locator("#graph").bounding_box()
     before = _view_box(tab)
     tab.tab.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -166,6 +168,63 @@ def test_lineage_pan_zoom_expand_and_click_through(tab: Page, demo: Demo) -> Non
     assert seed in tab.tab.inner_text("h1")
 
 
+def _assert_fits(tab: Page) -> None:
+    """Every box of the graph lies inside the graph's frame, and the frame inside the page."""
+    frame = tab.tab.locator("#graph").bounding_box()
+    width = tab.tab.evaluate("document.documentElement.clientWidth")
+    assert frame["x"] >= 0 and frame["x"] + frame["width"] <= width
+    assert tab.tab.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
+    for i in range(tab.tab.locator("g.node rect").count()):
+        b = tab.tab.locator("g.node rect").nth(i).bounding_box()
+        assert frame["x"] - 1 <= b["x"] and b["x"] + b["width"] <= frame["x"] + frame["width"] + 1
+        assert frame["y"] - 1 <= b["y"] and b["y"] + b["height"] <= frame["y"] + frame["height"] + 1
+
+
+def test_a_checkpoint_lineage_opens_collapsed_fits_and_expands(tab: Page, demo: Demo) -> None:
+    oid = demo.output("train", "checkpoint")
+    tab.open(f"/lineage/{oid}")
+    near = build_graph([(lineage(demo.store, oid, depth=1), 0)])
+    assert tab.tab.locator("g.node").count() == len(near.nodes)
+    _assert_fits(tab)
+    # legible as it opens: a box is drawn at no less than half its size
+    rect = tab.tab.locator("g.node.root rect").bounding_box()
+    assert rect["width"] >= 0.5 * 232
+    tab.shot("lineage-checkpoint")
+    tab.tab.click("#expand-all")
+    tab.tab.wait_for_url("**depth=all**")
+    full = build_graph([(lineage(demo.store, oid), 0)])
+    assert tab.tab.locator("g.node").count() == len(full.nodes) > len(near.nodes)
+    tab.shot("lineage-checkpoint-all")
+    tab.tab.click("#collapse")
+    tab.tab.wait_for_load_state("load")
+    assert tab.tab.locator("g.node").count() == len(near.nodes)
+
+
+def test_a_checkpoint_page_summarises_it_and_downloads_its_files(tab: Page, demo: Demo) -> None:
+    import io
+    import tarfile
+
+    oid = demo.output("train", "checkpoint")
+    tab.open(f"/object/{oid}")
+    summary = tab.tab.inner_text("#model")
+    assert "LlamaForCausalLM" in summary and "F32" in summary and "this checkpoint" in summary
+    tab.shot("object-checkpoint")
+    with tab.tab.expect_download() as info:
+        tab.tab.click("#download")
+    download = info.value
+    assert download.suggested_filename == f"checkpoint-{oid.hex[:16]}.tar"
+    with tarfile.open(fileobj=io.BytesIO(Path(download.path()).read_bytes())) as tar:
+        names = sorted(m.name.partition("/")[2] for m in tar.getmembers())
+    entries = demo.record(demo.record(oid)["files"])["entries"]
+    assert names == sorted(entries)
+    with tab.tab.expect_download() as info:
+        tab.tab.locator("a.file-download").first.click()
+    first = sorted(entries)[0]
+    assert info.value.suggested_filename == first
+    assert Path(info.value.path()).read_bytes() == demo.store.get_bytes(
+        demo.store.resolve(entries[first]["id"]))
+
+
 def test_compare_from_the_experiments_page(tab: Page, demo: Demo) -> None:
     seed, again = str(demo.receipt("eval-seed")), str(demo.receipt("eval-again"))
     tab.open("/?recipe=evaluate")
@@ -179,6 +238,9 @@ def test_compare_from_the_experiments_page(tab: Page, demo: Demo) -> None:
     tasks = demo.record(demo.output("prepare", "test"))
     assert tab.tab.locator("table.tasks tbody tr.task").count() == tasks["count"]
     tab.shot("compare")
+    for table in ("table.runs", "table.tasks"):
+        labels = tab.tab.locator(f"{table} thead th").all_inner_texts()
+        assert len(labels) == len(set(labels)), labels
     checks = [[json.loads(x) for x in demo.store.get_bytes(demo.output(s, "checks")).decode()
                .splitlines()] for s in ("eval-seed", "eval-again")]
     all_wrong = sum(not a["correct"] and not b["correct"] for a, b in zip(*checks, strict=True))

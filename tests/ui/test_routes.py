@@ -10,9 +10,12 @@ from html.parser import HTMLParser
 
 import pytest
 
+from nscas.comparing import headline_claims
 from nscas.digests import Digest
 from nscas.lineage import lineage, to_dot
 from nscas.ui.graph import build_graph
+from nscas.ui.render import human
+from nscas.ui.views import HEADLINE_SHOWN
 from tests.ui.client import fetch, get
 from tests.ui.conftest import Demo, Hostile
 
@@ -43,7 +46,8 @@ def test_experiments_lists_every_receipt_and_ref(demo: Demo) -> None:
     assert shown == [str(x) for x in receipts]  # newest first, as the store lists them
     assert "experiments/ui/trained" in r.text
     train = demo.record(demo.receipt("train"))
-    assert f"targets={train['claims']['targets']['value']}" in r.text
+    shown = list(headline_claims(train["claims"]).items())[:HEADLINE_SHOWN]
+    assert shown and all(f"{k}={human(v)}" in r.text for k, v in shown)
 
 
 def test_experiment_filters(demo: Demo) -> None:
@@ -159,7 +163,7 @@ def test_raw_download_streams_the_exact_bytes(demo: Demo) -> None:
 
 def test_lineage_page_is_the_dot_graph(demo: Demo) -> None:
     oid = demo.receipt("eval-again")
-    page, dot = fetch(demo.store_dir, f"/lineage/{oid}", f"/dot/{oid}")
+    page, dot = fetch(demo.store_dir, f"/lineage/{oid}?depth=all", f"/dot/{oid}")
     assert page.status == 200 and dot.status == 200
     root = lineage(demo.store, oid)
     assert dot.text == to_dot(root)

@@ -4,6 +4,7 @@ when the tamperer re-chains the journals and recomputes every claim from them.""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +83,8 @@ def claims_for(p: Pipeline, entries: list[dict[str, Any]]) -> dict[str, Any]:
         "weighted_targets": claim(sum(e["weighted_targets"] for e in steps)),
         "tokens_per_second": claim(sum(e["tokens"] for e in steps) / total),
         "outer_steps": claim(len(outer)),
+        "first_loss": claim(steps[0]["loss"]), "last_loss": claim(steps[-1]["loss"]),
+        "mean_loss": claim(math.fsum(e["loss"] for e in steps) / len(steps)),
         "loop_seconds": claim(LOOP_SECONDS[0]), "peak_memory_bytes": claim(PEAK),
         "parameter_digest": claim(init["parameter_digest"]["value"], "parameters"),
         "sha256_stream": claim(init["sha256_stream"]["value"], "parameters"),
@@ -125,7 +128,8 @@ def diloco_receipt(p: Pipeline, per_rank: list[list[dict[str, Any]]], *,
 DILOCO_CHECKS = ("journals.diloco.schedule", "journals.outer", "journals.outer.agree",
                  "journals.outer.bytes", "journals.agree", "journals.bytes_communicated",
                  "schedule", "journals.final_parameters", "claims.outer_steps",
-                 "claims.bytes_communicated", "claims.update_seconds", "params")
+                 "claims.bytes_communicated", "claims.update_seconds", "claims.first_loss",
+                 "claims.last_loss", "claims.mean_loss", "params")
 
 
 def test_an_honest_diloco_run_verifies(pipeline: Pipeline, agreed_digest: str) -> None:  # noqa: F811
@@ -225,6 +229,17 @@ def test_a_claimed_outer_step_count_is_rechecked(pipeline: Pipeline, agreed_dige
     claims["outer_steps"]["value"] += 1
     receipt = diloco_receipt(pipeline, ranks, claims=claims)
     assert failed(verify(receipt, store=pipeline.store_dir), receipt) == {"claims.outer_steps"}
+
+
+def test_the_loss_claimed_is_rank_0s_own(pipeline: Pipeline, agreed_digest: str  # noqa: F811
+                                        ) -> None:
+    """A DiLoCo rank journals its own objective; the claims are rank 0's, not another's."""
+    ranks = [diloco_entries(pipeline, r, agreed_digest) for r in range(WORLD)]
+    claims = {**claims_for(pipeline, ranks[0]),
+              **{k: v for k, v in claims_for(pipeline, ranks[1]).items() if k.endswith("_loss")}}
+    receipt = diloco_receipt(pipeline, ranks, claims=claims)
+    assert failed(verify(receipt, store=pipeline.store_dir), receipt) == {
+        "claims.first_loss", "claims.last_loss", "claims.mean_loss"}
 
 
 def test_checkpoint_steps_off_the_outer_boundary_fail_the_params(

@@ -443,6 +443,35 @@ def test_an_edited_summary_page_fails_in_the_part_it_changed(experiment: Experim
         f"{label(tampered)}.index.exact"}
 
 
+def test_the_mean_training_loss_is_rechecked_in_report_json_and_on_the_page(
+        experiment: Experiment, tmp_path: Path) -> None:
+    """The train receipts claim the loss, so the report shows each arm's mean loss per update:
+    forged, or left out, in report.json or on the summary page, it fails there."""
+    data = json.loads(experiment.store.get_bytes(Digest.parse(experiment.record(
+        experiment.record(experiment.report)["outputs"]["report"])["entries"]["report.json"][
+        "id"])))
+    arm = data["training"]["arms"]["clean-pair"]
+    train = experiment.record(arm["receipt"])["claims"]
+    assert arm["mean_loss"] == train["mean_loss"]["value"]
+    assert (arm["first_loss"], arm["last_loss"]) == (train["first_loss"]["value"],
+                                                    train["last_loss"]["value"])
+    shown = f"<th>Mean loss per update</th><td class=\"n\">{data['training']['arms']['clean-single']['mean_loss']:,.4f}</td>"
+    cases = {
+        "forged": edit_json(lambda d: d["training"]["arms"]["clean-pair"].update(
+            mean_loss=math.nextafter(arm["mean_loss"], math.inf))),
+        "dropped": edit_json(lambda d: d["training"]["arms"]["clean-pair"].pop("mean_loss")),
+        "page": edit_index(shown, shown.replace('"n">', '"n">1')),
+    }
+    for case, edit in cases.items():
+        tampered = restore_report(experiment, tmp_path / case, edit)
+        name = label(tampered)
+        bad = failed(verify(tampered, store=experiment.store_dir))
+        if case == "page":
+            assert bad == {f"{name}.index.training", f"{name}.index.exact"}
+        else:
+            assert bad and all(b.startswith(f"{name}.json.training") for b in bad), (case, bad)
+
+
 def test_a_summary_page_and_report_json_edited_together_still_fail(experiment: Experiment,
                                                                    tmp_path: Path) -> None:
     def edit(out: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,9 @@ def claims_for(p: Pipeline, entries: list[dict[str, Any]]) -> dict[str, Any]:
         "targets": claim(sum(e["targets"] for e in steps)),
         "weighted_targets": claim(sum(e["weighted_targets"] for e in steps)),
         "tokens_per_second": claim(sum(e["tokens"] for e in steps) / sum(seconds)),
+        "first_loss": claim(steps[0]["loss"]),
+        "last_loss": claim(steps[-1]["loss"]),
+        "mean_loss": claim(math.fsum(e["loss"] for e in steps) / len(steps)),
         "loop_seconds": claim(LOOP_SECONDS[0]),
         "peak_memory_bytes": claim(PEAK),
         "parameter_digest": claim(init["parameter_digest"]["value"], "parameters"),
@@ -171,11 +175,67 @@ def test_an_honest_run_verifies(pipeline: Pipeline, agreed_digest: str) -> None:
                  "claims.updates", "claims.update_seconds", "claims.median_update_seconds",
                  "claims.bytes_communicated", "claims.tokens_per_second",
                  "claims.parameter_digest", "claims.sha256_stream", "claims.loop_seconds",
-                 "claims.peak_memory_bytes", "journals.lr", "journals.weighted_targets",
+                 "claims.peak_memory_bytes", "claims.first_loss", "claims.last_loss",
+                 "claims.mean_loss", "journals.lr", "journals.weighted_targets",
                  "journals.bytes_communicated", "environment"):
         assert seen[name] == "passed", name
     check = next(c for c in report.checks if c.name.endswith(".claims.update_seconds"))
     assert check.recomputed == pytest.approx(sum(0.5 + 0.25 * i for i in range(STEPS)))
+    losses = {c.name.rpartition(".")[2]: c.recomputed for c in report.checks
+              if c.name.endswith(("claims.first_loss", "claims.last_loss", "claims.mean_loss"))}
+    assert losses == {"first_loss": 2.5, "last_loss": 2.5 - 0.1 * (STEPS - 1),
+                      "mean_loss": math.fsum(2.5 - 0.1 * i for i in range(STEPS)) / STEPS}
+
+
+@pytest.mark.parametrize(("claim", "forge"), [
+    ("mean_loss", lambda v: math.nextafter(v, math.inf)),  # one ulp: the mean compares exactly
+    ("first_loss", lambda v: v - 0.1),
+    ("last_loss", lambda v: 2.5),
+    ("mean_loss", lambda v: str(v)),
+])
+def test_a_forged_loss_claim_fails(pipeline: Pipeline, agreed_digest: str, claim: str,
+                                   forge: Any) -> None:
+    ranks = [rank_entries(pipeline, r, agreed_digest) for r in range(WORLD)]
+    claims = claims_for(pipeline, ranks[0])
+    claims[claim]["value"] = forge(claims[claim]["value"])
+    receipt = train_receipt(pipeline, ranks, claims=claims)
+    report = verify(receipt, store=pipeline.store_dir)
+    assert failed(report, receipt) == {f"claims.{claim}"}
+    assert exit_code(report) == 1
+
+
+def test_journals_rewritten_to_other_losses_fail_the_loss_claims(
+        pipeline: Pipeline, agreed_digest: str) -> None:
+    """Every rank's journal rewritten consistently (chains rehashed, heads matching, the ranks
+    agreeing) to losses the receipt does not claim: only the loss claims can tell."""
+    honest = claims_for(pipeline, rank_entries(pipeline, 0, agreed_digest))
+    ranks = [rank_entries(pipeline, r, agreed_digest, loss_shift=0.25) for r in range(WORLD)]
+    receipt = train_receipt(pipeline, ranks, claims=honest)
+    assert failed(verify(receipt, store=pipeline.store_dir), receipt) == {
+        "claims.first_loss", "claims.last_loss", "claims.mean_loss"}
+    # One step's loss alone: the mean still tells.
+    ranks = [rank_entries(pipeline, r, agreed_digest) for r in range(WORLD)]
+    for entries in ranks:
+        entries[3]["loss"] += 1e-9
+    receipt = train_receipt(pipeline, ranks, claims=honest)
+    assert failed(verify(receipt, store=pipeline.store_dir), receipt) == {"claims.mean_loss"}
+
+
+@pytest.mark.parametrize("loss", ["2.5", -0.5, None, True, 1.7e308])
+def test_a_journal_loss_that_is_no_finite_number_fails_the_loss_claims(
+        pipeline: Pipeline, agreed_digest: str, loss: Any) -> None:
+    ranks = [rank_entries(pipeline, r, agreed_digest) for r in range(WORLD)]
+    honest = claims_for(pipeline, ranks[0])
+    for entries in ranks:
+        for entry in entries[1:] if loss == 1.7e308 else entries[2:3]:
+            if "event" not in entry:
+                entry["loss"] = loss
+    receipt = train_receipt(pipeline, ranks, claims=honest)
+    report = verify(receipt, store=pipeline.store_dir)
+    assert failed(report, receipt) == {"claims.first_loss", "claims.last_loss",
+                                       "claims.mean_loss"}
+    why = next(c.message for c in report.checks if c.name.endswith("claims.mean_loss"))
+    assert ("overflows" if loss == 1.7e308 else "lack a finite loss >= 0") in why
 
 
 def test_an_edited_journal_line_breaks_the_chain(pipeline: Pipeline, agreed_digest: str) -> None:

@@ -73,6 +73,8 @@ function startVerify(button) {
 }
 
 // ------------------------------------------------------------ lineage: pan and zoom
+const LEGIBLE = 0.55; // the smallest scale at which a box's text can be read
+const READABLE = 0.8; // the scale a graph too big to show whole at LEGIBLE opens at
 function setUpGraph(svg) {
   const box = svg.parentElement;
   const width = Number(svg.dataset.width);
@@ -105,13 +107,20 @@ function setUpGraph(svg) {
     return { x: view.x + (clientX - r.left) / r.width * view.w,
              y: view.y + (clientY - r.top) / r.height * view.h };
   }
+  // The box as tall as the whole graph needs at the page's width, or at the least legible
+  // scale when it is wider than that (within limits), so a small graph leaves no empty band
+  // and a tall one is not cut short.
+  const fullWidth = box.getBoundingClientRect().width;
+  const fitScale = fullWidth / (width + 40);
+  const wanted = (height + 40) * (fitScale >= LEGIBLE ? Math.min(1, fitScale) : READABLE);
+  box.style.height = `${Math.round(Math.max(200, Math.min(wanted, 0.8 * window.innerHeight)))}px`;
   // Start readable: the whole graph if it fits at a legible scale, else around the root.
   fit();
   const pxPerUnit = box.getBoundingClientRect().width / view.w;
-  if (pxPerUnit < 0.55) {
+  if (pxPerUnit < LEGIBLE) {
     const root = svg.querySelector(".node.root");
     const a = aspect();
-    const w = box.getBoundingClientRect().width / 0.8;
+    const w = box.getBoundingClientRect().width / READABLE;
     let y = 0;
     if (root) {
       const m = /translate\(([-0-9.]+),([-0-9.]+)\)/.exec(root.getAttribute("transform"));
