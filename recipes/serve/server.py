@@ -34,6 +34,8 @@ from typing import Any
 from aiohttp import web
 from jinja2 import TemplateError
 
+from nscas.httpserver import HttpLimits, listen
+
 from .batching import Batcher, BatchStats, RequestConflict, RetryCache
 from .decoding import Completion, RowControl
 from .protocol import (
@@ -432,6 +434,22 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+_HTTP_CODES = {414: "request_line_too_long", 431: "headers_too_large",
+               503: "too_many_connections"}
+
+
+def _refusal(status: int, message: str) -> web.Response:
+    """What the replica answers a request that aiohttp could not parse, or a connection over
+    the bound: the JSON error object of every refusal."""
+    return _error(status, message, _HTTP_CODES.get(status, "invalid_http"))
+
+
+def http_limits(config: ServerConfig) -> HttpLimits:
+    return HttpLimits(max_connections=config.max_connections,
+                      header_timeout=config.header_timeout, body_timeout=config.body_timeout,
+                      linger_seconds=LINGER_SECONDS)
+
+
 async def serve(instances: Sequence[Replica], config: ServerConfig, *,
                 on_ready: Callable[[str], None]) -> None:
     """Serve ``instances`` (one replica's model instances) until SIGTERM or SIGINT, then
@@ -439,28 +457,18 @@ async def serve(instances: Sequence[Replica], config: ServerConfig, *,
 
     ``on_ready`` gets the base URL once the socket listens (the model is loaded and checked
     before this is called). After the signal, new requests get 503 while accepted ones
-    finish (for at most ``drain_seconds``).
+    finish (for at most ``drain_seconds``). The connection, header and size bounds are
+    ``nscas.httpserver``'s, the same as the UI's.
     """
     app = build_app(instances, config)
-    # aiohttp closes a connection that is idle, or part-way through its headers, once the
-    # keep-alive timeout passes: that timer is the header timeout. After an answer sent before
-    # its body was read (413, 408), the rest is drained for LINGER_SECONDS at most, not 10.
-    runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                           keepalive_timeout=config.header_timeout, lingering_time=LINGER_SECONDS)
-    await runner.setup()
-    listener: asyncio.Server | None = None
+    listening = await listen(app, http_limits(config), host=config.host, port=config.port,
+                             refusal=_refusal)
     try:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        http = runner.server
-        assert http is not None
-        listener = await loop.create_server(
-            lambda: http() if len(http.connections) < config.max_connections else _Busy(),
-            config.host, config.port)
-        host, port = listener.sockets[0].getsockname()[:2]
-        on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}")
+        on_ready(listening.url)
         await stop.wait()
         state = app[STATE]
         state.draining = True
@@ -471,20 +479,4 @@ async def serve(instances: Sequence[Replica], config: ServerConfig, *,
             log.warning("%d request(s) still running after %.0f s; stopping anyway",
                         state.in_flight, config.drain_seconds)
     finally:
-        if listener is not None:
-            listener.close()
-        await runner.cleanup()
-
-
-class _Busy(asyncio.Protocol):
-    """A connection over ``max_connections``: one 503 in the JSON shape of every refusal."""
-
-    BODY = json.dumps(error_body(503, "the replica has too many open connections; try again",
-                                 code="too_many_connections")).encode()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                        % (len(self.BODY), self.BODY))
-        transport.close()
+        await listening.close()
