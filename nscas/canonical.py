@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,6 +106,11 @@ def loads_strict(data: str | bytes, *, max_bytes: int | None = None, max_depth: 
         return (_JCS_DECODER if jcs_numbers else _DECODER).decode(text)
     except json.JSONDecodeError as exc:
         raise StrictJSONError(f"not valid JSON ({exc.msg} at offset {exc.pos})") from None
+    except StrictJSONError:
+        raise
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
+        raise StrictJSONError("holds an integer too long to read (over "
+                              f"{sys.get_int_max_str_digits()} digits)") from None
     except RecursionError:
         raise StrictJSONError("nests too deeply to parse") from None
 

@@ -33,6 +33,11 @@ MAX_STOP_CHARS = 200
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 """Seeds a torch generator takes: any integer of 64 bits, signed or unsigned."""
 MAX_TEMPERATURE = 2.0
+MIN_SAMPLING_TEMPERATURE = 0.01
+"""A temperature below this (0 included) decodes greedily: sampling there is the argmax but
+for ties, and dividing the logits by a tiny temperature (1e-45) overflows them to infinity."""
+MAX_BODY_DEPTH = 32
+"""Deepest nesting of arrays and objects in a request body."""
 
 
 class RequestRejected(InvalidInput):
@@ -68,7 +73,8 @@ class Sampling:
     """How a request's tokens are chosen: the argmax at temperature 0 (the default)."""
 
     temperature: float = 0.0
-    """0 for greedy decoding; above 0 (at most 2), softmax(logits / temperature) is sampled."""
+    """Below ``MIN_SAMPLING_TEMPERATURE`` (0 included) greedy decoding; from it to 2,
+    softmax(logits / temperature) is sampled."""
     top_p: float = 1.0
     """Nucleus sampling: draw from the most likely tokens holding this much probability."""
     seed: int | None = None
@@ -76,7 +82,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,16 +125,49 @@ class TextRequest:
 
 
 def parse_json_body(data: bytes) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN or Infinity; 400 otherwise."""
+    """Strict JSON: UTF-8, no duplicate keys, no NaN or Infinity, no integer too long to
+    read, nested at most ``MAX_BODY_DEPTH`` deep, every string valid Unicode (no lone
+    surrogate from a ``\\ud800`` escape); 400 otherwise, before anything else sees it."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise RequestRejected(400, "the body is not UTF-8 text", code="invalid_json") from None
     try:
-        return loads_strict(text)
+        value = loads_strict(text, max_depth=MAX_BODY_DEPTH)
     except StrictJSONError as exc:
         raise RequestRejected(400, f"the body is not JSON: {exc.reason}",
                               code="invalid_json") from None
+    where = _not_unicode(value)
+    if where is not None:
+        raise RequestRejected(400, f"{where} is not valid Unicode text (a lone surrogate)",
+                              code="invalid_value", param=where)
+    return value
+
+
+def _not_unicode(value: Any) -> str | None:
+    """The path of the first string (or key) in ``value`` that is not valid Unicode."""
+    pending: list[tuple[str, Any]] = [("body", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            if not _is_unicode(item):
+                return path
+        elif isinstance(item, dict):
+            for key, member in item.items():
+                if not _is_unicode(key):
+                    return f"{path} key {_short(ascii(key))}"
+                pending.append((key if path == "body" else f"{path}.{_short(key)}", member))
+        elif isinstance(item, list):
+            pending.extend((f"{path}[{i}]", member) for i, member in enumerate(item))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_infer(value: Any) -> InferRequest:
@@ -153,6 +192,9 @@ def check_request_id(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise RequestRejected(400, f"{name} must be a string, not {_json_type(value)}",
                               code="invalid_type", param=name)
+    if not _is_unicode(value):
+        raise RequestRejected(400, f"{name} is not valid Unicode text", code="invalid_value",
+                              param=name)
     if not 1 <= len(value) <= MAX_REQUEST_ID:
         raise RequestRejected(
             400, f"{name} must be 1 to {MAX_REQUEST_ID} characters long, not {len(value)}",

@@ -5,8 +5,10 @@ Routes: ``GET /health``, ``GET /stats``, ``POST /infer``, ``GET /v1/models`` (an
 Every refusal is OpenAI's error object ``{"error": {"message", "type", "param", "code"}}``
 with a 4xx status (400 for bad bodies, 404 for another model or an unknown route, 405 for
 another method, 408 for a stalled body, 409 for a request id reused for another request, 413
-for oversized bodies) or 503 (shutting down, too many connections); an unexpected failure is
-a 500 of the same shape, and the server serves on. A stream sends each piece of text as soon
+for oversized bodies, 414 and 431 for an oversized request line or headers) or 503 (shutting
+down, too many connections, with ``Retry-After``); an unexpected failure is a 500 of the same
+shape, and the server serves on. A request whose row of a batch has logits that are not
+finite gets a 500 (``non_finite_logits``) alone; the rest of its batch is answered. A stream sends each piece of text as soon
 as the generation thread has decoded it; a failure after the stream began is one last event
 holding the error object.
 On SIGTERM (or SIGINT) the replica stops taking work (503), lets every accepted request
@@ -37,7 +39,7 @@ from jinja2 import TemplateError
 from nscas.httpserver import HttpLimits, listen
 
 from .batching import Batcher, BatchStats, RequestConflict, RetryCache
-from .decoding import Completion, RowControl
+from .decoding import Completion, NonFiniteLogits, RowControl
 from .protocol import (
     SSE_DONE,
     AnswerHead,
@@ -207,6 +209,9 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Any]) ->
         return response
     except RequestConflict as exc:
         return _error(409, exc.message, "request_id_conflict")
+    except NonFiniteLogits as exc:  # this request's row alone; its batch was answered
+        log.warning("request %s %s failed: %s", request.method, request.path, exc.message)
+        return _error(500, exc.message, "non_finite_logits")
     except web.HTTPException as exc:  # the router's 404 and 405, as JSON like every refusal
         if exc.status < 400:
             raise
@@ -385,6 +390,12 @@ async def _stream(request: web.Request, head: AnswerHead, events: asyncio.Queue[
                 await response.write(sse(piece_chunk(head, piece)))
             try:
                 completion, cached = await task
+            except NonFiniteLogits as exc:  # the status is sent: the last event says so
+                log.warning("request %s %s failed while streaming: %s", request.method,
+                            request.path, exc.message)
+                await response.write(sse(error_body(500, exc.message, code="non_finite_logits")))
+                await response.write_eof()
+                return response
             except Exception:  # the status is sent: the stream's last event says what failed
                 log.exception("request %s %s failed while streaming", request.method,
                               request.path)
