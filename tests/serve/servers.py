@@ -26,6 +26,7 @@ class Running:
     """A server under test: where it listens, a path it answers 200, and its log."""
 
     kind: str
+    pid: int
     host: str
     port: int
     ok_path: str
@@ -55,19 +56,20 @@ def replica_server(served: Served, workdir: Path, *extra: str) -> Iterator[Runni
         started = group.start(argv)
         url = group.wait_ready([started], timeout=90, model_digest=served.model_digest)[0]
         host, port = _split(url)
-        yield Running(kind="replica", host=host, port=port, ok_path="/health",
+        yield Running(kind="replica", pid=started.pid, host=host, port=port, ok_path="/health",
                       log_path=started.log_path)
 
 
 @contextmanager
 def ui_server(store_dir: Path, workdir: Path, *, host: str = "127.0.0.1",
-              header_timeout: float = HEADER_TIMEOUT) -> Iterator[Running]:
+              header_timeout: float = HEADER_TIMEOUT,
+              max_connections: int = MAX_CONNECTIONS) -> Iterator[Running]:
     """``nscas ui`` on a free port of ``host``; its stderr is its log."""
     log_path = workdir / "ui.log"
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
             [str(NSCAS), "--store", str(store_dir), "ui", "--host", host, "--port", "0",
-             "--max-connections", str(MAX_CONNECTIONS), "--header-timeout",
+             "--max-connections", str(max_connections), "--header-timeout",
              str(header_timeout)],
             stdout=subprocess.PIPE, stderr=log_file, text=True, start_new_session=True)
     try:
@@ -75,7 +77,7 @@ def ui_server(store_dir: Path, workdir: Path, *, host: str = "127.0.0.1",
         line = proc.stdout.readline()
         assert line.startswith("listening "), (line, log_path.read_text())
         bound_host, port = _split(line.split()[1])
-        yield Running(kind="ui", host=bound_host, port=port, ok_path="/", log_path=log_path)
+        yield Running(kind="ui", pid=proc.pid, host=bound_host, port=port, ok_path="/", log_path=log_path)
     finally:
         proc.terminate()
         try:
