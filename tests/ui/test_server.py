@@ -4,6 +4,7 @@ database is down answers 503 in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -65,10 +66,8 @@ def _open_verify(running: Running, oid: str) -> socket.socket:
 
 def _stop_all(pids: list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)  # it can finish nothing until it is ended
-        except ProcessLookupError:
-            pass
 
 
 def _alive(pid: int) -> bool:
@@ -176,7 +175,7 @@ def test_a_page_of_a_store_whose_database_is_down_is_503(tmp_path: Path) -> None
 
 def test_the_ui_reads_no_body_for_long(ui: tuple[Running, int]) -> None:
     running, _ = ui
-    head = (f"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n").encode()
+    head = (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n")
     with socket.create_connection(running.address, timeout=30) as sock:
         sock.sendall(head + b"x" * 10)
         started = time.monotonic()
