@@ -243,11 +243,16 @@ class RowControl:
 
 
 def choose_tokens(logits: Any, controls: Sequence[RowControl | None],
-                  on_failure: Callable[[int, NonFiniteLogits], None]) -> Any:
+                  on_failure: Callable[[int, NonFiniteLogits], None] | None = None) -> Any:
     """The next token of each live row: the argmax, or a draw where the row samples. A row
     whose logits (or probabilities) are not finite is handed to ``on_failure`` with its index
-    among ``controls``; its token is then meaningless, and the row must end at it."""
+    among ``controls``; its token is then meaningless, and the row must end at it. Without
+    ``on_failure`` the failure is raised (the whole call fails)."""
     import torch
+
+    if on_failure is None:
+        def on_failure(index: int, failure: NonFiniteLogits) -> None:
+            raise failure
 
     chosen = logits.argmax(dim=-1)
     finite = torch.isfinite(logits).all(dim=-1)
