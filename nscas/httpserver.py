@@ -8,7 +8,7 @@ keep-alive connection is kept), the request line's and each header's size (414 a
 the number of headers (431). aiohttp parses HTTP and applies the sizes and the deadline
 (``max_line_size``, ``max_field_size``, ``max_headers``, ``keepalive_timeout``,
 ``lingering_time``); this module only counts connections, which aiohttp does not bound, and
-turns its parse errors into those statuses.
+turns its parse errors into those statuses. Request bodies are never decompressed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from nscas.errors import InvalidInput
@@ -88,8 +88,8 @@ def refusal_status(exc: BaseException | None, limits: HttpLimits) -> tuple[int, 
         return 431, f"a header is over the limit of {limits.max_header_field} bytes"
     if isinstance(exc, BadHttpMessage) and "Too many headers" in exc.message:
         return 431, f"the request has more than {limits.max_headers} headers"
-    if isinstance(exc, BadHttpMessage):
-        return 400, f"the request is not valid HTTP/1.1: {exc.message}"[:300]
+    if isinstance(exc, BadHttpMessage):  # aiohttp's message may span lines: one line here
+        return 400, f"the request is not valid HTTP/1.1: {' '.join(exc.message.split())}"[:300]
     return 400, "the request is not valid HTTP/1.1"
 
 
@@ -121,6 +121,16 @@ class _Handler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if not self._refused:
             super().data_received(data)
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        # A body that breaks its framing (chunks, a length) fails as aiohttp drains what is
+        # left of it after the answer: the client's fault, told in one line.
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, web.RequestPayloadError | HttpProcessingError):
+            log.warning("dropped a connection whose request body could not be read: %s",
+                        " ".join(str(exc).split())[:300])
+            return
+        super().log_exception(*args, **kwargs)
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -177,7 +187,10 @@ async def listen(app: web.Application, limits: HttpLimits, *, host: str, port: i
         settings: dict[str, Any] = {
             "keepalive_timeout": limits.header_timeout, "lingering_time": limits.linger_seconds,
             "max_line_size": limits.max_request_line, "max_field_size": limits.max_header_field,
-            "max_headers": limits.max_headers, "access_log": None}
+            "max_headers": limits.max_headers, "access_log": None,
+            # Bodies are taken as sent: no server here needs a compressed request, and
+            # inflating one is work (and memory) that its size does not bound.
+            "auto_decompress": False}
         # The backlog holds a burst well past the bound, so that it is answered 503, not
         # left waiting for the kernel to accept it.
         server = await loop.create_server(

@@ -260,6 +260,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
                     raise RequestRejected(413, f"the body is over the limit of {limit} bytes")
     except TimeoutError:
         raise RequestRejected(408, f"the body did not arrive within {seconds:g} s") from None
+    except web.RequestPayloadError as exc:  # its chunks or length do not frame it
+        raise RequestRejected(400, f"the body cannot be read: {' '.join(str(exc).split())}"
+                              [:300], code="invalid_body") from None
 
 
 async def _infer(request: web.Request) -> web.Response:
