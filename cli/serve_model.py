@@ -73,7 +73,8 @@ def serve_model(
         help="Seconds a request body may take to arrive; then 408 and the connection "
              "closes.")] = 30.0,
     max_connections: Annotated[int, typer.Option(
-        help="Open connections at most; one more gets 503 and is closed.")] = 256,
+        help="Open connections at most; one more gets 503 (with Retry-After) and is "
+             "closed.")] = 256,
     as_json: JsonFlag = False,
 ) -> None:
     """Load checkpoint ID, re-check its parameter digest, then serve it until SIGTERM.
@@ -82,7 +83,7 @@ def serve_model(
     'url' and 'model_digest'). Routes: GET /health, GET /stats, POST /infer with exactly
     {"request_id", "task_id"} (greedy, what the serve recipe measures), and OpenAI-compatible
     GET /v1/models, POST /v1/chat/completions and POST /v1/completions (a prompt string, no
-    chat template). These decode greedily unless temperature > 0 (up to 2; top_p in (0, 1];
+    chat template). These decode greedily unless temperature >= 0.01 (up to 2; top_p in (0, 1];
     a 64-bit integer seed gives the same text again), honour max_tokens and stop (up to 4
     strings; the text ends before the first), and stream each token as it is generated
     (stream: true; stream_options.include_usage). Answers name the model by --name, carry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Annotated
 
@@ -21,6 +22,13 @@ def ui(
     host: Annotated[str, typer.Option(
         "--host", help="Address to listen on. Anything but loopback lets other machines "
                        "read the whole store (a warning says so).")] = "127.0.0.1",
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", min=1, max=100_000,
+        help="Open connections at most; one more gets 503 with Retry-After.")] = 128,
+    header_timeout: Annotated[float, typer.Option(
+        "--header-timeout", min=0.001, max=86_400,
+        help="Seconds a connection may take to send a request's line and headers, from its "
+             "opening or its last answer (so also how long an idle one is kept).")] = 10.0,
 ) -> None:
     """Serve a read-only web app over the store: experiments, receipts, lineage, objects and
     comparisons, with a button that runs the independent verification.
@@ -30,7 +38,12 @@ def ui(
 
     Example: nscas ui --port 8765, then open http://127.0.0.1:8765/
     """
-    from nscas.ui.app import is_loopback, serve
+    from nscas.ui.app import LIMITS, is_loopback, serve
+
+    if header_timeout != header_timeout:  # nan passes typer's bounds
+        raise typer.BadParameter("must be a number of seconds", param_hint="--header-timeout")
+    limits = dataclasses.replace(LIMITS, max_connections=max_connections,
+                                 header_timeout=header_timeout)
 
     if not host or host != host.strip():
         raise typer.BadParameter(f"{host!r} is not an address", param_hint="--host")
@@ -44,7 +57,7 @@ def ui(
             sys.stdout.flush()
 
         try:
-            serve(store, host=host, port=port, on_ready=ready)
+            serve(store, host=host, port=port, on_ready=ready, limits=limits)
         except OSError as exc:
             raise typer.BadParameter(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                                      param_hint="--port") from None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nscas.digests import Digest, is_digest_text
@@ -75,11 +76,12 @@ def nesting_depth(text: str) -> int:
 
 
 def loads_strict(data: str | bytes, *, max_bytes: int | None = None, max_depth: int | None = None,
-                 jcs_numbers: bool = False) -> Any:
+                 jcs_numbers: bool = False, parse_int: Callable[[str], Any] | None = None) -> Any:
     """Parse strict JSON: UTF-8, one value with only JSON whitespace around it, no repeated key
     in an object, no NaN/Infinity (nor a number that overflows to it). ``max_bytes`` caps the
     UTF-8 size and ``max_depth`` the bracket nesting, both checked before parsing;
-    ``jcs_numbers`` reads integers beyond 2**53 as the doubles RFC 8785 means by them.
+    ``jcs_numbers`` reads integers beyond 2**53 as the doubles RFC 8785 means by them;
+    ``parse_int`` (instead) turns each integer's digits into a value (a server bounding them).
     Raises :class:`StrictJSONError` (a ValueError) with the reason."""
     if isinstance(data, bytes | bytearray | memoryview):
         raw = bytes(data)
@@ -102,9 +104,19 @@ def loads_strict(data: str | bytes, *, max_bytes: int | None = None, max_depth: 
         raise StrictJSONError(f"nests deeper than {max_depth} levels")
     try:
         # decode() skips JSON whitespace (space, tab, CR, LF) on both sides and nothing else.
-        return (_JCS_DECODER if jcs_numbers else _DECODER).decode(text)
+        decoder = _JCS_DECODER if jcs_numbers else _DECODER
+        if parse_int is not None:
+            decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates,
+                                       parse_constant=_no_constant, parse_float=_finite_float,
+                                       parse_int=parse_int)
+        return decoder.decode(text)
     except json.JSONDecodeError as exc:
         raise StrictJSONError(f"not valid JSON ({exc.msg} at offset {exc.pos})") from None
+    except StrictJSONError:
+        raise
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
+        raise StrictJSONError("holds an integer too long to read (over "
+                              f"{sys.get_int_max_str_digits()} digits)") from None
     except RecursionError:
         raise StrictJSONError("nests too deeply to parse") from None
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -282,8 +284,9 @@ async def raw(request: web.Request) -> web.StreamResponse:
 
 async def verify_stream(request: web.Request) -> web.StreamResponse:
     """Server-sent events: one ``message`` per check as the verifiers make it, then ``done``
-    (or ``error``). The verification runs in its own process (``nscas verify --stream``:
-    the server imports no verifier), which a closed page stops."""
+    (or ``error``). The verification runs in its own process group (``nscas verify
+    --stream``: the server imports no verifier), ended when the page closes; at most
+    ``Settings.verify_slots`` run at once."""
     Query(request, ())
     store = _store(request)
     oid = await asyncio.to_thread(_resolve, request)
@@ -302,7 +305,8 @@ async def verify_stream(request: web.Request) -> web.StreamResponse:
             sys.executable, "-m", "nscas.cli", "--store", str(store.root), "verify",
             str(oid), "--stream",
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, limit=1 << 24)
+            stderr=asyncio.subprocess.PIPE, limit=1 << 24,
+            start_new_session=True)  # its own process group: ended with whatever it starts
         finished = False
         try:
             assert proc.stdout is not None and proc.stderr is not None
@@ -317,9 +321,11 @@ async def verify_stream(request: web.Request) -> web.StreamResponse:
                 await send({"error": {"message": f"the verifier stopped: {last}",
                                       "exit_code": proc.returncode}})
         finally:
+            # Reached too when the page closes: the server cancels the handler of a client
+            # that left (nscas.ui.app.serve), so the verification stops with it.
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()

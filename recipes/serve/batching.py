@@ -25,7 +25,7 @@ from nscas.errors import InvalidInput
 
 Generate = Callable[[Sequence[Sequence[int]], int, Sequence[Any]], list[Any]]
 """(prompts, max_new_tokens, the control of each prompt or None) -> one generation per prompt,
-in order; blocking."""
+in order, or an exception in the place of a row that failed alone; blocking."""
 
 
 class RequestConflict(InvalidInput):
@@ -155,7 +155,11 @@ class Batcher:
                 continue
             self.stats.record(len(rows), seconds)
             for row, result in zip(rows, results, strict=True):
-                if not row.future.done():
+                if row.future.done():
+                    continue
+                if isinstance(result, Exception):  # this row alone failed
+                    row.future.set_exception(result)
+                else:
                     row.future.set_result(result)
 
     def _timed(self, prompts: list[tuple[int, ...]], limit: int,

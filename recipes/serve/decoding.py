@@ -17,7 +17,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nscas.errors import NscasError
+
 from .protocol import Sampling
+
+
+class NonFiniteLogits(NscasError):
+    """The model's logits (or the probabilities drawn from) for one request's row were not
+    finite at one of its tokens: that request fails; the rows batched with it do not."""
+
+    exit_code = 1
+
+    def __init__(self, token: int | None) -> None:
+        at = "" if token is None else f" at token {token} of its answer"
+        super().__init__(f"the model produced logits that are not finite (NaN or infinity) "
+                         f"for this request{at}")
+        self.token = token
+        """How many tokens the row had before (None where nothing counted them)."""
 
 REPLACEMENT = "\ufffd"
 """What a decoder writes for bytes that do not yet make a whole character."""
@@ -145,6 +161,8 @@ class Sampler:
         import torch
 
         probs = torch.softmax(logits.detach().float().cpu() / self._temperature, dim=-1)
+        if not bool(torch.isfinite(probs).all()):
+            raise FloatingPointError("probabilities that are not finite")
         ordered, order = probs.sort(descending=True, stable=True)
         if self._top_p < 1:
             # Keep the most likely tokens until their mass reaches top_p (at least one).
@@ -176,19 +194,32 @@ class RowControl:
         self.sampler = None if sampling.greedy else Sampler(sampling)
         self.result: Completion | None = None
         """Set by ``finish`` once the row has ended."""
+        self.failure: NonFiniteLogits | None = None
+        """Set when the row's logits were not finite: the row ended there, with no answer."""
 
     def cancel(self) -> None:
         """End the row at its next token (its client has gone)."""
         self._cancelled.set()
 
+    def fail(self, failure: NonFiniteLogits) -> None:
+        """End the row at its next token, which is not part of any answer."""
+        self.failure = failure
+
     def on_token(self, token: int) -> bool:
         """``token`` was chosen for this row; False ends the row now."""
         now = time.time()
         self._times = [self._times[0] if self._times else now, now]
+        if self.failure is not None:
+            return False
         self._ids.append(token)
         if token not in self._eos:
             self._send(self._text.push(token))
         return not (self._cancelled.is_set() or self._text.stopped_at is not None)
+
+    @property
+    def tokens_made(self) -> int:
+        """How many tokens were chosen for this row so far."""
+        return len(self._ids)
 
     def finish(self, limit: int) -> Completion:
         """Close the row (its generation has returned); the request's ``Completion``."""
@@ -211,10 +242,28 @@ class RowControl:
                 self._emit(piece)
 
 
-def choose_tokens(logits: Any, controls: Sequence[RowControl | None]) -> Any:
-    """The next token of each live row: the argmax, or a draw where the row samples."""
+def choose_tokens(logits: Any, controls: Sequence[RowControl | None],
+                  on_failure: Callable[[int, NonFiniteLogits], None] | None = None) -> Any:
+    """The next token of each live row: the argmax, or a draw where the row samples. A row
+    whose logits (or probabilities) are not finite is handed to ``on_failure`` with its index
+    among ``controls``; its token is then meaningless, and the row must end at it. Without
+    ``on_failure`` the failure is raised (the whole call fails)."""
+    import torch
+
+    if on_failure is None:
+        def on_failure(index: int, failure: NonFiniteLogits) -> None:
+            raise failure
+
     chosen = logits.argmax(dim=-1)
+    finite = torch.isfinite(logits).all(dim=-1)
+    every = bool(finite.all())
     for index, control in enumerate(controls):
-        if control is not None and control.sampler is not None:
-            chosen[index] = control.sampler.draw(logits[index])
+        made = None if control is None else control.tokens_made
+        if not every and not bool(finite[index]):
+            on_failure(index, NonFiniteLogits(made))
+        elif control is not None and control.sampler is not None:
+            try:
+                chosen[index] = control.sampler.draw(logits[index])
+            except FloatingPointError:
+                on_failure(index, NonFiniteLogits(made))
     return chosen

@@ -33,6 +33,29 @@ MAX_STOP_CHARS = 200
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 """Seeds a torch generator takes: any integer of 64 bits, signed or unsigned."""
 MAX_TEMPERATURE = 2.0
+MIN_SAMPLING_TEMPERATURE = 0.01
+"""A temperature below this (0 included) decodes greedily: sampling there is the argmax but
+for ties, and dividing the logits by a tiny temperature (1e-45) overflows them to infinity."""
+MAX_BODY_DEPTH = 32
+"""Deepest nesting of arrays and objects in a request body."""
+MAX_INTEGER_DIGITS = 40
+"""Longest integer in a request body that is read as a number (2**128 has 39 digits): a
+longer one is a ``TooLongInteger``, which every numeric member refuses by name."""
+
+
+@dataclass(frozen=True, slots=True)
+class TooLongInteger:
+    """An integer of a request body too long to be any member's value (never converted)."""
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _body_int(text: str) -> int | TooLongInteger:
+    digits = len(text) - text.startswith("-")
+    return int(text) if digits <= MAX_INTEGER_DIGITS else TooLongInteger(digits)
 
 
 class RequestRejected(InvalidInput):
@@ -68,7 +91,8 @@ class Sampling:
     """How a request's tokens are chosen: the argmax at temperature 0 (the default)."""
 
     temperature: float = 0.0
-    """0 for greedy decoding; above 0 (at most 2), softmax(logits / temperature) is sampled."""
+    """Below ``MIN_SAMPLING_TEMPERATURE`` (0 included) greedy decoding; from it to 2,
+    softmax(logits / temperature) is sampled."""
     top_p: float = 1.0
     """Nucleus sampling: draw from the most likely tokens holding this much probability."""
     seed: int | None = None
@@ -76,7 +100,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,16 +143,49 @@ class TextRequest:
 
 
 def parse_json_body(data: bytes) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN or Infinity; 400 otherwise."""
+    """Strict JSON: UTF-8, no duplicate keys, no NaN or Infinity, no integer too long to
+    read, nested at most ``MAX_BODY_DEPTH`` deep, every string valid Unicode (no lone
+    surrogate from a ``\\ud800`` escape); 400 otherwise, before anything else sees it."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise RequestRejected(400, "the body is not UTF-8 text", code="invalid_json") from None
     try:
-        return loads_strict(text)
+        value = loads_strict(text, max_depth=MAX_BODY_DEPTH, parse_int=_body_int)
     except StrictJSONError as exc:
         raise RequestRejected(400, f"the body is not JSON: {exc.reason}",
                               code="invalid_json") from None
+    where = _not_unicode(value)
+    if where is not None:
+        raise RequestRejected(400, f"{where} is not valid Unicode text (a lone surrogate)",
+                              code="invalid_value", param=where)
+    return value
+
+
+def _not_unicode(value: Any) -> str | None:
+    """The path of the first string (or key) in ``value`` that is not valid Unicode."""
+    pending: list[tuple[str, Any]] = [("body", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            if not _is_unicode(item):
+                return path
+        elif isinstance(item, dict):
+            for key, member in item.items():
+                if not _is_unicode(key):
+                    return f"{path} key {_short(ascii(key))}"
+                pending.append((key if path == "body" else f"{path}.{_short(key)}", member))
+        elif isinstance(item, list):
+            pending.extend((f"{path}[{i}]", member) for i, member in enumerate(item))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_infer(value: Any) -> InferRequest:
@@ -153,6 +210,9 @@ def check_request_id(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise RequestRejected(400, f"{name} must be a string, not {_json_type(value)}",
                               code="invalid_type", param=name)
+    if not _is_unicode(value):
+        raise RequestRejected(400, f"{name} is not valid Unicode text", code="invalid_value",
+                              param=name)
     if not 1 <= len(value) <= MAX_REQUEST_ID:
         raise RequestRejected(
             400, f"{name} must be 1 to {MAX_REQUEST_ID} characters long, not {len(value)}",
@@ -184,10 +244,12 @@ def parse_chat(value: Any, *, default_max_tokens: int, limit: int) -> ChatReques
     """A chat completion body; anything this replica would not honour is a 400."""
     _object(value)
     _members(value, {"messages", "max_completion_tokens"}, _CHAT_DEFAULT_ONLY)
+    tokens = "max_tokens"
     if "max_completion_tokens" in value and value["max_completion_tokens"] is not None:
         value = {**value, "max_tokens": value["max_completion_tokens"]}
+        tokens = "max_completion_tokens"  # a refusal names the member the client sent
     return ChatRequest(messages=_messages(value.get("messages")),
-                       params=_params(value, default_max_tokens, limit))
+                       params=_params(value, default_max_tokens, limit, tokens))
 
 
 def parse_text_completion(value: Any, *, default_max_tokens: int, limit: int) -> TextRequest:
@@ -211,12 +273,13 @@ def _members(value: dict[str, Any], own: set[str], default_only: Mapping[str, An
     for key, allowed in default_only.items():
         if key in value and not any(_same(value[key], a) for a in allowed):
             raise RequestRejected(
-                400, f"{key}={_short(json.dumps(value[key]))} is not supported by this replica "
+                400, f"{key}={_shown(value[key])} is not supported by this replica "
                      f"(only {' or '.join(json.dumps(a) for a in allowed)})",
                 code="unsupported_parameter", param=key)
 
 
-def _params(value: dict[str, Any], default_max_tokens: int, limit: int) -> GenerationParams:
+def _params(value: dict[str, Any], default_max_tokens: int, limit: int,
+            tokens: str = "max_tokens") -> GenerationParams:
     model = value.get("model")
     if model is not None and not isinstance(model, str):
         raise _invalid("model", "must be a string", model)
@@ -224,7 +287,7 @@ def _params(value: dict[str, Any], default_max_tokens: int, limit: int) -> Gener
     if max_tokens is None:
         max_tokens = default_max_tokens
     if not _is_int(max_tokens) or not 1 <= max_tokens <= limit:
-        raise _invalid("max_tokens", f"must be an integer from 1 to {limit}", max_tokens)
+        raise _invalid(tokens, f"must be an integer from 1 to {limit}", max_tokens)
     stream = value.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "must be true or false", stream)
@@ -290,7 +353,7 @@ def _messages(value: Any) -> tuple[tuple[str, str], ...]:
 
 
 def _invalid(param: str, rule: str, value: Any) -> RequestRejected:
-    return RequestRejected(400, f"{param} {rule}, not {_short(json.dumps(value))}",
+    return RequestRejected(400, f"{param} {rule}, not {_shown(value)}",
                            code="invalid_value", param=param)
 
 
@@ -435,6 +498,11 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    """A member's value as a refusal quotes it (short; a too-long integer by its length)."""
+    return _short(json.dumps(value, default=repr))
 
 
 def _json_type(value: Any) -> str:

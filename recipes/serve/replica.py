@@ -96,17 +96,29 @@ class Replica:
                   controls: Sequence[RowControl | None]) -> list[Any]:
         from nscas.recipes.common.generate import generate_greedy
 
+        from .decoding import NonFiniteLogits, choose_tokens
+
         steered = [(row, c) for row, c in enumerate(controls) if c is not None]
+        by_row = dict(steered)
+        failed: dict[int, NonFiniteLogits] = {}
         hooks: dict[str, Any] = {}
         if steered:
-            by_row = dict(steered)
-            hooks["on_token"] = lambda row, token: (
+            hooks["on_token"] = lambda row, token: row not in failed and (
                 row not in by_row or by_row[row].on_token(token))
-            if any(c.sampler is not None for _, c in steered):
-                from .decoding import choose_tokens
+        # Eager decoding chooses every token here, so that a row whose logits are not finite
+        # fails alone: it ends at once and its request gets the error; its neighbours'
+        # tokens are what they would be without it. A captured CUDA graph takes the argmax
+        # itself, unchecked (greedy batches of FP32 CUDA replicas).
+        if self.static is None or any(c.sampler is not None for _, c in steered):
+            def fail(row: int, failure: NonFiniteLogits) -> None:
+                failed.setdefault(row, failure)
+                if row in by_row:
+                    by_row[row].fail(failure)
 
-                hooks["choose"] = lambda logits, rows: choose_tokens(
-                    logits, [by_row.get(r) for r in rows])
+            hooks["choose"] = lambda logits, rows: choose_tokens(
+                logits, [by_row.get(r) for r in rows],
+                on_failure=lambda index, failure: fail(rows[index], failure))
+            hooks.setdefault("on_token", lambda row, token: row not in failed)
         generations = generate_greedy(
             self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
             batch_size=max(1, len(prompts)), eos_ids=set(self.eos_ids), device=self.device,
@@ -114,7 +126,7 @@ class Replica:
             static=None if "choose" in hooks else self.static, **hooks)
         for _, control in steered:
             control.finish(max_new_tokens)
-        return generations
+        return [failed.get(row, generation) for row, generation in enumerate(generations)]
 
     def encode_messages(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a chat rendered with the template and its generation prompt.

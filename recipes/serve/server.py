@@ -5,8 +5,10 @@ Routes: ``GET /health``, ``GET /stats``, ``POST /infer``, ``GET /v1/models`` (an
 Every refusal is OpenAI's error object ``{"error": {"message", "type", "param", "code"}}``
 with a 4xx status (400 for bad bodies, 404 for another model or an unknown route, 405 for
 another method, 408 for a stalled body, 409 for a request id reused for another request, 413
-for oversized bodies) or 503 (shutting down, too many connections); an unexpected failure is
-a 500 of the same shape, and the server serves on. A stream sends each piece of text as soon
+for oversized bodies, 414 and 431 for an oversized request line or headers) or 503 (shutting
+down, too many connections, with ``Retry-After``); an unexpected failure is a 500 of the same
+shape, and the server serves on. A request whose row of a batch has logits that are not
+finite gets a 500 (``non_finite_logits``) alone; the rest of its batch is answered. A stream sends each piece of text as soon
 as the generation thread has decoded it; a failure after the stream began is one last event
 holding the error object.
 On SIGTERM (or SIGINT) the replica stops taking work (503), lets every accepted request
@@ -34,8 +36,10 @@ from typing import Any
 from aiohttp import web
 from jinja2 import TemplateError
 
+from nscas.httpserver import HttpLimits, listen
+
 from .batching import Batcher, BatchStats, RequestConflict, RetryCache
-from .decoding import Completion, RowControl
+from .decoding import Completion, NonFiniteLogits, RowControl
 from .protocol import (
     SSE_DONE,
     AnswerHead,
@@ -205,6 +209,9 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Any]) ->
         return response
     except RequestConflict as exc:
         return _error(409, exc.message, "request_id_conflict")
+    except NonFiniteLogits as exc:  # this request's row alone; its batch was answered
+        log.warning("request %s %s failed: %s", request.method, request.path, exc.message)
+        return _error(500, exc.message, "non_finite_logits")
     except web.HTTPException as exc:  # the router's 404 and 405, as JSON like every refusal
         if exc.status < 400:
             raise
@@ -253,6 +260,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
                     raise RequestRejected(413, f"the body is over the limit of {limit} bytes")
     except TimeoutError:
         raise RequestRejected(408, f"the body did not arrive within {seconds:g} s") from None
+    except web.RequestPayloadError as exc:  # its chunks or length do not frame it
+        raise RequestRejected(400, f"the body cannot be read: {' '.join(str(exc).split())}"
+                              [:300], code="invalid_body") from None
 
 
 async def _infer(request: web.Request) -> web.Response:
@@ -383,6 +393,12 @@ async def _stream(request: web.Request, head: AnswerHead, events: asyncio.Queue[
                 await response.write(sse(piece_chunk(head, piece)))
             try:
                 completion, cached = await task
+            except NonFiniteLogits as exc:  # the status is sent: the last event says so
+                log.warning("request %s %s failed while streaming: %s", request.method,
+                            request.path, exc.message)
+                await response.write(sse(error_body(500, exc.message, code="non_finite_logits")))
+                await response.write_eof()
+                return response
             except Exception:  # the status is sent: the stream's last event says what failed
                 log.exception("request %s %s failed while streaming", request.method,
                               request.path)
@@ -432,6 +448,22 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+_HTTP_CODES = {414: "request_line_too_long", 431: "headers_too_large",
+               503: "too_many_connections"}
+
+
+def _refusal(status: int, message: str) -> web.Response:
+    """What the replica answers a request that aiohttp could not parse, or a connection over
+    the bound: the JSON error object of every refusal."""
+    return _error(status, message, _HTTP_CODES.get(status, "invalid_http"))
+
+
+def http_limits(config: ServerConfig) -> HttpLimits:
+    return HttpLimits(max_connections=config.max_connections,
+                      header_timeout=config.header_timeout, body_timeout=config.body_timeout,
+                      linger_seconds=LINGER_SECONDS)
+
+
 async def serve(instances: Sequence[Replica], config: ServerConfig, *,
                 on_ready: Callable[[str], None]) -> None:
     """Serve ``instances`` (one replica's model instances) until SIGTERM or SIGINT, then
@@ -439,28 +471,18 @@ async def serve(instances: Sequence[Replica], config: ServerConfig, *,
 
     ``on_ready`` gets the base URL once the socket listens (the model is loaded and checked
     before this is called). After the signal, new requests get 503 while accepted ones
-    finish (for at most ``drain_seconds``).
+    finish (for at most ``drain_seconds``). The connection, header and size bounds are
+    ``nscas.httpserver``'s, the same as the UI's.
     """
     app = build_app(instances, config)
-    # aiohttp closes a connection that is idle, or part-way through its headers, once the
-    # keep-alive timeout passes: that timer is the header timeout. After an answer sent before
-    # its body was read (413, 408), the rest is drained for LINGER_SECONDS at most, not 10.
-    runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                           keepalive_timeout=config.header_timeout, lingering_time=LINGER_SECONDS)
-    await runner.setup()
-    listener: asyncio.Server | None = None
+    listening = await listen(app, http_limits(config), host=config.host, port=config.port,
+                             refusal=_refusal)
     try:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        http = runner.server
-        assert http is not None
-        listener = await loop.create_server(
-            lambda: http() if len(http.connections) < config.max_connections else _Busy(),
-            config.host, config.port)
-        host, port = listener.sockets[0].getsockname()[:2]
-        on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}")
+        on_ready(listening.url)
         await stop.wait()
         state = app[STATE]
         state.draining = True
@@ -471,20 +493,4 @@ async def serve(instances: Sequence[Replica], config: ServerConfig, *,
             log.warning("%d request(s) still running after %.0f s; stopping anyway",
                         state.in_flight, config.drain_seconds)
     finally:
-        if listener is not None:
-            listener.close()
-        await runner.cleanup()
-
-
-class _Busy(asyncio.Protocol):
-    """A connection over ``max_connections``: one 503 in the JSON shape of every refusal."""
-
-    BODY = json.dumps(error_body(503, "the replica has too many open connections; try again",
-                                 code="too_many_connections")).encode()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                        % (len(self.BODY), self.BODY))
-        transport.close()
+        await listening.close()
