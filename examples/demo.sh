@@ -12,7 +12,7 @@ start=$(date +%s)
 
 nscas init "$work"
 # A throwaway signing key in the work dir: every receipt of the run is signed with it.
-nscas key new --out "$work/keys/demo.key" > /dev/null
+nscas key new "$work/keys/demo.key" > /dev/null
 echo "== running examples/cooperative-learning/experiment.toml (receipts signed)"
 nscas run examples/cooperative-learning/experiment.toml --sign-key "$work/keys/demo.key"
 produced=$(( $(date +%s) - start ))

@@ -14,6 +14,7 @@ from nscas.registry import unknown_recipe
 from nscas.suggestions import closest
 from tests.cli.conftest import REPO, Nscas, assert_user_error, run_process
 from tests.cli.example_recipe import wordcount
+from tests.pipelines import tiny_pipeline
 
 __all__ = ["wordcount"]
 
@@ -86,6 +87,30 @@ def test_typos_get_suggestions(nscas: Nscas, counted: str) -> None:
                                               "(known: ")
     assert "did you mean" not in unknown_recipe("zzzzzz")
     assert closest("experiments/coop/zzz", ["experiments/coop/seed"]) is None
+
+
+def test_a_mistyped_kind_is_refused_with_a_suggestion(nscas: Nscas, store: Path) -> None:
+    for typo in ("reciept/1", "receipt", "receipt/2"):
+        assert_user_error(nscas("log", "--kind", typo), f"unknown record kind {typo!r}; did you "
+                                                        "mean 'receipt/1'?", "(kinds: tree/1, ")
+    assert "did you mean" not in nscas("log", "--kind", "zzz").stderr
+    assert nscas("log", "--kind", "zzz").exit_code == 2
+    # The fast path (no typer) runs the same check.
+    fast = run_process("--store", str(store), "log", "--kind", "reciept/1", cwd=store.parent)
+    assert fast.exit_code == 2 and fast.stdout == ""
+    assert fast.stderr.splitlines() == [nscas("log", "--kind", "reciept/1").stderr.strip()]
+    assert nscas("log", "--kind", "receipt/1").exit_code == 0  # a known kind, none stored
+
+
+def test_a_mistyped_step_is_refused_with_a_suggestion(nscas: Nscas, tmp_path: Path) -> None:
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(tiny_pipeline())
+    for args, needle in ((("--only", "prepaer"), "--only: no step 'prepaer'"),
+                         (("--from", "tokeniser"), "--from: no step 'tokeniser'"),
+                         (("--set", "inti.seed=3"), "names step 'inti'")):
+        line = assert_user_error(nscas("run", str(pipeline), *args), needle)
+        assert "; did you mean '" in line and "(steps: prepare, tokenizer, init, commit)" in line
+    assert "did you mean" not in nscas("run", str(pipeline), "--only", "zzzzzz").stderr
 
 
 def test_shell_completion_installs(tmp_path: Path) -> None:
