@@ -128,6 +128,34 @@ def test_shell_completion_installs(tmp_path: Path) -> None:
     assert "_NSCAS_COMPLETE" in (home / ".bash_completions" / "nscas.sh").read_text()
 
 
+def _completions(words: str, cwd: Path, **env: str) -> list[str]:
+    r = run_process(cwd=cwd, env={"_NSCAS_COMPLETE": "complete_bash", "COMP_WORDS": words,
+                                  "COMP_CWORD": str(len(words.split(" ")) - 1), **env})
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_shell_completion_offers_refs_kinds_and_steps(nscas: Nscas, store: Path,
+                                                      tmp_path: Path) -> None:
+    for name in ("experiments/coop/seed", "experiments/coop/clean-pair", "texts/t"):
+        (tmp_path / "f").write_text(name)
+        assert nscas("add", str(tmp_path / "f"), "--ref", name).exit_code == 0
+    assert _completions(f"nscas --store {store} show experiments/coop/", tmp_path) == [
+        "experiments/coop/clean-pair", "experiments/coop/seed"]
+    for command in ("lineage", "verify", "export", "ref log", "get"):
+        assert _completions(f"nscas {command} experiments/coop/s", tmp_path,
+                            NSCAS_STORE=str(store)) == ["experiments/coop/seed"], command
+    assert _completions("nscas show experiments/", tmp_path) == []  # no store here: nothing
+    assert _completions("nscas log --kind rec", tmp_path) == ["receipt/1"]
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(tiny_pipeline())
+    assert _completions(f"nscas run {pipeline} --only t", tmp_path) == ["tokenizer"]
+    assert _completions(f"nscas run {pipeline} --rerun --from ", tmp_path) == [
+        "prepare", "tokenizer", "init", "commit"]
+    assert _completions(f"nscas run {pipeline} --set i", tmp_path) == ["init."]
+    assert _completions(f"nscas run {tmp_path / 'none.toml'} --only ", tmp_path) == []
+
+
 def test_verify_help_shows_a_ref_the_demo_sets(nscas: Nscas) -> None:
     ref = re.search(r"Example: nscas verify (\S+)", nscas("verify", "--help").stdout)
     assert ref is not None
