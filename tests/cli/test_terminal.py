@@ -142,7 +142,7 @@ def test_shell_completion_offers_refs_kinds_and_steps(nscas: Nscas, store: Path,
         assert nscas("add", str(tmp_path / "f"), "--ref", name).exit_code == 0
     assert _completions(f"nscas --store {store} show experiments/coop/", tmp_path) == [
         "experiments/coop/clean-pair", "experiments/coop/seed"]
-    for command in ("lineage", "verify", "export", "ref log", "get"):
+    for command in ("lineage", "verify", "export", "ref log", "get", "compare texts/t"):
         assert _completions(f"nscas {command} experiments/coop/s", tmp_path,
                             NSCAS_STORE=str(store)) == ["experiments/coop/seed"], command
     assert _completions("nscas show experiments/", tmp_path) == []  # no store here: nothing

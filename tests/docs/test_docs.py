@@ -36,6 +36,7 @@ def test_every_block_names_its_language_and_every_shell_block_runs_or_says_why()
     assert REPO / "README.md" in RUNNABLE
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(5400)
 @pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: str(p.relative_to(REPO)))
 def test_the_shell_blocks_of_a_doc_run(path: Path, demo_output: DemoOutput,
@@ -59,6 +60,8 @@ def _failure(runnable: list[Block], done: subprocess.CompletedProcess[str]) -> s
             f"{done.stderr[-3000:]}")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(5400)
 def test_what_the_demo_says_to_paste_works(demo_output: DemoOutput, tmp_path: Path) -> None:
     if demo_output.printed is None:
         pytest.skip("the demo ran before this session ($NSCAS_TEST_DEMO_OUT): its lines are "
