@@ -15,7 +15,7 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed demo-system
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
 # The ShareGPT V3 corpus (cleaned split) for real replay and retention conversations: fetched
@@ -41,17 +41,27 @@ lint: $(VENV)/.installed
 	cp -r verifiers $(IMPORTGRAPH)/nscas/verifiers && cp -r migrations $(IMPORTGRAPH)/nscas/migrations
 	cd $(IMPORTGRAPH) && PYTHONPATH=. $(CURDIR)/$(VENV)/bin/lint-imports --config $(CURDIR)/pyproject.toml
 
-# Debian packages the suite needs beside the Python ones, installed when missing (CI runs as
-# root on Debian; elsewhere this says which to install).
-SYSTEM_PACKAGES := postgresql chromium
-.PHONY: system
-system:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+# Debian packages beside the Python ones, installed when missing (CI runs as root on Debian;
+# elsewhere this says which to install). graphviz's `dot` draws the lineage picture of the
+# README's tour (nscas lineage ... --format dot | dot -Tsvg), which the suite runs too
+# (tests/docs); the suite also needs PostgreSQL and Chromium.
+DEMO_PACKAGES := graphviz
+SYSTEM_PACKAGES := postgresql chromium $(DEMO_PACKAGES)
+# $(call install_missing,PACKAGES,what to do when they are missing and we are not root)
+define install_missing
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
-	  else echo "make: install these Debian packages first: $$missing" >&2; exit 2; fi; \
+	  else $(2); fi; \
 	fi
+endef
+.PHONY: system demo-system
+system:
+	$(call install_missing,$(SYSTEM_PACKAGES),echo "make: install these Debian packages first: $$missing" >&2; exit 2)
+# The demo runs without graphviz; only the tour's lineage picture needs it.
+demo-system:
+	$(call install_missing,$(DEMO_PACKAGES),echo "make: for lineage pictures install: $$missing" >&2)
 
 test: lint system
 	$(PY) -m pytest

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
 import typer
 
+from nscas.cli import completion
+
 if TYPE_CHECKING:
     from nscas.reading import StoreReader
     from nscas.store import Store
@@ -33,7 +35,7 @@ def finite(value: float) -> float:
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 IdArgument = Annotated[
     str,
-    typer.Argument(metavar="ID", show_default=False,
+    typer.Argument(metavar="ID", show_default=False, autocompletion=completion.refs,
                    help="A full ID, a ref name, or a unique prefix of at least 8 hex digits."),
 ]
 

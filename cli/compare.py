@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nscas.cli import render
+from nscas.cli import completion, render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import InvalidInput
 
@@ -17,7 +17,7 @@ app = command_app()
 def compare_(
     ctx: typer.Context,
     targets: Annotated[list[str] | None, typer.Argument(
-        metavar="REF|ID...", show_default=False,
+        metavar="REF|ID...", show_default=False, autocompletion=completion.refs,
         help="Receipts, or outputs of runs (the receipt that produced each is compared): "
              "full IDs, ref names or unique prefixes of 8+ hex digits.")] = None,
     pipeline: Annotated[str | None, typer.Option(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from nscas.cli import render
+from nscas.cli import completion, render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.exporting import export_bundle
 from nscas.provenance import producers
@@ -19,7 +19,7 @@ app = command_app()
 def export_(
     ctx: typer.Context,
     target: Annotated[str, typer.Argument(
-        metavar="TARGET", show_default=False,
+        metavar="TARGET", show_default=False, autocompletion=completion.refs,
         help="What to publish: a receipt, or an output a run produced (its receipt is "
              "exported); a full ID, a ref name, or a unique prefix of at least 8 hex digits.")],
     dest: Annotated[Path, typer.Argument(

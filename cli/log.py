@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from nscas.cli import fast, reads
+from nscas.cli import completion, fast, reads
 from nscas.cli.common import JsonFlag, command_app, state
 
 app = command_app()
@@ -17,7 +17,7 @@ app = command_app()
 def log(
     ctx: typer.Context,
     kind: Annotated[str | None, typer.Option(
-        "--kind", metavar="KIND", show_default=False,
+        "--kind", metavar="KIND", show_default=False, autocompletion=completion.kinds,
         help="Only records of this kind, e.g. receipt/1.")] = None,
     limit: Annotated[int, typer.Option(
         "--limit", "-n", min=1, max=fast.LIMIT_MAX, help="At most this many.")] = 20,

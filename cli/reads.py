@@ -37,6 +37,8 @@ def _reader(store: Path | None) -> Any:
 
 def log(store: Path | None, *, kind: str | None, limit: int, as_json: bool) -> None:
     """``nscas log``: records newest first; receipts with their run and headline claims."""
+    if kind is not None:
+        _check_kind(kind)
     entries: list[dict[str, Any]] = []
     with _reader(store) as reader:
         infos = reader.log(kind=kind, limit=limit)
@@ -74,6 +76,22 @@ def log(store: Path | None, *, kind: str | None, limit: int, as_json: bool) -> N
             row += [_step(e), e.get("recipe", ""), e.get("status", ""), _claims(e)]
         rows.append(row)
     render.table(columns, rows)
+
+
+def _check_kind(kind: str) -> None:
+    """Refuse a kind no record can have (a typo lists nothing, which reads as "none stored")."""
+    from nscas.kinds import KINDS
+
+    if kind not in KINDS:
+        from nscas.errors import InvalidInput
+        from nscas.suggestions import closest
+
+        # Matched on the name, so that 'receipt' and 'receipt/2' also find 'receipt/1'.
+        by_name = {known.partition("/")[0]: known for known in KINDS}
+        found = closest(kind.partition("/")[0], by_name)
+        hint = f"; did you mean {by_name[found]!r}?" if found else ""
+        raise InvalidInput(f"--kind: unknown record kind {kind!r}{hint} "
+                           f"(kinds: {', '.join(KINDS)})")
 
 
 def _step(entry: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nscas.cli import render
+from nscas.cli import completion, render
 from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
 from nscas.cli.fast import LIMIT_MAX
 from nscas.cli.reads import iso_time
@@ -18,7 +18,7 @@ app = command_app(
 )
 
 NameArgument = Annotated[str, typer.Argument(
-    metavar="NAME", show_default=False, help="A ref name such as experiments/coop/base.")]
+    metavar="NAME", show_default=False, autocompletion=completion.refs, help="A ref name such as experiments/coop/base.")]
 
 
 @app.command("set")
@@ -78,7 +78,7 @@ def list_(
 def log_(
     ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(
-        metavar="[NAME]", show_default=False, help="One ref (default: all refs).")] = None,
+        metavar="[NAME]", show_default=False, autocompletion=completion.refs, help="One ref (default: all refs).")] = None,
     limit: Annotated[int | None, typer.Option(
         "--limit", "-n", min=1, max=LIMIT_MAX, show_default=False, help="At most this many entries.")] = None,
     as_json: JsonFlag = False,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from nscas.cli import render
+from nscas.cli import completion, render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import NscasError
 
@@ -31,14 +31,15 @@ def run(
         = False,
     sets: Annotated[list[str] | None, typer.Option(
         "--set", metavar="STEP.PARAM=VALUE", show_default=False,
+        autocompletion=completion.step_params,
         help="Set a param as if the file said it (repeatable); VALUE is TOML (3e-5, \"cuda\", "
              "[1, 2]) or else a bare string. In a recipe file PARAM=VALUE is enough.")] = None,
     only: Annotated[list[str] | None, typer.Option(
-        "--only", metavar="STEP", show_default=False,
+        "--only", metavar="STEP", show_default=False, autocompletion=completion.steps,
         help="Run only this step (repeatable); the others' outputs come from their previous "
              "runs in this pipeline.")] = None,
     start: Annotated[str | None, typer.Option(
-        "--from", metavar="STEP", show_default=False,
+        "--from", metavar="STEP", show_default=False, autocompletion=completion.steps,
         help="Run this step and every step downstream of it; earlier steps' outputs come from "
              "their previous runs in this pipeline.")] = None,
     sign_key: Annotated[Path | None, typer.Option(

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nscas.cli import render
+from nscas.cli import completion, render
 from nscas.cli.common import JsonFlag, command_app, state
 
 app = command_app()
@@ -28,7 +28,7 @@ _FULL_ID = re.compile(r"(blake3:[0-9a-f]{12})[0-9a-f]{52}")
 def verify_(
     ctx: typer.Context,
     target: Annotated[str, typer.Argument(
-        metavar="TARGET", show_default=False,
+        metavar="TARGET", show_default=False, autocompletion=completion.refs,
         help="A receipt ID (or unique prefix of 8+ hex digits), a ref name, or a bundle "
              "directory.")],
     as_json: JsonFlag = False,

@@ -12,7 +12,7 @@ start=$(date +%s)
 
 nscas init "$work"
 # A throwaway signing key in the work dir: every receipt of the run is signed with it.
-nscas key new --out "$work/keys/demo.key" > /dev/null
+nscas key new "$work/keys/demo.key" > /dev/null
 echo "== running examples/cooperative-learning/experiment.toml (receipts signed)"
 nscas run examples/cooperative-learning/experiment.toml --sign-key "$work/keys/demo.key"
 produced=$(( $(date +%s) - start ))
@@ -46,4 +46,9 @@ NSCAS_STORE= nscas verify "$work/bundle" --strict --expect "$sums" \
           "every receipt signed by the demo key)"
 
 nscas lineage "$report" --depth 1
-echo "== done: experiment ${produced}s, verification ${verified}s; report files: nscas get experiments/coop/report $work/report"
+echo "== done: experiment ${produced}s, verification ${verified}s"
+# The next commands, to paste into a shell of one's own: this script's PATH and store are not
+# there (tests/docs runs these lines as printed).
+echo "== to look around, paste these two lines into your shell (README.md, 'A short tour'):"
+printf 'export PATH=%q:"$PATH" NSCAS_STORE=%q\n' "$(dirname "$(command -v nscas)")" "$NSCAS_STORE"
+printf 'nscas get experiments/coop/report %q && ls %q\n' "$work/report" "$work/report"

@@ -13,6 +13,7 @@ from typing import Any
 
 from nscas import canonical
 from nscas.errors import ConfigError, NscasError
+from nscas.suggestions import did_you_mean
 
 STEP_PREFIX = "step."
 
@@ -140,7 +141,8 @@ def apply_overrides(spec: RunFile, overrides: tuple[Override, ...]) -> RunFile:
         if spec.pipeline:
             if head not in by_name:
                 raise ConfigError("--set", f"{item.text!r} names step {head!r}, but the file has "
-                                           f"no such step (steps: {', '.join(by_name)})")
+                                           f"no such step{did_you_mean(head, by_name)} "
+                                           f"(steps: {', '.join(by_name)})")
             if not rest:
                 raise ConfigError("--set", f"{item.text!r} names no param of step {head!r} "
                                            "(STEP.PARAM=VALUE)")

@@ -35,6 +35,7 @@ from nscas.reading import ObjectInfo
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
 from nscas.registry import available_recipes, registered_recipe, unknown_recipe
 from nscas.store import Store, check_ref_name
+from nscas.suggestions import did_you_mean
 
 if TYPE_CHECKING:
     from nscas.signing import ReceiptSigner
@@ -229,7 +230,8 @@ def select_steps(spec: RunFile, only: tuple[str, ...], start: str | None) -> set
     for name in (*only, *([start] if start is not None else [])):
         if name not in names:
             what = "--only" if name in only else "--from"
-            raise ConfigError(what, f"no step {name!r} in {spec.path} (steps: {', '.join(names)})")
+            raise ConfigError(what, f"no step {name!r} in {spec.path}{did_you_mean(name, names)} "
+                                    f"(steps: {', '.join(names)})")
     if only:
         return set(only)
     if start is not None:

@@ -43,7 +43,7 @@ PUBLIC_SUFFIX = ".pub"
 
 
 def default_key_path() -> Path:
-    """Where ``nscas key new`` writes without ``--out``: ``$XDG_CONFIG_HOME/nscas/signing.key``
+    """Where ``nscas key new`` writes without a FILE: ``$XDG_CONFIG_HOME/nscas/signing.key``
     (``~/.config`` by default), outside every store and bundle."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "nscas" / "signing.key"

@@ -167,7 +167,7 @@ class Report:
         if self.self_reported:
             lines.append("self-reported, trusted only as far as the pinned ID or a signature: "
                          + ", ".join(self.self_reported))
-        lines += [f"self-reported facts of {line}" for line in self.signers]
+        lines += [f"self-reported facts of {line}" for line in _signed_alike(self.signers)]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,6 +181,19 @@ class Report:
     def to_json(self, *, indent: int | None = None) -> str:
         """The report as JSON text (``to_dict``), the target first."""
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def _signed_alike(signers: tuple[str, ...]) -> list[str]:
+    """Signer lines (``receipt R: signed by ...``) with the receipts one signer signed alike
+    said once, with their count: a run signs every receipt with one key, and a line per
+    receipt would bury the rest of the notes."""
+    by_signature: dict[str, list[str]] = {}
+    for line in signers:
+        receipt, _, signed = line.partition(": ")
+        by_signature.setdefault(signed, []).append(receipt)
+    return [receipts[0] + ": " + signed if len(receipts) == 1
+            else f"{len(receipts)} receipts: each {signed}"
+            for signed, receipts in by_signature.items()]
 
 
 def _jsonable(value: Any) -> Any:

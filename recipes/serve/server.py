@@ -17,7 +17,9 @@ finish, then returns, so the process exits 0.
 A replica may hold several model instances, each with its own batcher and generation thread:
 each request that generates goes to the instance with the fewest requests in flight (the
 lowest index among equals); a retry answered from the cache generates nothing. ``/stats``
-gives the counters of all instances together and of each.
+gives the counters of all instances together and of each, whether the replica is draining,
+and how many requests it has accepted and not yet answered (``in_flight``); it is answered
+while the replica drains, so that the drain can be watched.
 """
 
 from __future__ import annotations
@@ -195,11 +197,15 @@ _ROUTE_CODES = {404: "unknown_route", 405: "method_not_allowed"}
 @web.middleware
 async def _guard(request: web.Request, handler: Callable[[web.Request], Any]) -> Any:
     state = request.app[STATE]
-    if state.draining:
-        return _error(503, "the replica is shutting down", "shutting_down")
-    state.in_flight += 1
-    assert state.idle is not None
-    state.idle.clear()
+    # A read of the counters takes no work and waits on nothing: it is answered while the
+    # replica drains (that is how an operator watches the drain) and is not itself counted.
+    counted = not (request.method == "GET" and request.path == "/stats")
+    if counted:
+        if state.draining:
+            return _error(503, "the replica is shutting down", "shutting_down")
+        state.in_flight += 1
+        assert state.idle is not None
+        state.idle.clear()
     try:
         return await handler(request)
     except RequestRejected as exc:
@@ -222,9 +228,11 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Any]) ->
         log.exception("request %s %s failed", request.method, request.path)
         return _error(500, FAILED, "internal_error")
     finally:
-        state.in_flight -= 1
-        if state.in_flight == 0:
-            state.idle.set()
+        if counted:
+            state.in_flight -= 1
+            if state.in_flight == 0:
+                assert state.idle is not None
+                state.idle.set()
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -236,6 +244,7 @@ async def _stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     total = BatchStats.total([i.batcher.stats for i in state.instances])
     return web.json_response({"model_digest": state.replica.model_digest,
+                              "draining": state.draining, "in_flight": state.in_flight,
                               "cache_entries": len(state.cache), "cache_hits": state.cache.hits,
                               "decoding": state.replica.decoding, **total.to_json(),
                               "instances": [i.to_json() for i in state.instances]})

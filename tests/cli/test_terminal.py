@@ -14,6 +14,7 @@ from nscas.registry import unknown_recipe
 from nscas.suggestions import closest
 from tests.cli.conftest import REPO, Nscas, assert_user_error, run_process
 from tests.cli.example_recipe import wordcount
+from tests.pipelines import tiny_pipeline
 
 __all__ = ["wordcount"]
 
@@ -88,6 +89,30 @@ def test_typos_get_suggestions(nscas: Nscas, counted: str) -> None:
     assert closest("experiments/coop/zzz", ["experiments/coop/seed"]) is None
 
 
+def test_a_mistyped_kind_is_refused_with_a_suggestion(nscas: Nscas, store: Path) -> None:
+    for typo in ("reciept/1", "receipt", "receipt/2"):
+        assert_user_error(nscas("log", "--kind", typo), f"unknown record kind {typo!r}; did you "
+                                                        "mean 'receipt/1'?", "(kinds: tree/1, ")
+    assert "did you mean" not in nscas("log", "--kind", "zzz").stderr
+    assert nscas("log", "--kind", "zzz").exit_code == 2
+    # The fast path (no typer) runs the same check.
+    fast = run_process("--store", str(store), "log", "--kind", "reciept/1", cwd=store.parent)
+    assert fast.exit_code == 2 and fast.stdout == ""
+    assert fast.stderr.splitlines() == [nscas("log", "--kind", "reciept/1").stderr.strip()]
+    assert nscas("log", "--kind", "receipt/1").exit_code == 0  # a known kind, none stored
+
+
+def test_a_mistyped_step_is_refused_with_a_suggestion(nscas: Nscas, tmp_path: Path) -> None:
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(tiny_pipeline())
+    for args, needle in ((("--only", "prepaer"), "--only: no step 'prepaer'"),
+                         (("--from", "tokeniser"), "--from: no step 'tokeniser'"),
+                         (("--set", "inti.seed=3"), "names step 'inti'")):
+        line = assert_user_error(nscas("run", str(pipeline), *args), needle)
+        assert "; did you mean '" in line and "(steps: prepare, tokenizer, init, commit)" in line
+    assert "did you mean" not in nscas("run", str(pipeline), "--only", "zzzzzz").stderr
+
+
 def test_shell_completion_installs(tmp_path: Path) -> None:
     r = run_process("--help", cwd=tmp_path)
     assert "--install-completion" in r.stdout and "--show-completion" in r.stdout
@@ -101,6 +126,34 @@ def test_shell_completion_installs(tmp_path: Path) -> None:
     r = run_process("--install-completion", "bash", cwd=tmp_path, env={"HOME": str(home)})
     assert r.exit_code == 0, r.stderr
     assert "_NSCAS_COMPLETE" in (home / ".bash_completions" / "nscas.sh").read_text()
+
+
+def _completions(words: str, cwd: Path, **env: str) -> list[str]:
+    r = run_process(cwd=cwd, env={"_NSCAS_COMPLETE": "complete_bash", "COMP_WORDS": words,
+                                  "COMP_CWORD": str(len(words.split(" ")) - 1), **env})
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_shell_completion_offers_refs_kinds_and_steps(nscas: Nscas, store: Path,
+                                                      tmp_path: Path) -> None:
+    for name in ("experiments/coop/seed", "experiments/coop/clean-pair", "texts/t"):
+        (tmp_path / "f").write_text(name)
+        assert nscas("add", str(tmp_path / "f"), "--ref", name).exit_code == 0
+    assert _completions(f"nscas --store {store} show experiments/coop/", tmp_path) == [
+        "experiments/coop/clean-pair", "experiments/coop/seed"]
+    for command in ("lineage", "verify", "export", "ref log", "get", "compare texts/t"):
+        assert _completions(f"nscas {command} experiments/coop/s", tmp_path,
+                            NSCAS_STORE=str(store)) == ["experiments/coop/seed"], command
+    assert _completions("nscas show experiments/", tmp_path) == []  # no store here: nothing
+    assert _completions("nscas log --kind rec", tmp_path) == ["receipt/1"]
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(tiny_pipeline())
+    assert _completions(f"nscas run {pipeline} --only t", tmp_path) == ["tokenizer"]
+    assert _completions(f"nscas run {pipeline} --rerun --from ", tmp_path) == [
+        "prepare", "tokenizer", "init", "commit"]
+    assert _completions(f"nscas run {pipeline} --set i", tmp_path) == ["init."]
+    assert _completions(f"nscas run {tmp_path / 'none.toml'} --only ", tmp_path) == []
 
 
 def test_verify_help_shows_a_ref_the_demo_sets(nscas: Nscas) -> None:

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from nscas.fsck import gc
@@ -16,6 +15,7 @@ from nscas.opening import open_store
 from nscas.runner import run_file
 from nscas.workarea import read_owner
 from tests.pipelines import init_step, prepare_step, run_pipeline, tokenizer_step
+from tests.waiting import GENEROUS, wait_until
 
 PARAMS = "steps = 24\ncheckpoint_steps = [2]\nlr = 1e-3\n"
 
@@ -31,13 +31,6 @@ def _processes_naming(text: str) -> list[int]:
             if text.encode() in cmdline:
                 found.append(int(entry.name))
     return found
-
-
-def _wait(condition, limit: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_killed_train_run_is_collected_or_resumed(tmp_path: Path) -> None:
@@ -56,18 +49,18 @@ def test_killed_train_run_is_collected_or_resumed(tmp_path: Path) -> None:
                             env={**os.environ, "TMPDIR": str(tmpdir)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: bool(store.ref_list("states/")) or proc.poll() is not None, 300,
-              "the first checkpoint")
+        wait_until(lambda: bool(store.ref_list("states/")) or proc.poll() is not None,
+                   "the first checkpoint", limit=300)
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=GENEROUS)
     assert proc.returncode == -signal.SIGKILL
     work = root / "work"
     (area,) = [p for p in work.iterdir() if p.name != ".lock"]
     owner = read_owner(area)
     assert owner is not None and owner.pid == proc.pid
     # The ranks notice their runner is gone (their output pipe breaks) and exit.
-    _wait(lambda: not _processes_naming(str(area)), 120, "the orphaned ranks to exit")
+    wait_until(lambda: not _processes_naming(str(area)), "the orphaned ranks to exit")
     assert list(tmpdir.iterdir()) == []  # nothing outside the store
 
     shutil.copytree(root, tmp_path / "copy" / ".nscas")

@@ -3,14 +3,16 @@ it accepted, answers 503 to anything new, and exits 0."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -25,43 +27,67 @@ from nscas.recipes.serve.processes import (
     replica_command,
 )
 from nscas.recipes.serve.replica import pin_to_cpus
+from tests.waiting import wait_until
 
-from .conftest import Served, start_replicas
+from .conftest import MAX_NEW_TOKENS, Served, start_replicas
 
 SERVE = [sys.executable, "-m", "nscas.cli.serve_model"]
 
 
 def test_sigterm_drains_then_exits_zero(served: Served, tmp_path: Path) -> None:
+    # Six requests are held open by their clients (a body sent but for its last byte) until
+    # SIGTERM has been sent and the drain is seen in the replica's own in-flight count: no
+    # clock decides whether they are still running when the signal comes.
+    argv = replica_command(str(served.checkpoint), store_path=served.store_path,
+                           tasks=str(served.tasks),
+                           options=ReplicaOptions(max_batch=1, max_new_tokens=MAX_NEW_TOKENS))
+    argv += ["--body-timeout", "600"]
     with ReplicaGroup(tmp_path) as group:
-        # One request per batch and long answers: the accepted requests take seconds.
-        [endpoint] = start_replicas(group, served, 1, max_batch=1, max_new_tokens=150)
+        [endpoint] = group.wait_ready([group.start(argv)], timeout=120,
+                                      model_digest=served.model_digest)
         replica = group.replicas[0]
+        address = urlsplit(endpoint)
 
-        def ask(index: int) -> httpx.Response:
-            return httpx.post(f"{endpoint}/infer", trust_env=False, timeout=120,
-                              json={"request_id": f"drain-{index}",
-                                    "task_id": served.task_ids[index]})
+        def stats() -> dict[str, Any]:
+            answer = httpx.get(f"{endpoint}/stats", trust_env=False, timeout=60)
+            assert answer.status_code == 200, answer.text
+            return cast(dict[str, Any], answer.json())
 
-        with ThreadPoolExecutor(6) as pool:
-            accepted = [pool.submit(ask, i) for i in range(6)]
-            deadline = time.monotonic() + 60
-            while httpx.get(f"{endpoint}/stats", trust_env=False).json()["rows"] < 1:
-                assert time.monotonic() < deadline, "no request started"
-                time.sleep(0.05)
-            time.sleep(0.3)  # the others have long arrived and wait in the queue
+        held: list[tuple[http.client.HTTPConnection, bytes]] = []
+        for index in range(6):
+            body = json.dumps({"request_id": f"drain-{index}",
+                               "task_id": served.task_ids[index]}).encode()
+            connection = http.client.HTTPConnection(address.hostname or "", address.port,
+                                                    timeout=120)
+            connection.putrequest("POST", "/infer")
+            connection.putheader("Content-Type", "application/json")
+            connection.putheader("Content-Length", str(len(body)))
+            connection.endheaders(body[:-1])
+            held.append((connection, body[-1:]))
+        try:
+            wait_until(lambda: stats()["in_flight"] == 6, "the six requests to be accepted")
             replica.process.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
-            late = httpx.post(f"{endpoint}/infer", trust_env=False, timeout=30,
+            wait_until(lambda: stats()["draining"], "the replica to start draining")
+            assert stats()["in_flight"] == 6  # the held requests hold the drain open
+            late = httpx.post(f"{endpoint}/infer", trust_env=False, timeout=60,
                               json={"request_id": "late", "task_id": served.task_ids[0]})
-            health = httpx.get(f"{endpoint}/health", trust_env=False, timeout=30)
-            answers = [f.result() for f in accepted]
+            health = httpx.get(f"{endpoint}/health", trust_env=False, timeout=60)
+            assert replica.process.poll() is None
+            for connection, rest in held:
+                connection.send(rest)
+            answers = [connection.getresponse() for connection, _ in held]
+            bodies = [json.loads(answer.read()) for answer in answers]
+        finally:
+            for connection, _ in held:
+                connection.close()
         assert late.status_code == 503
         assert late.json()["error"]["message"] == "the replica is shutting down"
         assert late.json()["error"]["code"] == "shutting_down"
         assert health.status_code == 503
-        assert [a.status_code for a in answers] == [200] * 6
-        assert [a.json()["request_id"] for a in answers] == [f"drain-{i}" for i in range(6)]
-        assert replica.process.wait(timeout=30) == 0
+        assert [a.status for a in answers] == [200] * 6
+        assert [b["request_id"] for b in bodies] == [f"drain-{i}" for i in range(6)]
+        assert not any(b["cached"] for b in bodies)  # each was generated during the drain
+        assert replica.process.wait(timeout=120) == 0
 
 
 def test_a_checkpoint_whose_digest_is_wrong_is_never_served(served: Served,

@@ -76,11 +76,23 @@ def test_key_files_modes_and_no_overwrite(tmp_path: Path) -> None:
     assert made.public.read_text().startswith("-----BEGIN PUBLIC KEY-----")
     with pytest.raises(DestinationExists):
         new_key(made.private)
-    code, out = nscas("key", "new", "--out", str(made.private))
-    assert code == 2 and "already exists" in out and len(out.strip().splitlines()) == 1
+    for args in (("--out", str(made.private)), (str(made.private),)):
+        code, out = nscas("key", "new", *args)
+        assert code == 2 and "already exists" in out and len(out.strip().splitlines()) == 1
     made.private.chmod(0o640)
     with pytest.raises(InvalidInput, match="accessible by group or others"):
         load_key(made.private)
+
+
+def test_key_new_takes_the_file_as_an_argument_or_as_out(tmp_path: Path) -> None:
+    code, out = nscas("key", "new", str(tmp_path / "a.key"), "--json")
+    assert code == 0, out
+    assert json.loads(out)["public"] == str(tmp_path / "a.key.pub")
+    code, out = nscas("key", "new", "--out", str(tmp_path / "b.key"))
+    assert code == 0 and (tmp_path / "b.key.pub").is_file(), out
+    code, out = nscas("key", "new", str(tmp_path / "c.key"), "--out", str(tmp_path / "d.key"))
+    assert code == 2 and "not both" in out and len(out.strip().splitlines()) == 1
+    assert not (tmp_path / "c.key").exists() and not (tmp_path / "d.key").exists()
 
 
 def test_exposed_key_is_refused_and_nothing_is_written(signed: Signed, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from nscas.errors import IntegrityError
 from nscas.fsck import fsck
 from nscas.store import Store
 from tests.store.helpers import b3, random_f32, row_counts, sha256, small_chunks, write_safetensors
+from tests.waiting import GENEROUS
 
 
 def _tensors(n: int, seed: int = 0) -> dict[str, Any]:
@@ -87,7 +88,7 @@ def test_fsync_does_not_hold_up_reading(store: Store, tmp_path: Path,
     waited_in_vain: list[int] = []
 
     def slow_fsync(fd: int) -> None:
-        if not enough.wait(timeout=10):
+        if not enough.wait(timeout=GENEROUS):  # reads on other threads: slow on a loaded box
             waited_in_vain.append(fd)
             enough.set()  # failed already: let the put finish
         real_fsync(fd)

@@ -37,6 +37,19 @@ def test_report_json_shape() -> None:
                               "signature: receipts: started, finished"]
 
 
+def test_receipts_signed_alike_are_one_note_with_their_count() -> None:
+    key, other = "k" * 64, "o" * 64
+    signers = tuple(f"receipt blake3:{i:064x}: signed by key {key} (an untrusted key)"
+                    for i in range(22))
+    signers += (f"receipt blake3:{99:064x}: signed by key {other} (trusted key a.pub)",)
+    report = Report.of([Check.passed("a")], signers=signers)
+    assert report.notes() == [
+        f"self-reported facts of 22 receipts: each signed by key {key} (an untrusted key)",
+        f"self-reported facts of receipt blake3:{99:064x}: signed by key {other} "
+        "(trusted key a.pub)"]
+    assert json.loads(report.to_json())["signers"] == list(signers)  # every one, for programs
+
+
 def test_ok_and_strict() -> None:
     lenient = Report.of([Check.passed("a"), Check.skipped("b", "why", needs="weights"),
                          Check.skipped("m", "why", needs="model")])
