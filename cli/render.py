@@ -122,12 +122,26 @@ def human(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None) -> None:
-    """A rich table on a terminal (IDs abbreviated); otherwise a header line and aligned columns.
+def change(name: str, old: Any, new: Any) -> str:
+    """``name: old -> new``, the values as ``human`` writes them (IDs whole: a terminal table
+    shortens them), ``(none)`` where a run has no such param or input."""
+    from nscas.changes import ABSENT
 
-    On a terminal an ID is never wrapped or cut mid-ID: a column holding IDs keeps its width
-    and the others give way; a status word is coloured."""
-    if is_tty():
+    def shown(value: Any) -> str:
+        return "(none)" if value is ABSENT else human(str(value) if hasattr(value, "hex")
+                                                       else value)
+
+    return f"{name}: {shown(old)} -> {shown(new)}"
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None,
+          wide: bool = False) -> None:
+    """A rich table on a terminal (IDs abbreviated), as wide as the terminal; otherwise, or
+    ``wide``, a header line and aligned columns with every cell whole.
+
+    On a terminal an ID is never wrapped or cut mid-ID: a column holding IDs keeps the width
+    of one ID and the others give way (wrapped); a status word is coloured."""
+    if is_tty() and not wide:
         from rich.markup import escape
         from rich.table import Table
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from nscas.changes import flatten
 from nscas.digests import Digest
 from nscas.errors import InvalidInput
 from nscas.provenance import producers
@@ -209,18 +210,6 @@ def headline_claims(claims: Mapping[str, Any]) -> dict[str, int | float]:
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[key] = value
     return dict(sorted(out.items()))
-
-
-def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested objects as dotted names (``{"counts": {"test": 8}}`` -> ``counts.test``)."""
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        name = f"{prefix}{key}"
-        if isinstance(item, Mapping) and item:
-            out.update(flatten(item, f"{name}."))
-        else:
-            out[name] = item
-    return out
 
 
 def _run(store: StoreReader, text: str, receipt: Digest, arms: Mapping[Digest, str]) -> Run:

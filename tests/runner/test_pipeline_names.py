@@ -174,8 +174,9 @@ def test_a_fully_cached_pipeline_prints_one_line_per_step(probe: Recipe, home: P
     assert nscas("--store", home, "run", path).exit_code == 0
     again = nscas("--store", home, "run", path)
     assert again.exit_code == 0
-    lines = again.stdout.splitlines()
+    *lines, summary = again.stdout.splitlines()
     assert [line.split(",")[0] for line in lines] == [f"step {s}: cached" for s in "abc"]
+    assert summary == "3 steps: 3 cached, 0 ran, 0 failed"
     with opened(home) as store:
         for line in lines:
             short = line.rsplit(" ", 1)[1]
