@@ -92,7 +92,7 @@ def run(
             where = (f"{variant_prefix(spec.refs, variant.name)}/" if spec.refs is not None
                      else f"REF/variants/{variant.name} for each output ref REF")
             announced.append(variant.name)
-            render.text(f"variant {variant.name}: refs under {where}")
+            render.note(f"variant {variant.name}: refs under {where}")
         render_step(result, pipeline=pipeline, wide=wide)
 
     with open_cli_store(ctx) as store:
@@ -113,7 +113,7 @@ def _finish(results: list[StepResult], variant: str | None, *, pipeline: bool, s
     if as_json:
         render.json_out(results_json(results, pipeline=pipeline, variant=variant))
     else:
-        render.text(summary_line(results, steps=steps, rerun=rerun))
+        render.note(summary_line(results, steps=steps, rerun=rerun))
 
 
 def summary_line(results: list[StepResult], *, steps: int, rerun: bool) -> str:
@@ -210,7 +210,8 @@ def verdict_text(verdict: Verdict) -> str:
 
 def render_step(result: StepResult, *, pipeline: bool, wide: bool = False) -> None:
     if pipeline and result.cached:  # one line: `nscas show` or --json give the rest
-        render.text(f"step {result.step}: cached, receipt {result.receipt.short}")
+        shown = str(result.receipt) if wide else result.receipt.short
+        render.text(f"step {result.step}: cached, receipt {shown}")
         return
     how = "cached" if result.cached else "ran" if result.status == "succeeded" else "failed"
     who = f"step {result.step} (recipe {result.recipe})" if pipeline else f"recipe {result.recipe}"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from nscas.codetree import CodeChanges, code_changes
+from nscas.comparing import flatten
 from nscas.digests import Digest
 
 if TYPE_CHECKING:
@@ -97,15 +98,3 @@ def difference(store: ObjectReader, receipt: Digest, old: Mapping[str, Any],
         inputs=tuple(c.name for c in changes if c.what == "input"),
         params=tuple(c.name for c in changes if c.what == "param"),
         changes=changes, code=code_changes(before, after))
-
-
-def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested objects as dotted names (``{"counts": {"test": 8}}`` -> ``counts.test``)."""
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        name = f"{prefix}{key}"
-        if isinstance(item, Mapping) and item:
-            out.update(flatten(item, f"{name}."))
-        else:
-            out[name] = item
-    return out
