@@ -221,7 +221,7 @@ def record(value: Any) -> None:
     if is_tty():
         from rich.json import JSON
 
-        _console().print(JSON(json.dumps(value)), soft_wrap=True)
+        _console().print(JSON(json.dumps(value)))  # wrapped at the terminal width
     else:
         text(json.dumps(value, indent=2))
 

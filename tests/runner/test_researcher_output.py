@@ -142,6 +142,9 @@ def test_log_and_compare_show_the_variant(probe: Recipe, home: Path, nscas: Nsca
         ["a", "(a.label-x)", "param", "label:"], ["b", "(a.label-x)", "input", "first:"],
         ["c", "(a.label-x)", "input", "source:"]]
     assert changed[0].endswith("label: a -> x")
+    pair = nscas("--store", home, "compare", "exp/chain/a/receipt",
+                 "exp/chain/variants/a.label-x/a/receipt").stdout.splitlines()
+    assert pair[-1].split()[4:] == ["param", "label:", "a", "->", "x"]
     js = json.loads(nscas("--store", home, "compare", "--pipeline", "exp/chain", "--json").stdout)
     assert [r["variant"] for r in js["runs"]] == [None, "a.label-x"] * 3
     assert js["changes"][0]["changes"] == [{"what": "param", "name": "label", "old": "a",
@@ -154,6 +157,9 @@ def test_log_and_compare_show_the_variant(probe: Recipe, home: Path, nscas: Nsca
     ("log",),
     ("log", "--kind", "receipt/1"),
     ("compare", "--pipeline", "exp/chain"),
+    ("compare", "exp/chain/a/receipt", "exp/chain/variants/a.label-x/c/seen"),
+    ("show", "exp/chain/c/receipt"),
+    ("ref", "list"),
 ])
 def test_tables_fit_an_80_column_terminal(probe: Recipe, home: Path, nscas: Nscas,
                                           monkeypatch: pytest.MonkeyPatch,
@@ -168,7 +174,8 @@ def test_tables_fit_an_80_column_terminal(probe: Recipe, home: Path, nscas: Nsca
     assert out.exit_code == 0, out.output
     lines = out.stdout.splitlines()
     assert lines and max(map(len, lines)) <= 80, "\n".join(lines)
-    assert not FULL_ID.search(out.stdout)  # IDs shortened
-    if args[0] != "log":
+    if args[0] != "show":  # show gives an object's own ID and record whole (wrapped)
+        assert not FULL_ID.search(out.stdout)  # IDs shortened
+    if args[0] in ("run", "compare"):
         wide = nscas("--store", home, *args, "--wide").stdout
         assert FULL_ID.search(wide) and max(map(len, wide.splitlines())) > 80
