@@ -167,7 +167,14 @@ class Report:
         if self.self_reported:
             lines.append("self-reported, trusted only as far as the pinned ID or a signature: "
                          + ", ".join(self.self_reported))
-        lines += [f"self-reported facts of {line}" for line in self.signers]
+        # One line per signer, not per receipt: a pipeline's receipts share their key.
+        receipts: dict[str, list[str]] = {}
+        for line in self.signers:
+            receipt, _, signed = line.partition(": ")
+            receipts.setdefault(signed, []).append(receipt)
+        for signed, which in receipts.items():
+            lines.append(f"self-reported facts of {which[0]}: {signed}" if len(which) == 1
+                         else f"self-reported facts of {len(which)} receipts: {signed}")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
