@@ -253,17 +253,22 @@ class _StepRuns:
         self._variant = variant
         self._latest: dict[tuple[str | None, str, str | None], tuple[str, Digest]] | None = None
 
+    @property
+    def variant(self) -> str | None:
+        """The name of the run's variant; None for the run without one."""
+        return self._variant.name if self._variant is not None else None
+
     def names(self, step: StepConfig) -> RunNames:
         pipeline, record_step = self._spec.receipt_names()
         return RunNames(pipeline=pipeline, step=step.name if record_step else None,
-                        variant=self._variant.name if self._variant is not None else None)
+                        variant=self.variant)
 
     def latest(self, step: str, *, original: bool = False) -> Digest | None:
         """The step's previous run in this run's variant; ``original``: or, where it has none
         there, the previous run without the variant (what a first run of a variant is shown
         against)."""
         variant = self._variant
-        found = self._latest_in(step, variant.name if variant is not None else None)
+        found = self._latest_in(step, self.variant)
         if found is None and variant is not None and (original or step not in variant.changed):
             found = self._latest_in(step, None)
         return found
@@ -334,8 +339,7 @@ def _plan(store: Store, spec: RunFile, where: str, runs: _StepRuns) -> list[_Pla
                 raise ConfigError(where, f"{labels[s.name]}outputs.{name}: recipe "
                                          f"{recipes[s.name].name!r} has no output {name!r} "
                                          f"(outputs: {', '.join(recipes[s.name].outputs)})")
-    variant = runs.names(steps[0]).variant
-    refs = {s.name: _output_refs(spec, s, recipes[s.name], labels[s.name], variant)
+    refs = {s.name: _output_refs(spec, s, recipes[s.name], labels[s.name], runs.variant)
             for s in steps}
     owners: dict[str, tuple[str, str, str]] = {}
     for s in steps:

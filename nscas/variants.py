@@ -7,6 +7,7 @@ its arms the same way: ``variant_name({("train", "lr"): 3e-4})`` is ``train.lr-3
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -43,8 +44,9 @@ def variant_name(settings: Settings) -> str:
     as they are. That reads back exactly while the key's parts are letters, digits and ``_``
     (its first part, a step's name, may hold ``-`` too), and every string starts with a letter,
     holds only letters, digits, ``.`` and ``-`` and is none of ``true``, ``false``, ``inf``,
-    ``nan``. Otherwise (and for a list or table, or a name over ``NAME_MAX`` or holding
-    ``..``) characters outside ``[A-Za-z0-9._-]`` become ``-`` and ``.`` plus 8 hex digits of
+    ``nan``. Otherwise (and for a list or table, written as compact JSON, or a name over
+    ``NAME_MAX`` or holding ``..``) runs of characters outside ``[A-Za-z0-9._-]`` become one
+    ``-`` (runs of ``.`` one ``.``, of ``-`` one ``-``) and ``.`` plus 8 hex digits of
     the settings' BLAKE3 digest (of RFC 8785 ``{"settings": [[key, value], ...]}``) are
     appended, so that two different settings never share a name.
     """
@@ -59,7 +61,8 @@ def variant_name(settings: Settings) -> str:
     name = "_".join(tokens)
     if exact and len(name) <= NAME_MAX and ".." not in name:
         return name
-    readable = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]+", "-", name))
+    readable = re.sub(r"-{2,}", "-", re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]+", "-",
+                                                                       name)))
     if not re.match(r"[A-Za-z0-9_]", readable):
         readable = "_" + readable
     return f"{readable[:NAME_MAX - _DIGEST_HEX - 1].rstrip('.-')}.{_digest(settings)}"
@@ -98,7 +101,7 @@ def _value_text(value: Any) -> tuple[str, bool]:
         return _float_text(value), True
     if isinstance(value, str):
         return value, bool(_PLAIN_TEXT.fullmatch(value)) and value not in _WORDS
-    return canonical.encode({"v": value}).decode()[5:-1], False
+    return json.dumps(value, separators=(",", ":"), sort_keys=True), False
 
 
 def _float_text(value: float) -> str:
