@@ -70,7 +70,7 @@ def run(
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
-    from nscas.runner import load_plan_file, run_file, select_steps
+    from nscas.runner import StepFailed, load_plan_file, run_file, select_steps
     from nscas.signing import KeySigner, configured_key
     from nscas.variants import plan_variant, variant_prefix
 
@@ -99,33 +99,41 @@ def run(
         try:
             run_file(store, file, rerun=rerun, progress=progress_for, on_step=on_step,
                      sets=set_texts, only=only_steps, start=start, signer=signer, name=name)
-        except NscasError:
-            if results:  # what did run is still reported; the error goes to stderr
+        except NscasError as exc:
+            # A recipe that crashed ends the run before its step is reported: counted failed.
+            crashed = (isinstance(exc, StepFailed)
+                       and not any(r.step == exc.step for r in results))
+            if results or crashed:  # what did run is still reported; the error goes to stderr
                 _finish(results, variant.name if variant else None, pipeline=pipeline,
-                        steps=len(chosen), rerun=rerun, as_json=as_json)
+                        steps=len(chosen), rerun=rerun, as_json=as_json, crashed=crashed)
             raise
     _finish(results, variant.name if variant else None, pipeline=pipeline, steps=len(chosen),
             rerun=rerun, as_json=as_json)
 
 
 def _finish(results: list[StepResult], variant: str | None, *, pipeline: bool, steps: int,
-            rerun: bool, as_json: bool) -> None:
+            rerun: bool, as_json: bool, crashed: bool = False) -> None:
     if as_json:
-        render.json_out(results_json(results, pipeline=pipeline, variant=variant))
+        if results:
+            render.json_out(results_json(results, pipeline=pipeline, variant=variant))
     else:
-        render.note(summary_line(results, steps=steps, rerun=rerun))
+        render.note(summary_line(results, steps=steps, rerun=rerun, crashed=crashed))
 
 
-def summary_line(results: list[StepResult], *, steps: int, rerun: bool) -> str:
+def summary_line(results: list[StepResult], *, steps: int, rerun: bool,
+                 crashed: bool = False) -> str:
     """``3 steps: 1 cached, 1 ran, 1 failed, 0 not run`` (the last only when some were not),
     then for a rerun ``; rerun verdict: reproduced (4 identical, 1 within-tolerance)``, or
     ``different (1 of 5 outputs: b.seen)``, or ``not compared`` where no step had an earlier
-    run to compare with."""
+    run to compare with. ``crashed``: one more step failed, one whose recipe crashed (it
+    raised instead of being reported)."""
     failed = sum(r.status != "succeeded" for r in results)
     cached = sum(r.cached for r in results)
-    counts = [f"{cached} cached", f"{len(results) - cached - failed} ran", f"{failed} failed"]
-    if len(results) < steps:
-        counts.append(f"{steps - len(results)} not run")
+    counts = [f"{cached} cached", f"{len(results) - cached - failed} ran",
+              f"{failed + crashed} failed"]
+    if len(results) + crashed < steps:
+        counts.append(f"{steps - len(results) - crashed} not run")
+    failed += crashed
     line = f"{steps} step{'' if steps == 1 else 's'}: {', '.join(counts)}"
     if not rerun:
         return line

@@ -119,6 +119,11 @@ def test_every_run_ends_with_one_summary_line(probe: Recipe, home: Path, nscas: 
         "3 steps: 0 cached, 1 ran, 1 failed, 1 not run; rerun verdict: not reproduced "
         "(a step failed)")
     assert len(failed.stderr.splitlines()) == 1
+    path.write_text(CHAIN.replace('first = "step.a.receipt" }',
+                                  'first = "step.a.receipt" }\nparams = { fail = "crash" }'))
+    crashed = nscas("--store", home, "run", path)
+    assert crashed.exit_code == 1 and "probe crashed on purpose" in crashed.stderr
+    assert crashed.stdout.splitlines()[-1] == "3 steps: 1 cached, 0 ran, 1 failed, 1 not run"
 
 
 def test_log_and_compare_show_the_variant(probe: Recipe, home: Path, nscas: Nscas) -> None:
