@@ -16,7 +16,14 @@ from nscas.digests import Digest
 if TYPE_CHECKING:
     from nscas.objectstore import ObjectReader
 
-ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT", "__slots__": ()})()
+class _Absent:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
 """The value of a param or input in a run that does not have it."""
 
 
@@ -63,13 +70,11 @@ def changes_between(old_inputs: Mapping[str, Any], new_inputs: Mapping[str, Any]
                     ) -> tuple[Change, ...]:
     """Every input, then every param (both flat: nested params dotted), whose value differs,
     each in name order. Values differ when their types or values do (1 and 1.0 differ)."""
-    out = []
-    for what, old, new in (("input", old_inputs, new_inputs), ("param", old_params, new_params)):
-        for name in sorted(old.keys() | new.keys()):
-            a, b = old.get(name, ABSENT), new.get(name, ABSENT)
-            if not same_value(a, b):
-                out.append(Change(what=what, name=name, old=a, new=b))  # type: ignore[arg-type]
-    return tuple(out)
+    sides: tuple[tuple[Literal["input", "param"], Mapping[str, Any], Mapping[str, Any]], ...] = (
+        ("input", old_inputs, new_inputs), ("param", old_params, new_params))
+    return tuple(Change(what=what, name=name, old=old.get(name, ABSENT), new=new.get(name, ABSENT))
+                 for what, old, new in sides for name in sorted(old.keys() | new.keys())
+                 if not same_value(old.get(name, ABSENT), new.get(name, ABSENT)))
 
 
 def same_value(a: Any, b: Any) -> bool:
