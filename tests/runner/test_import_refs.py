@@ -15,32 +15,18 @@ from nscas.exporting import export_bundle
 from nscas.recipe import Recipe
 from nscas.runner import run_file
 from nscas.store import Store, init_store
-from tests.runner.helpers import snapshot, write
+from tests.runner.helpers import CHAIN, snapshot, write
 
 Nscas = Callable[..., Result]
 
-CHAIN = """
-name = "chain"
-[[step]]
-name = "a"
-recipe = "probe"
-params = { label = "a" }
-[[step]]
-name = "b"
-recipe = "probe"
-inputs = { source = "step.a.seen" }
-[[step]]
-name = "c"
-recipe = "probe"
-inputs = { source = "step.b.seen", first = "step.a.receipt" }
-"""
+NAMED = 'name = "chain"\n' + CHAIN
 
 
 @pytest.fixture
 def bundle(probe: Recipe, tmp_path: Path) -> tuple[Path, dict[str, Digest]]:
     """A bundle of the variant ``a.label-x``'s step c, and the receipts of that run by step."""
     with init_store(tmp_path / "source") as store:
-        path = write(tmp_path, "p.toml", CHAIN)
+        path = write(tmp_path, "p.toml", NAMED)
         run_file(store, path)
         ran = {r.step: r.receipt for r in run_file(store, path, sets=("a.label=x",))}
         export_bundle(store, ran["c"], tmp_path / "bundle")

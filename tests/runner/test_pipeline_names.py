@@ -16,25 +16,9 @@ from nscas.recipe import Recipe, blob_part
 from nscas.runner import run_file
 from nscas.store import Store, init_store
 from nscas.verifiers.schemas import schema_problems
-from tests.runner.helpers import snapshot, write
+from tests.runner.helpers import CHAIN, RECEIPT, snapshot, write
 
 Nscas = Callable[..., Result]
-
-CHAIN = """
-[[step]]
-name = "a"
-recipe = "probe"
-params = { label = "a" }
-[[step]]
-name = "b"
-recipe = "probe"
-inputs = { source = "step.a.seen" }
-[[step]]
-name = "c"
-recipe = "probe"
-inputs = { source = "step.b.seen", first = "step.a.receipt" }
-"""
-
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
@@ -191,11 +175,6 @@ def test_a_measurement_with_the_same_reproducible_part_is_reproduced(store: Stor
     other = compare_outputs(store, {"log": a}, {"log": c}, measurements=first_word)["log"]
     assert other.status == "different"
     assert compare_outputs(store, {"log": a}, {"log": b})["log"].status == "different"
-
-
-RECEIPT = {"nscas": "receipt/1", "action": "blake3:" + "1" * 64,
-           "environment": "blake3:" + "2" * 64, "outputs": {}, "journals": [], "claims": {},
-           "started": "t", "finished": "t", "status": "succeeded"}
 
 
 @pytest.mark.parametrize("member", ["pipeline", "step"])

@@ -15,7 +15,7 @@ from nscas.runner import run_file
 from nscas.store import Store, check_ref_name, init_store
 from nscas.variants import check_name, variant_name, variant_prefix
 from nscas.verifiers.schemas import schema_problems
-from tests.runner.helpers import snapshot, write
+from tests.runner.helpers import RECEIPT, snapshot, write
 
 Nscas = Callable[..., Result]
 
@@ -192,11 +192,6 @@ def test_variant_refs_too_long_are_one_line(probe: Recipe, home: Path, nscas: Ns
 def test_variant_prefix() -> None:
     assert variant_prefix("exp/chain", None) == "exp/chain"
     assert variant_prefix("exp/chain", "v") == "exp/chain/variants/v"
-
-
-RECEIPT = {"nscas": "receipt/1", "action": "blake3:" + "1" * 64,
-           "environment": "blake3:" + "2" * 64, "outputs": {}, "journals": [], "claims": {},
-           "started": "t", "finished": "t", "status": "succeeded"}
 
 
 @pytest.mark.parametrize("bad", ["", 3, None, "a/b", "../x", "a..b", "x" * 101])
