@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import platform
-import sys
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +26,7 @@ from nscas.config import (
     step_reference,
 )
 from nscas.digests import Digest, sha256_hex
+from nscas.environment import environment
 from nscas.errors import ConfigError, NscasError, RecipeError, RecordError, RefConflict
 from nscas.locating import is_tag
 from nscas.objectstore import tree_record
@@ -40,10 +38,6 @@ from nscas.variants import Variant, plan_variant, step_refs, variant_prefix
 
 if TYPE_CHECKING:
     from nscas.signing import ReceiptSigner
-
-_ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy",
-                 "blake3", "rfc8785", "zstandard", "SQLAlchemy", "alembic", "aiohttp", "httpx")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
@@ -194,8 +188,8 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
                           params=item.params,
                           progress=progress(item.step.name) if progress else NullProgress(),
                           expected_refs=item.expected_refs, refs=item.refs, names=item.names,
-                          previous_run=(runs.latest(item.step.name) if rerun
-                                        else runs.latest(item.step.name, original=True)))
+                          previous_run=runs.latest(item.step.name) if rerun else None,
+                          last_run=partial(runs.latest, item.step.name, original=True))
         if signer is not None and not result.cached:
             signer.sign(store, result.receipt)
         results[item.step.name] = result
@@ -547,16 +541,17 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
              expected_refs: Mapping[str, Digest | None] | None = None,
              refs: tuple[tuple[str, str], ...] | None = None,
              names: RunNames | None = None,
-             previous_run: Digest | None = None) -> StepResult:
+             previous_run: Digest | None = None,
+             last_run: Callable[[], Digest | None] | None = None) -> StepResult:
     """Run one checked step: reuse the receipt of its action, or execute it (``rerun``: always).
 
     ``params`` is the step's parsed params (as ``run_file`` checked them); when not given,
     ``step.params`` is parsed here. ``refs`` are the (output or ``receipt``, ref) pairs to move
     (default: the step's declared outputs); ``names`` what the receipt records of the run's
-    pipeline, step and variant. ``previous_run`` is the step's previous run by those names: a
-    rerun compares its outputs with it (else with the cached receipt of its action), and a
-    step that misses the cache says how its action differs from that run's (else from the
-    run ``explain_miss`` finds).
+    pipeline, step and variant. A rerun compares its outputs with ``previous_run`` (the
+    step's previous run by those names), else with the cached receipt of its action. A step
+    that misses the cache says how its action differs from the run ``last_run`` gives (asked
+    only then: finding it may read every receipt), else from the one ``explain_miss`` finds.
     """
     if params is None:
         params = _parse_step_params(recipe, step, where, "")
@@ -579,8 +574,8 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
                           claims=_claim_values(rec["claims"]))
     compared = previous_run if rerun and previous_run is not None else previous
     if previous is None and not rerun:
-        miss: CacheMiss | None = (since(store, previous_run, store.get_record(action))
-                                  if previous_run is not None
+        last = last_run() if last_run is not None else None
+        miss: CacheMiss | None = (since(store, last, store.get_record(action)) if last is not None
                                   else explain_miss(store, action, refs, expected_refs))
     elif (compared is not None
           and store.get_record(compared)["action"] != str(action)):  # an upstream run changed
@@ -744,45 +739,6 @@ def _receipts(store: Store, action: Digest) -> list[tuple[Digest, dict[str, Any]
 
 def _recipe_name(recipe: str) -> str:
     return recipe.rpartition("@")[0]
-
-
-def environment() -> dict[str, Any]:
-    """Where this process runs. torch details only if a recipe imported it (never imported here)."""
-    packages = {}
-    for name in _ENV_PACKAGES:
-        try:
-            packages[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    torch = sys.modules.get("torch")
-    torch_info: dict[str, Any] | None = None
-    devices: list[dict[str, Any]] = [{"type": "cpu", "name": platform.processor() or platform.machine(),
-                                      "count": os.cpu_count() or 1}]
-    determinism: dict[str, Any] = {"PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
-                                   "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
-    if torch is not None:
-        import hashlib
-
-        config = torch.__config__.show()
-        torch_info = {"version": torch.__version__, "cuda": torch.version.cuda,
-                      "debug": bool(torch.version.debug),
-                      "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
-                      "threads": torch.get_num_threads()}
-        if torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                p = torch.cuda.get_device_properties(i)
-                devices.append({"type": "cuda", "index": i, "name": p.name,
-                                "memory_bytes": int(p.total_memory), "capability": f"{p.major}.{p.minor}"})
-        determinism.update({
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
-        })
-    return {"nscas": "environment/1", "python": sys.version.split()[0],
-            "platform": platform.platform(), "host": platform.node(), "packages": packages,
-            "torch": torch_info, "devices": devices, "determinism": determinism}
 
 
 def _crash_message(exc: BaseException) -> str:
