@@ -34,10 +34,15 @@ def compare_(
         "--claims", metavar="NAMES", show_default=False,
         help="Show these headline claims as columns, comma-separated (default: the ones "
              "that differ, for runs of one recipe).")] = None,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Print every table cell whole (full IDs), however wide the terminal.")]
+        = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Compare runs: one row per receipt with its step, recipe, arm, the inputs and params that
-    differ between the rows, and the headline claims (rounded here; exact with --json).
+    """Compare runs: one row per receipt with its step, variant, recipe, arm, the inputs and
+    params that differ between the rows, and the headline claims (rounded here; exact with
+    --json); then every input and param that changed, as old -> new, for each run against the
+    first run of its step. --pipeline compares the latest run of each step and variant.
 
     Example: nscas compare experiments/coop/clean-single experiments/coop/clean-pair --sort update_seconds
     """
@@ -58,7 +63,10 @@ def compare_(
     if as_json:
         render.json_out(result.to_json())
         return
-    columns = ["receipt", "step", "recipe"]
+    columns = ["receipt", "step"]
+    if any(r.variant for r in result.runs):
+        columns.append("variant")
+    columns.append("recipe")
     if any(r.arm for r in result.runs):
         columns.append("arm")
     columns += [f"inputs.{n}" for n in result.inputs] + list(result.params) + list(result.claims)
@@ -71,10 +79,18 @@ def compare_(
     for row, run in zip(rows, result.runs, strict=True):
         row[1] = run.step or run.named
     render.table(columns, rows, title=f"{len(result.runs)} run(s)"
-                 + (f" of pipeline {pipeline}" if pipeline else ""))
+                 + (f" of pipeline {pipeline}" if pipeline else ""), wide=wide)
     if result.same:
-        render.text("The same in every run: " + ", ".join(
+        render.note("The same in every run: " + ", ".join(
             f"{k}={render.human(v)}" for k, v in result.same.items()) + ".")
+    label = {r.receipt: f"{r.step or r.named}" + (f" ({r.variant})" if r.variant else "")
+             for r in result.runs}
+    changed = [[label[c.receipt], str(c.receipt), str(c.against), change.what,
+                render.change(change.name, change.old, change.new)]
+               for c in result.changes for change in c.changes]
+    if changed:
+        render.table(["run", "receipt", "against", "what", "old -> new"], changed,
+                     title="What changed, against the first run of each step", wide=wide)
 
 
 def _cell(value: Any) -> str:

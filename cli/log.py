@@ -1,5 +1,5 @@
 """``nscas log``: records, newest first; receipts also show their run: recipe, status,
-pipeline and step, and headline claims. The work is nscas.cli.reads.log."""
+pipeline, step and variant, and headline claims. The work is nscas.cli.reads.log."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def log(
     as_json: JsonFlag = False,
 ) -> None:
     """List records, newest first: ID, kind, time, size; for receipts also the recipe, status,
-    pipeline and step, and headline claims (numbers, rounded here; exact with --json).
+    pipeline, step and variant (a run with --set), and headline claims (numbers, rounded here;
+    exact with --json).
 
     Example: nscas log --kind receipt/1 --limit 5
     """

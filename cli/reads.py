@@ -54,7 +54,7 @@ def log(store: Path | None, *, kind: str | None, limit: int, as_json: bool) -> N
                 receipt = receipts[info.id]
                 entry["status"] = receipt["status"]
                 entry["recipe"] = actions[Digest.parse(receipt["action"])]["recipe"]
-                for key in ("pipeline", "step"):
+                for key in ("pipeline", "step", "variant"):
                     value = receipt.get(key)
                     entry[key] = value if isinstance(value, str) else None
                 entry["claims"] = headline_claims(receipt["claims"])
@@ -67,13 +67,17 @@ def log(store: Path | None, *, kind: str | None, limit: int, as_json: bool) -> N
         return
     columns = ["time", "kind", "size", "id"]
     with_receipts = any("recipe" in e for e in entries)
+    with_variants = any(e.get("variant") for e in entries)
     if with_receipts:
-        columns += ["step", "recipe", "status", "claims"]
+        columns += ["step", *(["variant"] if with_variants else []), "recipe", "status", "claims"]
     rows = []
     for e in entries:
         row = [str(e[c]) for c in ("time", "kind", "size", "id")]
         if with_receipts:
-            row += [_step(e), e.get("recipe", ""), e.get("status", ""), _claims(e)]
+            row.append(_step(e))
+            if with_variants:
+                row.append(e.get("variant") or ("-" if "recipe" in e else ""))
+            row += [e.get("recipe", ""), e.get("status", ""), _claims(e)]
         rows.append(row)
     render.table(columns, rows)
 

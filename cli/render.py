@@ -98,7 +98,8 @@ _STATUS_STYLE = {"succeeded": "green", "passed": "green", "identical": "green",
 """How a status word is coloured on a terminal, wherever a table shows one."""
 
 
-_SHORT_CELL = 24  # table columns no wider than this are never wrapped on a terminal
+_SHORT_CELL = 24  # the widest a column of IDs or times is kept whole on a terminal
+_MIN_CELL = 4  # no other column is folded narrower than this or its name (or widest cell)
 
 
 def status_style(word: str) -> str | None:
@@ -122,35 +123,92 @@ def human(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None) -> None:
-    """A rich table on a terminal (IDs abbreviated); otherwise a header line and aligned columns.
+def change(name: str, old: Any, new: Any) -> str:
+    """``name: old -> new``, the values as ``human`` writes them (IDs whole: a terminal table
+    shortens them), ``(none)`` where a run has no such param or input."""
+    from nscas.changes import ABSENT
 
-    On a terminal an ID is never wrapped or cut mid-ID: a column holding IDs keeps its width
-    and the others give way; a status word is coloured."""
-    if is_tty():
-        from rich.markup import escape
-        from rich.table import Table
+    def shown(value: Any) -> str:
+        return "(none)" if value is ABSENT else human(str(value) if hasattr(value, "hex")
+                                                       else value)
 
-        cells = [[_abbrev(cell) for cell in row] for row in rows]
-        # Cells are data (paths, names): escaped so that "[red]" in a file name stays text.
-        t = Table(title=escape(title) if title else None, title_justify="left")
-        for i, name in enumerate(columns):
-            ids = any(_SHORT_ID.search(row[i]) for row in cells if i < len(row))
-            width = max((len(row[i]) for row in cells if i < len(row)), default=0)
-            if ids or name == "time" or width <= _SHORT_CELL:  # kept whole; the rest wrap
-                t.add_column(escape(name), no_wrap=True, min_width=min(width, 80))
-            else:
-                t.add_column(escape(name), overflow="fold")
-        for row in cells:
-            t.add_row(*(_styled(cell, escape) for cell in row))
-        _console().print(t)
+    return f"{name}: {shown(old)} -> {shown(new)}"
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None,
+          wide: bool = False) -> None:
+    """A rich table on a terminal (IDs abbreviated), as wide as the terminal; otherwise, or
+    ``wide``, a header line and aligned columns with every cell whole.
+
+    On a terminal an ID is never wrapped or cut mid-ID: a column of IDs keeps their width, a
+    column holding IDs among other words folds no narrower than its longest such word, and
+    the others fold (widest first). Where the table would still be wider than the terminal,
+    a column with one value in every row is said once, above the table. A status word is
+    coloured."""
+    if not is_tty() or wide:
+        if title:
+            text(title)
+        widths = [max(len(str(c)) for c in col) for col in zip(columns, *rows, strict=False)]
+        for row in (columns, *rows):
+            cells = [f"{cell:<{w}}" for cell, w in zip(row[:-1], widths, strict=False)]
+            text("  ".join([*cells, str(row[-1])]).rstrip())
         return
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    console = _console()
+    names = list(columns)
+    cells = [[_abbrev(cell) for cell in row] for row in rows]
+    same: dict[int, str] = {}
+    if len(cells) > 1 and all(len(row) == len(names) for row in cells):
+        constant = sorted((i for i in range(len(names)) if len({row[i] for row in cells}) == 1),
+                          key=lambda i: -len(cells[0][i]))  # the widest said first
+        for i in constant:
+            if _natural_width(names, cells, without=same) <= console.width:
+                break
+            same[i] = f"{names[i]}: {cells[0][i]}"
+        names = [n for i, n in enumerate(names) if i not in same]
+        cells = [[c for i, c in enumerate(row) if i not in same] for row in cells]
     if title:
-        text(title)
-    widths = [max(len(str(c)) for c in col) for col in zip(columns, *rows, strict=False)]
-    for row in (columns, *rows):
-        cells = [f"{cell:<{w}}" for cell, w in zip(row[:-1], widths, strict=False)]
-        text("  ".join([*cells, str(row[-1])]).rstrip())
+        console.print(Text(_abbrev(title)))
+    if same:
+        console.print(Text("in every row: " + ", ".join(same[i] for i in sorted(same))))
+    # No vertical rules and one space of padding: a column costs its width and two spaces.
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for i, name in enumerate(names):
+        column = [row[i] for row in cells if i < len(row)]
+        width = max((len(cell) for cell in column), default=0)
+        # Cells are data (paths, names): escaped so that "[red]" in a file name stays text.
+        if all(_SHORT_ID.fullmatch(c) or c in ("", "-") for c in column) or name == "time":
+            t.add_column(escape(name), no_wrap=True, min_width=min(width, _SHORT_CELL))
+            continue
+        words = [w for c in column for w in c.split() if _SHORT_ID.search(w)]
+        floor = max([min(width, max(len(name), _MIN_CELL)), *map(len, words)])
+        t.add_column(escape(name), overflow="fold", min_width=floor)
+    for row in cells:
+        t.add_row(*(_styled(cell, escape) for cell in row))
+    console.print(t)
+
+
+def note(line: str) -> None:
+    """A line for the reader that a terminal wraps at its width (``text`` elsewhere)."""
+    if not is_tty():
+        text(line)
+        return
+    from rich.text import Text
+
+    _console().print(Text(line))
+
+
+def _natural_width(columns: Sequence[str], rows: Sequence[Sequence[str]], *,
+                   without: Iterable[int] = ()) -> int:
+    """How wide a terminal table of these cells is with none folded (less columns ``without``)."""
+    left = set(without)
+    widths = [max(len(str(c)) for c in col)
+              for i, col in enumerate(zip(columns, *rows, strict=False)) if i not in left]
+    return sum(widths) + 2 * (len(widths) - 1)
 
 
 def _styled(cell: str, escape: Callable[[str], str]) -> str:
@@ -163,7 +221,7 @@ def record(value: Any) -> None:
     if is_tty():
         from rich.json import JSON
 
-        _console().print(JSON(json.dumps(value)), soft_wrap=True)
+        _console().print(JSON(json.dumps(value)))  # wrapped at the terminal width
     else:
         text(json.dumps(value, indent=2))
 

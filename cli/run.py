@@ -42,6 +42,13 @@ def run(
         "--from", metavar="STEP", show_default=False, autocompletion=completion.steps,
         help="Run this step and every step downstream of it; earlier steps' outputs come from "
              "their previous runs in this pipeline.")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", metavar="NAME", show_default=False,
+        help="Name the variant this run is (default, with --set: a name made of the "
+             "overrides, e.g. train.lr-3e-4); its refs end in /variants/NAME.")] = None,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Print every table cell whole (full IDs), however wide the terminal.")]
+        = False,
     sign_key: Annotated[Path | None, typer.Option(
         "--sign-key", metavar="KEY", show_default=False, dir_okay=False,
         help="Sign each receipt this run writes with this private key file (mode 0600, from "
@@ -56,47 +63,109 @@ def run(
     step's previous run: identical, within-tolerance (with the distance), reproduced (timings
     differ) for a measurement, or different. A failed step exits 1, naming its receipt; bad
     input exits 2 and writes nothing. With a signing key (--sign-key or $NSCAS_SIGNING_KEY)
-    each receipt written is signed as its step ends (a signature/1 record).
+    each receipt written is signed as its step ends (a signature/1 record). With --set (or
+    --name) the run is a variant: its refs are its own (<refs>/variants/NAME/..., and
+    REF/variants/NAME for each output ref), and --only/--from read the variant's earlier runs.
+    The last line counts the steps cached, ran and failed, and gives a rerun's verdict.
 
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
-    from nscas.runner import load_plan_file, run_file, select_steps
+    from nscas.runner import StepFailed, load_plan_file, run_file, select_steps
     from nscas.signing import KeySigner, configured_key
+    from nscas.variants import plan_variant, variant_prefix
 
     set_texts, only_steps = tuple(sets or ()), tuple(only or ())
     spec = load_plan_file(file, set_texts)  # checked before the store is opened
-    select_steps(spec, only_steps, start)
+    chosen = select_steps(spec, only_steps, start)
+    variant = plan_variant(spec, set_texts, name)
     key = configured_key(sign_key)  # a bad or exposed key file: one line, nothing run
     signer = KeySigner(key) if key is not None else None
     pipeline = spec.pipeline
     results: list[StepResult] = []
+    announced: list[str] = []
 
     def on_step(result: StepResult) -> None:
         results.append(result)
-        if not as_json:
-            render_step(result, pipeline=pipeline)
+        if as_json:
+            return
+        if variant is not None and not announced:  # once the run is checked and under way
+            where = (f"{variant_prefix(spec.refs, variant.name)}/" if spec.refs is not None
+                     else f"REF/variants/{variant.name} for each output ref REF")
+            announced.append(variant.name)
+            render.note(f"variant {variant.name}: refs under {where}")
+        render_step(result, pipeline=pipeline, wide=wide)
 
     with open_cli_store(ctx) as store:
         try:
             run_file(store, file, rerun=rerun, progress=progress_for, on_step=on_step,
-                     sets=set_texts, only=only_steps, start=start, signer=signer)
-        except NscasError:
-            if as_json and results:  # what did run is still reported; the error goes to stderr
-                render.json_out(results_json(results, pipeline=pipeline))
+                     sets=set_texts, only=only_steps, start=start, signer=signer, name=name)
+        except NscasError as exc:
+            # A recipe that crashed ends the run before its step is reported: counted failed.
+            crashed = (isinstance(exc, StepFailed)
+                       and not any(r.step == exc.step for r in results))
+            if results or crashed:  # what did run is still reported; the error goes to stderr
+                _finish(results, variant.name if variant else None, pipeline=pipeline,
+                        steps=len(chosen), rerun=rerun, as_json=as_json, crashed=crashed)
             raise
+    _finish(results, variant.name if variant else None, pipeline=pipeline, steps=len(chosen),
+            rerun=rerun, as_json=as_json)
+
+
+def _finish(results: list[StepResult], variant: str | None, *, pipeline: bool, steps: int,
+            rerun: bool, as_json: bool, crashed: bool = False) -> None:
     if as_json:
-        render.json_out(results_json(results, pipeline=pipeline))
+        if results:
+            render.json_out(results_json(results, pipeline=pipeline, variant=variant))
+    else:
+        render.note(summary_line(results, steps=steps, rerun=rerun, crashed=crashed))
 
 
-def results_json(results: list[StepResult], *, pipeline: bool) -> Any:
-    """One object for a recipe file; a list in run order, each with ``step``, for a pipeline."""
-    items = [step_json(r, pipeline=pipeline) for r in results]
+def summary_line(results: list[StepResult], *, steps: int, rerun: bool,
+                 crashed: bool = False) -> str:
+    """``3 steps: 1 cached, 1 ran, 1 failed, 0 not run`` (the last only when some were not),
+    then for a rerun ``; rerun verdict: reproduced (4 identical, 1 within-tolerance)``, or
+    ``different (1 of 5 outputs: b.seen)``, or ``not compared`` where no step had an earlier
+    run to compare with. ``crashed``: one more step failed, one whose recipe crashed (it
+    raised instead of being reported)."""
+    failed = sum(r.status != "succeeded" for r in results)
+    cached = sum(r.cached for r in results)
+    counts = [f"{cached} cached", f"{len(results) - cached - failed} ran",
+              f"{failed + crashed} failed"]
+    if len(results) + crashed < steps:
+        counts.append(f"{steps - len(results) - crashed} not run")
+    failed += crashed
+    line = f"{steps} step{'' if steps == 1 else 's'}: {', '.join(counts)}"
+    if not rerun:
+        return line
+    verdicts = [(f"{r.step}.{name}", v.status) for r in results for name, v in r.verdicts.items()]
+    different = [name for name, status in verdicts if status == "different"]
+    if different:
+        verdict = (f"different ({len(different)} of {len(verdicts)} outputs: "
+                   f"{', '.join(different)})")
+    elif failed:
+        verdict = "not reproduced (a step failed)"
+    elif not verdicts:
+        verdict = "not compared (no earlier run of these steps)"
+    else:
+        tally = {status: sum(s == status for _, s in verdicts) for _, status in verdicts}
+        verdict = "reproduced (" + ", ".join(f"{n} {status}" for status, n in tally.items()) + ")"
+    return f"{line}; rerun verdict: {verdict}"
+
+
+def results_json(results: list[StepResult], *, pipeline: bool,
+                 variant: str | None = None) -> Any:
+    """One object for a recipe file; a list in run order, each with ``step``, for a pipeline;
+    each with ``variant`` in a variant's run."""
+    items = [step_json(r, pipeline=pipeline, variant=variant) for r in results]
     return items if pipeline else items[0]
 
 
-def step_json(result: StepResult, *, pipeline: bool) -> dict[str, Any]:
+def step_json(result: StepResult, *, pipeline: bool,
+              variant: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"step": result.step} if pipeline else {}
+    if variant is not None:
+        out["variant"] = variant
     out.update({
         "receipt": str(result.receipt), "action": str(result.action), "cached": result.cached,
         "outputs": {k: str(v) for k, v in result.outputs.items()}, "claims": dict(result.claims),
@@ -116,19 +185,20 @@ def miss_json(miss: CacheMiss) -> dict[str, Any]:
     out: dict[str, Any] = {"previous": str(miss.previous)}
     if miss.recipe is not None:
         out["recipe"] = list(miss.recipe)
-    out.update({"inputs": list(miss.inputs), "params": list(miss.params), "code": {
-        "changed": list(miss.code.changed), "added": list(miss.code.added),
-        "removed": list(miss.code.removed)}})
+    out.update({"inputs": list(miss.inputs), "params": list(miss.params),
+                "changes": [c.to_json() for c in miss.changes], "code": {
+                    "changed": list(miss.code.changed), "added": list(miss.code.added),
+                    "removed": list(miss.code.removed)}})
     return out
 
 
 def miss_rows(miss: CacheMiss) -> list[list[str]]:
-    """``since receipt ID``, then one ``changed`` row per thing that differs."""
+    """``since receipt ID``, then one ``changed`` row per thing that differs, each input and
+    param as ``NAME: OLD -> NEW``."""
     rows = [["since", "receipt", str(miss.previous)]]
     if miss.recipe is not None:
         rows.append(["changed", "recipe", " -> ".join(miss.recipe)])
-    rows += [["changed", "input", name] for name in miss.inputs]
-    rows += [["changed", "param", name] for name in miss.params]
+    rows += [["changed", c.what, render.change(c.name, c.old, c.new)] for c in miss.changes]
     for how, files in (("changed", miss.code.changed), ("added", miss.code.added),
                        ("removed", miss.code.removed)):
         rows += [["changed", "code", f"{path} ({how})"] for path in files]
@@ -147,9 +217,10 @@ def verdict_text(verdict: Verdict) -> str:
     return f"{text} ({'; '.join(details)})" if details else text
 
 
-def render_step(result: StepResult, *, pipeline: bool) -> None:
+def render_step(result: StepResult, *, pipeline: bool, wide: bool = False) -> None:
     if pipeline and result.cached:  # one line: `nscas show` or --json give the rest
-        render.text(f"step {result.step}: cached, receipt {result.receipt.short}")
+        shown = str(result.receipt) if wide else result.receipt.short
+        render.text(f"step {result.step}: cached, receipt {shown}")
         return
     how = "cached" if result.cached else "ran" if result.status == "succeeded" else "failed"
     who = f"step {result.step} (recipe {result.recipe})" if pipeline else f"recipe {result.recipe}"
@@ -162,7 +233,7 @@ def render_step(result: StepResult, *, pipeline: bool) -> None:
         rows.append(["error", "", result.error])
     title = f"{who}: {how}, receipt {result.receipt}"
     if rows:
-        render.table(["item", "name", "value"], rows, title=title)
+        render.table(["item", "name", "value"], rows, title=title, wide=wide)
     else:
         render.text(title)
 

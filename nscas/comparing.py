@@ -19,9 +19,11 @@ from nscas.provenance import producers
 from nscas.suggestions import did_you_mean as _did_you_mean
 
 if TYPE_CHECKING:
+    from nscas.changes import Change
     from nscas.reading import StoreReader
 
-FIXED_COLUMNS = ("receipt", "pipeline", "step", "recipe", "arm", "status", "started", "finished")
+FIXED_COLUMNS = ("receipt", "pipeline", "step", "variant", "recipe", "arm", "status", "started",
+                 "finished")
 """Columns every comparison has, beside its params, inputs and claims."""
 _MISSING = object()
 
@@ -47,6 +49,8 @@ class Run(NamedTuple):
     """Every claim's value, exact, by claim name."""
     headline: Mapping[str, int | float]
     """The claims that are numbers (and numeric members of object claims), dotted names."""
+    variant: str | None = None
+    """The variant the run was (docs/format.md §6.10), where its receipt records one."""
 
     def value(self, column: str) -> Any:
         """This row's value in ``column`` (None where it has none)."""
@@ -66,10 +70,24 @@ class Run(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {"receipt": str(self.receipt), "named": self.named, "recipe": self.recipe,
-                "pipeline": self.pipeline, "step": self.step, "status": self.status,
+                "pipeline": self.pipeline, "step": self.step, "variant": self.variant,
+                "status": self.status,
                 "started": self.started, "finished": self.finished, "arm": self.arm,
                 "inputs": {k: str(v) for k, v in self.inputs.items()},
                 "params": dict(self.params), "claims": dict(self.claims)}
+
+
+class RunChanges(NamedTuple):
+    """How one run differs from the first run compared of the same step (or, for runs that
+    record no step, of the same recipe): every input and param, old -> new."""
+
+    receipt: Digest
+    against: Digest
+    changes: tuple[Change, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"receipt": str(self.receipt), "against": str(self.against),
+                "changes": [c.to_json() for c in self.changes]}
 
 
 class Comparison(NamedTuple):
@@ -87,6 +105,8 @@ class Comparison(NamedTuple):
     same: Mapping[str, Any]
     """Headline claims with one value in every run (shown once, not as columns)."""
     one_recipe: bool
+    changes: tuple[RunChanges, ...] = ()
+    """For each run after the first of its step (or recipe), what changed against that first."""
 
     def columns(self) -> tuple[str, ...]:
         """Every column a comparison can be sorted by, in display order."""
@@ -97,7 +117,8 @@ class Comparison(NamedTuple):
         return {"runs": [r.to_json() for r in self.runs],
                 "differ": {"params": list(self.params), "inputs": list(self.inputs),
                            "claims": list(self.claims)},
-                "same_claims": dict(self.same)}
+                "same_claims": dict(self.same),
+                "changes": [c.to_json() for c in self.changes]}
 
 
 def receipts_of(store: StoreReader, targets: Sequence[str]) -> list[tuple[str, Digest]]:
@@ -119,8 +140,9 @@ def receipts_of(store: StoreReader, targets: Sequence[str]) -> list[tuple[str, D
 
 def pipeline_receipts(store: StoreReader, pipeline: str) -> list[tuple[str, Digest]]:
     """(step name, receipt): the latest succeeded receipt (by ``finished``, then ID) of each
-    step that recorded ``pipeline``, in the order the steps started."""
-    latest: dict[str, tuple[str, str, Digest, str]] = {}
+    step and variant that recorded ``pipeline``, step by step in the order the steps started
+    (the run without a variant first, then the variants by name)."""
+    latest: dict[tuple[str, str], tuple[str, str, Digest, str]] = {}
     names: set[str] = set()
     for info in store.log(kind="receipt/1", limit=1 << 62):
         rec = store.get_record(info.id)
@@ -130,16 +152,20 @@ def pipeline_receipts(store: StoreReader, pipeline: str) -> list[tuple[str, Dige
         names.add(name)
         if name != pipeline or rec.get("status") != "succeeded":
             continue
+        variant = rec.get("variant") if isinstance(rec.get("variant"), str) else ""
         mark = (str(rec["finished"]), str(info.id), info.id, str(rec["started"]))
-        if step not in latest or mark > latest[step]:
-            latest[step] = mark
+        if (step, variant) not in latest or mark > latest[(step, variant)]:
+            latest[(step, variant)] = mark
     if not latest:
         hint = _did_you_mean(pipeline, names)
         known = f" (pipelines recorded: {', '.join(sorted(names))})" if names and not hint else ""
         raise InvalidInput(f"no succeeded receipt records pipeline {pipeline!r}{hint}{known}; "
                            "runs of a pipeline file record its name")
-    order = sorted(latest.items(), key=lambda item: (item[1][3], item[1][1]))
-    return [(step, mark[2]) for step, mark in order]
+    first = {}
+    for (step, _), mark in latest.items():
+        first[step] = min(first.get(step, mark[3]), mark[3])
+    order = sorted(latest.items(), key=lambda item: (first[item[0][0]], item[0][0], item[0][1]))
+    return [(step, mark[2]) for (step, _), mark in order]
 
 
 def compare(store: StoreReader, named: Iterable[tuple[str, Digest]], *,
@@ -181,7 +207,24 @@ def compare(store: StoreReader, named: Iterable[tuple[str, Digest]], *,
         runs=tuple(runs),
         params=tuple(k for k in params if differs([r.params.get(k, _MISSING) for r in runs])),
         inputs=tuple(k for k in inputs if differs([r.inputs.get(k, _MISSING) for r in runs])),
-        claims=shown, same=same, one_recipe=one_recipe)
+        claims=shown, same=same, one_recipe=one_recipe, changes=_changes(runs))
+
+
+def _changes(runs: Sequence[Run]) -> tuple[RunChanges, ...]:
+    """Each run against the first run of its step (or recipe, where it records no step)."""
+    from nscas.changes import changes_between  # here: `nscas log` reads headline_claims only
+
+    first: dict[tuple[str, str], Run] = {}
+    out = []
+    for run in runs:
+        group = ("step", run.step) if run.step is not None else (
+            "recipe", run.recipe.rpartition("@")[0])
+        base = first.setdefault(group, run)
+        if base is not run:
+            out.append(RunChanges(receipt=run.receipt, against=base.receipt,
+                                  changes=changes_between(base.inputs, run.inputs,
+                                                          base.params, run.params)))
+    return tuple(out)
 
 
 def sort_runs(comparison: Comparison, column: str, *, descending: bool = False) -> Comparison:
@@ -195,9 +238,7 @@ def sort_runs(comparison: Comparison, column: str, *, descending: bool = False) 
     present = [r for r in comparison.runs if r.value(column) is not None]
     absent = [r for r in comparison.runs if r.value(column) is None]
     present.sort(key=lambda r: _order(r.value(column)), reverse=descending)
-    return Comparison(runs=(*present, *absent), params=comparison.params,
-                      inputs=comparison.inputs, claims=comparison.claims,
-                      same=comparison.same, one_recipe=comparison.one_recipe)
+    return comparison._replace(runs=(*present, *absent))
 
 
 def headline_claims(claims: Mapping[str, Any]) -> dict[str, int | float]:
@@ -229,10 +270,11 @@ def _run(store: StoreReader, text: str, receipt: Digest, arms: Mapping[Digest, s
     inputs = {k: Digest.parse(v) for k, v in sorted(action["inputs"].items())}
     outputs = [Digest.parse(v) for v in rec["outputs"].values()]
     arm = next((arms[d] for d in (*outputs, *inputs.values()) if d in arms), None)
-    pipeline, step = rec.get("pipeline"), rec.get("step")
+    pipeline, step, variant = rec.get("pipeline"), rec.get("step"), rec.get("variant")
     return Run(receipt=receipt, named=text, recipe=action["recipe"],
                pipeline=pipeline if isinstance(pipeline, str) else None,
                step=step if isinstance(step, str) else None,
+               variant=variant if isinstance(variant, str) else None,
                status=rec["status"], started=rec["started"], finished=rec["finished"], arm=arm,
                inputs=inputs, params=flatten(action["params"]),
                claims={k: v["value"] for k, v in sorted(rec["claims"].items())},

@@ -134,22 +134,9 @@ def apply_overrides(spec: RunFile, overrides: tuple[Override, ...]) -> RunFile:
     said it. In a pipeline the first part names the step; in a recipe file it may (its name),
     or the whole key is the param. An unknown step is an error naming it; unknown params are
     found where the params are parsed, like the file's."""
-    by_name = {s.name: s for s in spec.steps}
     params = {s.name: _copy_table(s.params) for s in spec.steps}
     for item in overrides:
-        head, rest = item.path[0], item.path[1:]
-        if spec.pipeline:
-            if head not in by_name:
-                raise ConfigError("--set", f"{item.text!r} names step {head!r}, but the file has "
-                                           f"no such step{did_you_mean(head, by_name)} "
-                                           f"(steps: {', '.join(by_name)})")
-            if not rest:
-                raise ConfigError("--set", f"{item.text!r} names no param of step {head!r} "
-                                           "(STEP.PARAM=VALUE)")
-            step, path = head, rest
-        else:
-            step = spec.steps[0].name
-            path = rest if rest and head == step else item.path
+        step, path = override_target(spec, item)
         table = params[step]
         for depth, part in enumerate(path[:-1]):
             inner = table.setdefault(part, {})
@@ -160,6 +147,23 @@ def apply_overrides(spec: RunFile, overrides: tuple[Override, ...]) -> RunFile:
         table[path[-1]] = item.value
     steps = tuple(dataclasses.replace(s, params=params[s.name]) for s in spec.steps)
     return dataclasses.replace(spec, steps=steps)
+
+
+def override_target(spec: RunFile, item: Override) -> tuple[str, tuple[str, ...]]:
+    """(the step an override sets a param of, the param's key path in its params table)."""
+    head, rest = item.path[0], item.path[1:]
+    if not spec.pipeline:
+        step = spec.steps[0].name
+        return step, rest if rest and head == step else item.path
+    names = [s.name for s in spec.steps]
+    if head not in names:
+        raise ConfigError("--set", f"{item.text!r} names step {head!r}, but the file has "
+                                   f"no such step{did_you_mean(head, names)} "
+                                   f"(steps: {', '.join(names)})")
+    if not rest:
+        raise ConfigError("--set", f"{item.text!r} names no param of step {head!r} "
+                                   "(STEP.PARAM=VALUE)")
+    return head, rest
 
 
 def _copy_table(table: dict[str, Any]) -> dict[str, Any]:

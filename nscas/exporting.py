@@ -120,6 +120,10 @@ class ImportReport:
     """Objects the bundle leaves out (weights)."""
     skipped: tuple[Digest, ...]
     """Records not imported because they link, directly or not, to omitted objects."""
+    refs: tuple[tuple[str, Digest], ...] = ()
+    """Refs set by ``import --ref PREFIX`` (nscas.bundlerefs), in name order."""
+    refs_left: int = 0
+    """Refs ``--ref`` derived but did not set: their objects were not imported."""
 
     @property
     def complete(self) -> bool:

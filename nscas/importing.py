@@ -102,20 +102,39 @@ class ImportLimits:
     """Members of a tar (directories included), or files and directories of a bundle directory."""
 
 
-def import_bundle(store: Store, source: Path, *,
-                  limits: ImportLimits = ImportLimits()) -> ImportReport:
+def import_bundle(store: Store, source: Path, *, limits: ImportLimits = ImportLimits(),
+                  ref_prefix: str | None = None) -> ImportReport:
     """Check a bundle directory or a ``measurements.tar.gz`` completely, then add its objects
-    to ``store``, children first. A bad bundle raises ``InvalidBundle`` and writes nothing."""
+    to ``store``, children first. A bad bundle raises ``InvalidBundle`` and writes nothing.
+    With ``ref_prefix``, the refs ``nscas.bundlerefs`` derives from the bundle are then set
+    (those whose objects the store holds); one that already names another object is an
+    ``InvalidInput`` before anything is written."""
     if source.is_dir():
-        return _import(store, _validate(source, str(source), limits), source)
+        return _import(store, _validate(source, str(source), limits), source, ref_prefix)
     if not source.is_file():
         raise InvalidInput(f"no such bundle directory or tar file: {source}")
     with tempfile.TemporaryDirectory(prefix="nscas-import-") as tmp:
         manifest = _unpack(source, Path(tmp), limits)
-        return _import(store, _validate(Path(tmp), str(source), limits, manifest), source)
+        return _import(store, _validate(Path(tmp), str(source), limits, manifest), source,
+                       ref_prefix)
 
 
-def _import(store: Store, b: _Bundle, source: Path) -> ImportReport:
+def _wanted_refs(store: Store, b: _Bundle, prefix: str) -> dict[str, Digest]:
+    """The refs to restore under ``prefix``, each checked free (unset, or already the same)."""
+    from nscas.bundlerefs import bundle_refs
+
+    records = {oid: canonical.decode(data) for oid, data in b.records.items()}
+    wanted = bundle_refs(prefix, b.manifest.target, records, b.manifest.paths)
+    for name, oid in wanted.items():
+        held = store.ref_get(name)
+        if held is not None and held != oid:
+            raise InvalidInput(f"--ref {prefix}: ref {name!r} already names {held}, not the "
+                               f"bundle's {oid}; import under another prefix")
+    return wanted
+
+
+def _import(store: Store, b: _Bundle, source: Path, ref_prefix: str | None) -> ImportReport:
+    wanted = _wanted_refs(store, b, ref_prefix) if ref_prefix is not None else {}
     m = b.manifest
     ids = {e.id for e in m.objects.values()} | m.derived.keys()
     before = {d for d in ids if store.has(d)}
@@ -139,9 +158,15 @@ def _import(store: Store, b: _Bundle, source: Path) -> ImportReport:
             skipped.add(rid)
         else:
             put(rid, m.paths[rid], lambda rid=rid: store.put_record(b.records[rid]))
+    refs = []
+    for name, oid in wanted.items():  # children first: every record a ref names is in now
+        if store.has(oid):
+            store.ref_set(name, oid, expect=store.ref_get(name), message=f"import {source}")
+            refs.append((name, oid))
     return ImportReport(target=m.target, source=source,
                         imported=tuple(sorted(ids - before - skipped)), present=len(before),
-                        omitted=tuple(sorted(m.omitted)), skipped=tuple(sorted(skipped)))
+                        omitted=tuple(sorted(m.omitted)), skipped=tuple(sorted(skipped)),
+                        refs=tuple(refs), refs_left=len(wanted) - len(refs))
 
 
 def _read_range(path: Path, r: Range) -> bytes:

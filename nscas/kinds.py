@@ -220,11 +220,16 @@ def _receipt(rec: dict[str, Any], kind: str) -> None:
         c.fail("$.status", "expected 'succeeded' or 'failed'")
     if rec["status"] == "failed":
         c.string(rec.get("error"), "$.error")
-    for name in ("pipeline", "step"):  # optional: where the run came from (§3.9)
+    for name in ("pipeline", "step", "variant"):  # optional: where the run came from (§3.9)
         if name in rec:
             c.string(rec[name], f"$.{name}")
+    if isinstance(rec.get("variant"), str) and not (
+            _VARIANT.fullmatch(rec["variant"]) and ".." not in rec["variant"]):
+        c.fail("$.variant", f"expected a variant name (one ref part, §6.10), got "
+                            f"{_show(rec['variant'])}")
 
 
+_VARIANT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 
 

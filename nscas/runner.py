@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import platform
-import sys
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nscas import canonical
-from nscas.codetree import CodeChanges, code_changes, code_tree, recipe_files
+from nscas.changes import CacheMiss, difference, since
+from nscas.codetree import code_tree, recipe_files
 from nscas.compare import Verdict, compare_outputs
 from nscas.config import (
     RunFile,
@@ -28,6 +26,7 @@ from nscas.config import (
     step_reference,
 )
 from nscas.digests import Digest, sha256_hex
+from nscas.environment import environment
 from nscas.errors import ConfigError, NscasError, RecipeError, RecordError, RefConflict
 from nscas.locating import is_tag
 from nscas.objectstore import tree_record
@@ -36,13 +35,10 @@ from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContex
 from nscas.registry import available_recipes, registered_recipe, unknown_recipe
 from nscas.store import Store, check_ref_name
 from nscas.suggestions import did_you_mean
+from nscas.variants import Variant, plan_variant, step_refs, variant_prefix
 
 if TYPE_CHECKING:
     from nscas.signing import ReceiptSigner
-
-_ENV_PACKAGES = ("nscas", "torch", "transformers", "tokenizers", "safetensors", "numpy", "scipy",
-                 "blake3", "rfc8785", "zstandard", "SQLAlchemy", "alembic", "aiohttp", "httpx")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
@@ -62,22 +58,6 @@ class StepResult:
     """How the action differs from the step's previous run: why a step that was not asked to
     rerun ran, or, for a rerun compared with a run of another action, what changed."""
     error: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CacheMiss:
-    """Why a step's action had no receipt: how it differs from the last run of that step.
-
-    ``previous`` is that run's receipt, ``None`` if none was found; ``recipe`` holds the old
-    and new ``name@version`` when the version changed; ``inputs`` and ``params`` name what
-    differs; ``code`` is how the code tree changed.
-    """
-
-    previous: Digest | None
-    recipe: tuple[str, str] | None = None
-    inputs: tuple[str, ...] = ()
-    params: tuple[str, ...] = ()
-    code: CodeChanges = field(default_factory=CodeChanges)
 
 
 ProgressFactory = Callable[[str], Progress]
@@ -114,10 +94,12 @@ class OutputRefConflict(RefConflict):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunNames:
     """What a receipt records of where its run came from (docs/format.md §3.9): the pipeline's
-    name and the step's; None where not recorded. Not part of the action."""
+    name, the step's and the variant's (§6.10); None where not recorded. Not part of the
+    action."""
 
     pipeline: str | None = None
     step: str | None = None
+    variant: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,12 +138,15 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
              progress: ProgressFactory | None = None,
              on_step: Callable[[StepResult], None] | None = None,
              sets: tuple[str, ...] = (), only: tuple[str, ...] = (),
-             start: str | None = None, signer: ReceiptSigner | None = None) -> list[StepResult]:
+             start: str | None = None, signer: ReceiptSigner | None = None,
+             name: str | None = None) -> list[StepResult]:
     """Run a recipe or pipeline file; step results in run order.
 
     ``sets`` are ``STEP.PARAM=VALUE`` overrides, written into the params as if the file said
-    them; ``only`` runs just those steps and ``start`` that step and every step downstream of
-    it, the other steps' outputs taken from their previous runs (by pipeline and step name).
+    them; with them (or a ``name``) the run is a variant (nscas.variants), with refs and
+    previous runs of its own. ``only`` runs just those steps and ``start`` that step and
+    every step downstream of it, the other steps' outputs taken from their previous runs (by
+    pipeline, variant and step name).
     Everything that can be checked without running (the file, the overrides, recipes, params,
     inputs given by ID or ref, output ref names, the previous runs a partial run reads) is
     checked first, so bad input writes nothing. Refs are resolved once, at start; output refs
@@ -172,17 +157,19 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     spec = load_plan_file(path, sets)
     where = str(path)
     chosen = select_steps(spec, only, start)
-    runs = _StepRuns(store, spec)
+    variant = plan_variant(spec, sets, name)
+    runs = _StepRuns(store, spec, variant)
     plan = _plan(store, spec, where, runs)
     sources: dict[str, _Source] = {}
-    for name in _read_from_earlier(spec, chosen):
-        found = runs.latest(name)
+    for earlier in _read_from_earlier(spec, chosen):
+        found = runs.latest(earlier)
         if found is None:
-            raise ConfigError(where, f"step {name!r} is not run here and has no earlier "
-                                     f"succeeded run in pipeline {spec.name!r} to take its "
-                                     "outputs from (run it too)")
+            within = f" of variant {variant.name!r}" if variant is not None else ""
+            raise ConfigError(where, f"step {earlier!r} is not run here and has no earlier "
+                                     f"succeeded run in pipeline {spec.name!r}{within} to take "
+                                     "its outputs from (run it too)")
         record = store.get_record(found)
-        sources[name] = _Source(receipt=found, outputs={
+        sources[earlier] = _Source(receipt=found, outputs={
             k: Digest.parse(v) for k, v in record["outputs"].items()})
     for item in plan:
         if item.step.name not in chosen:
@@ -202,7 +189,8 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
                           params=item.params,
                           progress=progress(item.step.name) if progress else NullProgress(),
                           expected_refs=item.expected_refs, refs=item.refs, names=item.names,
-                          previous_run=runs.latest(item.step.name) if rerun else None)
+                          previous_run=runs.latest(item.step.name) if rerun else None,
+                          last_run=partial(runs.latest, item.step.name, original=True))
         if signer is not None and not result.cached:
             signer.sign(store, result.receipt)
         results[item.step.name] = result
@@ -248,25 +236,45 @@ def _read_from_earlier(spec: RunFile, chosen: set[str]) -> list[str]:
 
 class _StepRuns:
     """The succeeded receipts that record a pipeline and step name (docs/format.md §3.9),
-    read once, on first use: a step's previous run is the receipt its ``<refs>/<step>/receipt``
-    ref names, where the pipeline declares refs and that receipt records this pipeline and
-    step, else the newest (by ``finished``, then ID) that records them."""
+    read once, on first use. A step's previous run is the receipt its
+    ``<refs>[/variants/<variant>]/<step>/receipt`` ref names, where the pipeline declares refs
+    and that receipt records this pipeline and step, else the newest (by ``finished``, then ID)
+    that records them and the run's variant (none, for the run without one). A step that the
+    variant does not change falls back to the previous run without the variant (the same
+    action, unless the code changed since)."""
 
-    def __init__(self, store: Store, spec: RunFile) -> None:
+    def __init__(self, store: Store, spec: RunFile, variant: Variant | None = None) -> None:
         self._store = store
         self._spec = spec
-        self._latest: dict[tuple[str | None, str], tuple[str, Digest]] | None = None
+        self._variant = variant
+        self._latest: dict[tuple[str | None, str, str | None], tuple[str, Digest]] | None = None
+
+    @property
+    def variant(self) -> str | None:
+        """The name of the run's variant; None for the run without one."""
+        return self._variant.name if self._variant is not None else None
 
     def names(self, step: StepConfig) -> RunNames:
         pipeline, record_step = self._spec.receipt_names()
-        return RunNames(pipeline=pipeline, step=step.name if record_step else None)
+        return RunNames(pipeline=pipeline, step=step.name if record_step else None,
+                        variant=self.variant)
 
-    def latest(self, step: str) -> Digest | None:
+    def latest(self, step: str, *, original: bool = False) -> Digest | None:
+        """The step's previous run in this run's variant; ``original``: or, where it has none
+        there, the previous run without the variant (what a first run of a variant is shown
+        against)."""
+        variant = self._variant
+        found = self._latest_in(step, self.variant)
+        if found is None and variant is not None and (original or step not in variant.changed):
+            found = self._latest_in(step, None)
+        return found
+
+    def _latest_in(self, step: str, variant: str | None) -> Digest | None:
         pipeline, record_step = self._spec.receipt_names()
         if not record_step:
             return None
         if self._spec.refs is not None:
-            held = self._store.ref_get(f"{self._spec.refs}/{step}/receipt")
+            held = self._store.ref_get(f"{variant_prefix(self._spec.refs, variant)}/{step}/receipt")
             if held is not None and self._store.info(held).kind == "receipt/1":
                 rec = self._store.get_record(held)
                 if (rec.get("status") == "succeeded" and rec.get("pipeline") == pipeline
@@ -278,22 +286,28 @@ class _StepRuns:
                 rec = self._store.get_record(info.id)
                 if rec.get("status") != "succeeded" or not isinstance(rec.get("step"), str):
                     continue
-                key = (rec.get("pipeline"), rec["step"])
+                key = (rec.get("pipeline"), rec["step"], rec.get("variant"))
                 mark = (rec["finished"], info.id)
                 if key not in self._latest or mark > self._latest[key]:
                     self._latest[key] = mark
-        found = self._latest.get((pipeline, step))
+        found = self._latest.get((pipeline, step, variant))
         return found[1] if found else None
 
 
-def _output_refs(spec: RunFile, step: StepConfig, recipe: Recipe,
-                 label: str) -> tuple[tuple[str, str], ...]:
+def _output_refs(spec: RunFile, step: StepConfig, recipe: Recipe, label: str,
+                 variant: str | None) -> tuple[tuple[str, str], ...]:
     """The refs a step moves: the ones it declares, then those of the pipeline's ``refs``
-    prefix: ``<refs>/<step>/<output>`` for each output, ``<refs>/<step>/receipt``."""
-    refs = list(step.outputs.items())
+    prefix: ``<refs>/<step>/<output>`` for each output, ``<refs>/<step>/receipt``. A variant
+    moves ``<ref>/variants/<name>`` for each declared ref and
+    ``<refs>/variants/<name>/<step>/...`` instead (§6.10), never the refs of the run without it."""
+    refs = [(output, variant_prefix(ref, variant)) for output, ref in step.outputs.items()]
+    for output, ref in refs:
+        try:
+            check_ref_name(ref)
+        except NscasError as exc:
+            raise ConfigError(str(spec.path), f"{label}outputs.{output}: {exc.message}") from None
     if spec.refs is not None:
-        for output in (*recipe.outputs, "receipt"):
-            ref = f"{spec.refs}/{step.name}/{output}"
+        for output, ref in step_refs(spec.refs, variant, step.name, recipe.outputs):
             try:
                 check_ref_name(ref)
             except NscasError as exc:
@@ -321,7 +335,8 @@ def _plan(store: Store, spec: RunFile, where: str, runs: _StepRuns) -> list[_Pla
                 raise ConfigError(where, f"{labels[s.name]}outputs.{name}: recipe "
                                          f"{recipes[s.name].name!r} has no output {name!r} "
                                          f"(outputs: {', '.join(recipes[s.name].outputs)})")
-    refs = {s.name: _output_refs(spec, s, recipes[s.name], labels[s.name]) for s in steps}
+    refs = {s.name: _output_refs(spec, s, recipes[s.name], labels[s.name], runs.variant)
+            for s in steps}
     owners: dict[str, tuple[str, str, str]] = {}
     for s in steps:
         for output, ref in refs[s.name]:
@@ -339,30 +354,31 @@ def _plan(store: Store, spec: RunFile, where: str, runs: _StepRuns) -> list[_Pla
         item = _Planned(step=s, recipe=recipes[s.name], params=params[s.name],
                         label=labels[s.name], inputs=inputs, refs=refs[s.name], names=names,
                         expected_refs={ref: store.ref_get(ref) for _, ref in refs[s.name]})
-        if len(inputs) == len(s.inputs) and _set_tags(s, item.expected_refs):
+        if len(inputs) == len(s.inputs) and _set_tags(item.expected_refs):
             # Every input known now: the action's ID, and so its cached receipt, without a write.
             action = _action_id(item.recipe, _code_id(item.recipe), inputs, item.params)
-            _check_tags(store, s, item.expected_refs, find_receipt(store, action), where,
+            _check_tags(store, item.refs, item.expected_refs, find_receipt(store, action), where,
                         item.label)
         plan.append(item)
     return plan
 
 
-def _set_tags(step: StepConfig, refs: Mapping[str, Digest | None]) -> bool:
-    """Whether an output ref of ``step`` is a tag that is already set."""
-    return any(is_tag(ref) and refs.get(ref) is not None for ref in step.outputs.values())
+def _set_tags(expected: Mapping[str, Digest | None]) -> bool:
+    """Whether a ref a step moves is a tag that is already set (values at start)."""
+    return any(is_tag(ref) and value is not None for ref, value in expected.items())
 
 
-def _check_tags(store: Store, step: StepConfig, refs: Mapping[str, Digest | None],
-                previous: Digest | None, where: str, label: str) -> None:
+def _check_tags(store: Store, refs: tuple[tuple[str, str], ...],
+                expected: Mapping[str, Digest | None], previous: Digest | None, where: str,
+                label: str) -> None:
     """Before a step runs: refuse it if an output ref is a tag already set to something other
     than what the step's cached receipt gave (``previous``). Tags never move; a run that could
     only end by trying to move one would write its outputs and receipt for nothing."""
-    if not _set_tags(step, refs):
+    if not _set_tags(expected):
         return
     before = store.get_record(previous)["outputs"] if previous is not None else {}
-    for output, ref in step.outputs.items():
-        current = refs.get(ref)
+    for output, ref in refs:
+        current = expected.get(ref)
         if is_tag(ref) and current is not None and before.get(output) != str(current):
             raise ConfigError(where, f"{label}outputs.{output}: tag {ref!r} is already set to "
                                      f"{current}, and no earlier run of this step gave that "
@@ -527,14 +543,17 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
              expected_refs: Mapping[str, Digest | None] | None = None,
              refs: tuple[tuple[str, str], ...] | None = None,
              names: RunNames | None = None,
-             previous_run: Digest | None = None) -> StepResult:
+             previous_run: Digest | None = None,
+             last_run: Callable[[], Digest | None] | None = None) -> StepResult:
     """Run one checked step: reuse the receipt of its action, or execute it (``rerun``: always).
 
     ``params`` is the step's parsed params (as ``run_file`` checked them); when not given,
     ``step.params`` is parsed here. ``refs`` are the (output or ``receipt``, ref) pairs to move
     (default: the step's declared outputs); ``names`` what the receipt records of the run's
-    pipeline and step. A rerun compares its outputs with ``previous_run`` (the step's previous
-    run by pipeline and step name), else with the cached receipt of its action.
+    pipeline, step and variant. A rerun compares its outputs with ``previous_run`` (the
+    step's previous run by those names), else with the cached receipt of its action. A step
+    that misses the cache says how its action differs from the run ``last_run`` gives (asked
+    only then: finding it may read every receipt), else from the one ``explain_miss`` finds.
     """
     if params is None:
         params = _parse_step_params(recipe, step, where, "")
@@ -542,9 +561,9 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
         refs = tuple(step.outputs.items())
     if expected_refs is None:
         expected_refs = {ref: store.ref_get(ref) for _, ref in refs}
-    if _set_tags(step, expected_refs):  # before any write: the action's ID, computed
+    if _set_tags(expected_refs):  # before any write: the action's ID, computed
         action = _action_id(recipe, _code_id(recipe), inputs, params)
-        _check_tags(store, step, expected_refs, find_receipt(store, action), where, "")
+        _check_tags(store, refs, expected_refs, find_receipt(store, action), where, "")
     code = code_tree(store, recipe)
     action = store.put_record(_action(recipe, code, inputs, params))
     previous = find_receipt(store, action)
@@ -557,10 +576,12 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
                           claims=_claim_values(rec["claims"]))
     compared = previous_run if rerun and previous_run is not None else previous
     if previous is None and not rerun:
-        miss: CacheMiss | None = explain_miss(store, action, step, expected_refs)
+        last = last_run() if last_run is not None else None
+        miss: CacheMiss | None = (since(store, last, store.get_record(action)) if last is not None
+                                  else explain_miss(store, action, refs, expected_refs))
     elif (compared is not None
           and store.get_record(compared)["action"] != str(action)):  # an upstream run changed
-        miss = _since(store, compared, store.get_record(action))
+        miss = since(store, compared, store.get_record(action))
     else:
         miss = None
     receipt, result, error = _execute(store, recipe, step.name, params, inputs, action,
@@ -635,6 +656,8 @@ def _receipt(store: Store, action: Digest, started: str, result: RecipeResult | 
         record["pipeline"] = names.pipeline
     if names.step is not None:
         record["step"] = names.step
+    if names.variant is not None:
+        record["variant"] = names.variant
     return store.put_record(record)
 
 
@@ -656,42 +679,25 @@ def find_receipt(store: Store, action: Digest) -> Digest | None:
     return min(found)[1] if found else None
 
 
-def explain_miss(store: Store, action: Digest, step: StepConfig,
-                 refs: Mapping[str, Digest | None]) -> CacheMiss:
-    """Compare a new action with the one of the step's last succeeded run.
+def explain_miss(store: Store, action: Digest, refs: tuple[tuple[str, str], ...],
+                 expected: Mapping[str, Digest | None]) -> CacheMiss:
+    """Compare a new action with the one of the step's last succeeded run, for a step that
+    has no previous run by name (§6.3).
 
     That run is the newest succeeded receipt of the same recipe that ran on the same inputs
     and params (so only the code or version differ), or else, among those that set one of the
-    step's output refs to its value at start, the newest.
+    step's output ``refs`` to its value at start (``expected``), the newest.
     """
     new = store.get_record(action)
-    last = _last_run(store, new, step, refs)
+    last = _last_run(store, new, refs, expected)
     if last is None:
         return CacheMiss(previous=None)
     receipt, old = last
-    return _difference(store, receipt, old, new)
+    return difference(store, receipt, old, new)
 
 
-def _since(store: Store, receipt: Digest, new: Mapping[str, Any]) -> CacheMiss:
-    """How the action ``new`` differs from that of the run ``receipt``."""
-    old = store.get_record(Digest.parse(store.get_record(receipt)["action"]))
-    return _difference(store, receipt, old, new)
-
-
-def _difference(store: Store, receipt: Digest, old: Mapping[str, Any],
-                new: Mapping[str, Any]) -> CacheMiss:
-    before = store.get_record(Digest.parse(old["code"]))["entries"]
-    after = store.get_record(Digest.parse(new["code"]))["entries"]
-    return CacheMiss(
-        previous=receipt,
-        recipe=(old["recipe"], new["recipe"]) if old["recipe"] != new["recipe"] else None,
-        inputs=_differing(old["inputs"], new["inputs"]),
-        params=_differing(old["params"], new["params"]),
-        code=code_changes(before, after))
-
-
-def _last_run(store: Store, new: Mapping[str, Any], step: StepConfig,
-              refs: Mapping[str, Digest | None]) -> tuple[Digest, dict[str, Any]] | None:
+def _last_run(store: Store, new: Mapping[str, Any], refs: tuple[tuple[str, str], ...],
+              expected: Mapping[str, Digest | None]) -> tuple[Digest, dict[str, Any]] | None:
     name = _recipe_name(new["recipe"])
     same: list[tuple[str, Digest, dict[str, Any]]] = []
     if new["inputs"]:
@@ -705,8 +711,8 @@ def _last_run(store: Store, new: Mapping[str, Any], step: StepConfig,
         _, receipt, rec = max(same, key=lambda c: (c[0], c[1]))
         return receipt, rec
     setters: list[tuple[str, Digest, dict[str, Any]]] = []
-    for output, ref in step.outputs.items():
-        target = refs.get(ref)
+    for output, ref in refs:
+        target = expected.get(ref)
         if target is None:
             continue
         for link in store.links_to(target):
@@ -735,49 +741,6 @@ def _receipts(store: Store, action: Digest) -> list[tuple[Digest, dict[str, Any]
 
 def _recipe_name(recipe: str) -> str:
     return recipe.rpartition("@")[0]
-
-
-def _differing(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)))
-
-
-def environment() -> dict[str, Any]:
-    """Where this process runs. torch details only if a recipe imported it (never imported here)."""
-    packages = {}
-    for name in _ENV_PACKAGES:
-        try:
-            packages[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    torch = sys.modules.get("torch")
-    torch_info: dict[str, Any] | None = None
-    devices: list[dict[str, Any]] = [{"type": "cpu", "name": platform.processor() or platform.machine(),
-                                      "count": os.cpu_count() or 1}]
-    determinism: dict[str, Any] = {"PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
-                                   "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
-    if torch is not None:
-        import hashlib
-
-        config = torch.__config__.show()
-        torch_info = {"version": torch.__version__, "cuda": torch.version.cuda,
-                      "debug": bool(torch.version.debug),
-                      "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
-                      "threads": torch.get_num_threads()}
-        if torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                p = torch.cuda.get_device_properties(i)
-                devices.append({"type": "cuda", "index": i, "name": p.name,
-                                "memory_bytes": int(p.total_memory), "capability": f"{p.major}.{p.minor}"})
-        determinism.update({
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
-        })
-    return {"nscas": "environment/1", "python": sys.version.split()[0],
-            "platform": platform.platform(), "host": platform.node(), "packages": packages,
-            "torch": torch_info, "devices": devices, "determinism": determinism}
 
 
 def _crash_message(exc: BaseException) -> str:

@@ -29,7 +29,7 @@ SELF_REPORTED: tuple[str, ...] = (
     "journal entries: seconds",
     "journal/1 records: loop_seconds, peak_memory_bytes",
     "request log lines: start, end, wall_start, wall_end",
-    "receipts: started, finished, pipeline, step",
+    "receipts: started, finished, pipeline, step, variant",
     "evaluate timing lines and probes generation lines: seconds, tokens_per_second",
     "environment/1 records: every member but those cross-checked against the run",
 )

@@ -256,8 +256,14 @@ def _receipt(s: _Schema, r: dict[str, Any]) -> None:
     for name in ("pipeline", "step"):  # optional: the pipeline and step a run came from
         if name in r:
             s.string(r[name], f"/{name}")
+    if "variant" in r:  # optional: the variant of the run (docs/format.md §3.9): one ref part
+        value = r["variant"]
+        if not (isinstance(value, str) and _VARIANT.fullmatch(value) and ".." not in value):
+            s.bad("/variant", f"expected a variant name (one ref part of at most 100 "
+                              f"characters), found {_short_json(value)}")
 
 
+_VARIANT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 _BASE64 = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
 
 

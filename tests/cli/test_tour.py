@@ -142,7 +142,7 @@ def test_log_lists_records_newest_first_with_receipt_status(nscas: Nscas, store:
         (str(code), "tree/1")]
     first = r.json()[0]
     assert set(first) == {"id", "kind", "time", "size", "recipe", "status", "pipeline", "step",
-                          "claims"}
+                          "variant", "claims"}
     assert (first["recipe"], first["status"]) == ("train@1", "failed")
     assert (first["pipeline"], first["step"], first["claims"]) == (None, None, {})
     assert set(r.json()[1]) == {"id", "kind", "time", "size"}

@@ -48,6 +48,27 @@ retention_count = 4
 """A recipe file giving the same prepare action as the pipeline's first step."""
 
 
+CHAIN = """
+[[step]]
+name = "a"
+recipe = "probe"
+params = { label = "a" }
+[[step]]
+name = "b"
+recipe = "probe"
+inputs = { source = "step.a.seen" }
+[[step]]
+name = "c"
+recipe = "probe"
+inputs = { source = "step.b.seen", first = "step.a.receipt" }
+"""
+"""a -> b -> c of the probe recipe (tests/runner/probe_recipe.py); c also reads a's receipt."""
+RECEIPT = {"nscas": "receipt/1", "action": "blake3:" + "1" * 64,
+           "environment": "blake3:" + "2" * 64, "outputs": {}, "journals": [], "claims": {},
+           "started": "t", "finished": "t", "status": "succeeded"}
+"""A schema-valid receipt/1 to vary one member of."""
+
+
 def write(directory: Path, name: str, text: str) -> Path:
     path = directory / name
     path.write_text(textwrap.dedent(text), encoding="utf-8")

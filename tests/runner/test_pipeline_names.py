@@ -16,25 +16,9 @@ from nscas.recipe import Recipe, blob_part
 from nscas.runner import run_file
 from nscas.store import Store, init_store
 from nscas.verifiers.schemas import schema_problems
-from tests.runner.helpers import snapshot, write
+from tests.runner.helpers import CHAIN, RECEIPT, snapshot, write
 
 Nscas = Callable[..., Result]
-
-CHAIN = """
-[[step]]
-name = "a"
-recipe = "probe"
-params = { label = "a" }
-[[step]]
-name = "b"
-recipe = "probe"
-inputs = { source = "step.a.seen" }
-[[step]]
-name = "c"
-recipe = "probe"
-inputs = { source = "step.b.seen", first = "step.a.receipt" }
-"""
-
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
@@ -174,8 +158,9 @@ def test_a_fully_cached_pipeline_prints_one_line_per_step(probe: Recipe, home: P
     assert nscas("--store", home, "run", path).exit_code == 0
     again = nscas("--store", home, "run", path)
     assert again.exit_code == 0
-    lines = again.stdout.splitlines()
+    *lines, summary = again.stdout.splitlines()
     assert [line.split(",")[0] for line in lines] == [f"step {s}: cached" for s in "abc"]
+    assert summary == "3 steps: 3 cached, 0 ran, 0 failed"
     with opened(home) as store:
         for line in lines:
             short = line.rsplit(" ", 1)[1]
@@ -190,11 +175,6 @@ def test_a_measurement_with_the_same_reproducible_part_is_reproduced(store: Stor
     other = compare_outputs(store, {"log": a}, {"log": c}, measurements=first_word)["log"]
     assert other.status == "different"
     assert compare_outputs(store, {"log": a}, {"log": b})["log"].status == "different"
-
-
-RECEIPT = {"nscas": "receipt/1", "action": "blake3:" + "1" * 64,
-           "environment": "blake3:" + "2" * 64, "outputs": {}, "journals": [], "claims": {},
-           "started": "t", "finished": "t", "status": "succeeded"}
 
 
 @pytest.mark.parametrize("member", ["pipeline", "step"])

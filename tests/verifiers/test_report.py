@@ -121,3 +121,15 @@ def test_compare_reports_every_difference() -> None:
         "$.b.c[1]: claimed 2, recomputed 3",
     ]
     assert compare("c", 1.0, 1.5, rel_tol=0.5).status == "passed"
+
+
+def test_a_key_that_signed_many_receipts_is_named_once_with_a_count() -> None:
+    ids = ["receipt blake3:" + c * 64 for c in "abc"]
+    lines = [f"{ids[0]}: signed by key k1 (an untrusted key)",
+             f"{ids[1]}: signed by key k1 (an untrusted key)",
+             f"{ids[2]}: signed by key k2 (trusted key alice.pub)"]
+    report = Report.of([], signers=tuple(lines))
+    assert [n for n in report.notes() if n.startswith("self-reported facts")] == [
+        "self-reported facts of 2 receipts: each signed by key k1 (an untrusted key)",
+        f"self-reported facts of {ids[2]}: signed by key k2 (trusted key alice.pub)"]
+    assert json.loads(report.to_json())["signers"] == lines  # every receipt, exactly

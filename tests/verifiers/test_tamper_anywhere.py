@@ -40,7 +40,7 @@ SELF_REPORTED_LINES = {
 """Members of log lines that are self-reported (plan14 / docs/verify.md), by log."""
 SELF_REPORTED_RECORDS = {
     "journal/1": {"loop_seconds", "peak_memory_bytes"},
-    "receipt/1": {"started", "finished", "pipeline", "step"},
+    "receipt/1": {"started", "finished", "pipeline", "step", "variant"},
 }
 """Members of records that are self-reported; every member of environment/1 is, but for the
 few cross-checked against the run, so environment records are not picked at all."""

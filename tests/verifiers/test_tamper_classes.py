@@ -792,3 +792,30 @@ def test_a_journal_chain_rewritten_with_a_huge_step_is_a_finding(demo: Demo,
     text = re.sub(r'("step":)1,', r"\g<1>" + HUGE + ",", text, count=1)
     r.replace(path, text.encode(), opaque=True)
     _hostile(nscas_verify(r.seal()))
+
+
+@pytest.mark.parametrize("variant", ["", "../up", "a/b", "x" * 101, 3, None])
+def test_a_receipt_variant_that_names_no_variant_fails(demo: Demo, tmp_path: Path,
+                                                       variant: Any) -> None:
+    r = rewrite(demo, tmp_path)
+    path = path_of_receipt(r, "train")
+
+    def edit(record: dict[str, Any]) -> None:
+        record["variant"] = variant
+
+    r.edit_record(path, edit)
+    v = verify_here(r.seal())
+    assert v.code == 1 and v.report is not None and not v.report["ok"]
+    assert any("/variant" in (c["message"] or "")
+               for c in v.report["checks"] if c["status"] == "failed"), [
+        (c["name"], c["message"]) for c in v.report["checks"] if c["status"] == "failed"][:8]
+
+
+def test_a_consistent_rewrite_of_a_valid_variant_is_a_self_reported_label(
+        demo: Demo, tmp_path: Path) -> None:
+    r = rewrite(demo, tmp_path)
+    r.edit_record(path_of_receipt(r, "train"),
+                  lambda record: record.__setitem__("variant", "train.lr-3e-4"))
+    v = verify_here(r.seal())
+    assert v.report is not None and "variant" in " ".join(v.report["self_reported"])
+    assert not any(n.endswith(".schema") for n in v.failed()), sorted(v.failed())
