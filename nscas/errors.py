@@ -81,6 +81,17 @@ class IntegrityError(NscasError):
         self.actual = actual
 
 
+class DecodeBoundExceeded(IntegrityError):
+    """A stored leaf decodes to more bytes than its record says: a corrupt or hostile chunk."""
+
+    def __init__(self, hex_id: str, size: int, where: str) -> None:
+        super().__init__(f"object blake3:{hex_id}", f"at most {size} bytes, as its record says",
+                         f"more from {where}")
+        self.hex_id = hex_id
+        self.size = size
+        self.where = where
+
+
 class RefConflict(NscasError):
     """A compare-and-swap ref update found another value than expected."""
 
