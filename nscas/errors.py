@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from nscas.redacting import redact
+
 
 class NscasError(Exception):
     """Root of every error nscas raises on purpose. ``exit_code`` is what the CLI returns."""
@@ -9,6 +11,7 @@ class NscasError(Exception):
     exit_code = 2
 
     def __init__(self, message: str) -> None:
+        message = redact(message)  # a URL or key in any message never prints (nscas.redacting)
         super().__init__(message)
         self.message = message
 
