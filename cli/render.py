@@ -42,7 +42,9 @@ def _console(*, stderr: bool = False) -> Any:
 
 
 def json_out(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    from nscas.redacting import redact  # no credential in --json output either
+
+    sys.stdout.write(redact(json.dumps(value, indent=2)) + "\n")
 
 
 def text(line: str = "") -> None:
@@ -52,7 +54,9 @@ def text(line: str = "") -> None:
 
 def error(message: str) -> None:
     """The one-line form of every user-facing error, on stderr."""
-    line = " ".join(message.split())  # one line even if a message carries newlines
+    from nscas.redacting import redact
+
+    line = redact(" ".join(message.split()))  # one line even if a message carries newlines
     sys.stderr.write(ERROR_PREFIX + line + "\n")
 
 

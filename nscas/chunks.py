@@ -9,17 +9,18 @@ partial one.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 import blake3
 
 from nscas.durable import fsync_dir
-from nscas.errors import IntegrityError, StoreError
+from nscas.errors import DecodeBoundExceeded, IntegrityError, StoreError
 
 CHUNK_SIZE = 16 << 20  # fixed-size chunks of large ordinary files
 TENSOR_SPLIT = 32 << 20  # tensors larger than this are themselves stored as parts
@@ -30,6 +31,10 @@ _MIN_SAVING = 0.9  # compress only if the sample shrinks below 90 %
 _ZSTD_LEVEL = 3
 _SAFETENSORS_HEADER_MAX = 100 << 20
 _VERIFY_BLOCK = 4 << 20  # read-back block when re-hashing a chunk file just written
+LEAF_MAX = max(SINGLE_MAX, CHUNK_SIZE, TENSOR_SPLIT)
+"""No leaf the store writes is larger: a row claiming more is read as claiming this."""
+ZSTD_WINDOW_MAX = 1 << 25
+"""The largest zstd window a chunk may ask for (a leaf never needs more): decoding memory."""
 
 
 class Segment(NamedTuple):
@@ -102,15 +107,16 @@ def _safetensors_segments(path: Path, size: int) -> list[Segment] | None:
 class ChunkBackend(Protocol):
     """Where leaf objects' bytes live: :class:`ChunkFiles` (a directory, local or shared) or
     :class:`nscas.s3.S3Chunks` (an S3 prefix). Every write goes to a temporary name, is
-    verified, then published; every read is checked against the ID."""
+    verified, then published; every read is checked against the ID. ``size`` is the plain size
+    the leaf's row records: no read or check decodes more than that (:func:`plain_blocks`)."""
 
     def ensure(self) -> None: ...
     def exists(self, hex_id: str) -> bool: ...
     def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]: ...
-    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *,
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
               written: Callable[[], object] = ..., sha256: bool = True) -> str | None: ...
-    def read(self, hex_id: str, codec: str) -> bytes: ...
-    def verify(self, hex_id: str, codec: str) -> tuple[str, int]: ...
+    def read(self, hex_id: str, codec: str, size: int) -> bytes: ...
+    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]: ...
     def stored_size(self, hex_id: str) -> int | None: ...
     def location(self, hex_id: str) -> str: ...
     def remove(self, hex_id: str, *, before: float | None = None) -> bool: ...
@@ -152,7 +158,7 @@ class ChunkFiles:
     def chunk_written_before(self, hex_id: str, before: float) -> bool:
         return _written_before(self.path(hex_id), before)
 
-    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *,
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
               written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
         """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir.
 
@@ -174,7 +180,7 @@ class ChunkFiles:
             finally:
                 os.close(fd)
             sha = _new_sha256() if sha256 else None
-            got = self._rehash_file(tmp, codec, hex_id, sha)
+            got = self._rehash_file(tmp, codec, hex_id, size, sha)
             if got != hex_id:
                 raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
             os.replace(tmp, final)
@@ -184,35 +190,43 @@ class ChunkFiles:
         fsync_dir(final.parent)
         return sha.hexdigest() if sha is not None else None
 
-    def _rehash_file(self, path: Path, codec: str, hex_id: str, also: Any) -> str:
+    def _rehash_file(self, path: Path, codec: str, hex_id: str, size: int, also: Any) -> str:
         """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
         try:
-            return _plain_digest(path, codec, hex_id, also)[0]
+            return self._digest(path, codec, hex_id, size, also)[0]
         except IntegrityError as exc:
             raise IntegrityError(f"chunk written for {hex_id}", exc.expected, exc.actual) from None
 
-    def verify(self, hex_id: str, codec: str) -> tuple[str, int]:
+    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]:
         """(BLAKE3 hex, size) of a stored leaf's plain bytes, streamed in bounded memory.
 
-        Raises ``IntegrityError`` if the chunk file is missing or its zstd data does not decode.
+        Raises ``IntegrityError`` if the chunk file is missing, its zstd data does not decode,
+        or it decodes to more than ``size`` bytes.
         """
-        return _plain_digest(self.path(hex_id), codec, hex_id)
+        return self._digest(self.path(hex_id), codec, hex_id, size)
 
-    def read(self, hex_id: str, codec: str) -> bytes:
-        """The plain bytes of a leaf, checked against its ID."""
+    def _digest(self, path: Path, codec: str, hex_id: str, size: int,
+                also: Any = None) -> tuple[str, int]:
+        with self._open(path, hex_id) as f:
+            return plain_digest(f, codec, hex_id, size, where=f"chunk file {path}", also=also)
+
+    @staticmethod
+    def _open(path: Path, hex_id: str) -> BinaryIO:
         try:
-            stored = self.path(hex_id).read_bytes()
+            return path.open("rb")
         except FileNotFoundError:
             raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                                 f"no chunk file at {self.path(hex_id)}") from None
-        data = self._decode(stored, codec, hex_id)
+                                 f"no chunk file at {path}") from None
+
+    def read(self, hex_id: str, codec: str, size: int) -> bytes:
+        """The plain bytes of a leaf, at most ``size`` of them, checked against its ID."""
+        path = self.path(hex_id)
+        with self._open(path, hex_id) as f:
+            data = decode_stream(f, codec, hex_id, size, where=f"chunk file {path}")
         got = _hash_hex(data)
         if got != hex_id:
             raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
         return data
-
-    def _decode(self, stored: bytes, codec: str, hex_id: str = "") -> bytes:
-        return decode(stored, codec, hex_id)
 
     def remove(self, hex_id: str, *, before: float | None = None) -> bool:
         """Delete a chunk file (only if last written at or before ``before``); True if deleted."""
@@ -264,26 +278,115 @@ def encode(data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
     return "raw", data
 
 
-def decode(stored: bytes, codec: str, hex_id: str = "") -> bytes:
-    """The plain bytes of a stored leaf (checked against its ID by the caller)."""
+def decode(stored: bytes | memoryview, codec: str, hex_id: str, size: int, *,
+           where: str = "") -> bytes:
+    """The plain bytes of a stored leaf held in memory, at most ``size`` (checked against its
+    ID by the caller)."""
+    return decode_stream(io.BytesIO(stored), codec, hex_id, size, where=where)
+
+
+def decode_stream(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "") -> bytes:
+    """The plain bytes a stream of stored bytes decodes to, at most ``size`` of them."""
+    out = bytearray()
+    for block in plain_blocks(src, codec, hex_id, size, where=where):
+        out += block
+    return bytes(out)
+
+
+def plain_digest(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "",
+                 also: Any = None) -> tuple[str, int]:
+    """(BLAKE3 hex, size) of the plain bytes a stream decodes to, at most ``size``; ``also``
+    (a hashlib object) is fed the same blocks."""
+    # One thread per leaf: callers hash several at once (fsck) or run in a pool (put).
+    h = blake3.blake3()
+    got = 0
+    for block in plain_blocks(src, codec, hex_id, size, where=where):
+        h.update(block)
+        if also is not None:
+            also.update(block)
+        got += len(block)
+    return h.hexdigest(), got
+
+
+def stored_max(size: int) -> int:
+    """The most stored bytes a leaf of ``size`` plain bytes may take in any codec: raw is the
+    size itself, zstd at most ZSTD_compressBound of it; more is refused unread."""
+    return size + (size >> 7) + (64 << 10)
+
+
+def plain_blocks(src: BinaryIO, codec: str, hex_id: str, size: int, *,
+                 where: str = "") -> Iterator[memoryview]:
+    """The plain bytes of a stored leaf, in blocks of one reused buffer, bounded by its record.
+
+    Every codec decodes through here (raw and zstd now; any later one joins :func:`_decoder`):
+    ``size`` (the row's plain size, capped at :data:`LEAF_MAX`) bounds what comes out, one byte
+    past it is a :class:`DecodeBoundExceeded` naming the chunk, and the stored bytes read are
+    bounded by :func:`stored_max`. Fewer bytes than ``size`` simply end early: the caller's
+    hash and size checks judge them.
+    """
+    import zstandard
+
+    where = where or f"the chunk of blake3:{hex_id}"
+    limit = min(max(size, 0), LEAF_MAX)
+    reader = _decoder(_Capped(src, stored_max(limit), hex_id, where), codec, hex_id)
+    buf = bytearray(max(1, min(_VERIFY_BLOCK, limit + 1)))
+    view = memoryview(buf)
+    produced = 0
+    try:
+        while True:
+            # Ask for at most one byte past the bound: a bomb never gets to inflate further.
+            n = reader.readinto(view[:min(len(buf), limit + 1 - produced)])
+            if not n:
+                return
+            produced += n
+            if produced > limit:
+                raise DecodeBoundExceeded(hex_id, limit, where)
+            yield view[:n]
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                             f"undecodable zstd data in {where} ({exc})") from None
+
+
+def _decoder(src: BinaryIO, codec: str, hex_id: str) -> BinaryIO:
+    """A reader of the plain bytes of stored bytes in ``codec``."""
     if codec == "raw":
-        return stored
+        return src
     if codec == "zstd":
         import zstandard
 
-        # Streaming, not ZstdDecompressor.decompress: that allocates whatever size the frame
-        # header claims, and one flipped bit there asks for terabytes (MemoryError).
-        dobj = zstandard.ZstdDecompressor().decompressobj(write_size=1 << 20)
-        try:
-            data = dobj.decompress(stored)
-        except zstandard.ZstdError as exc:
-            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                                 f"undecodable zstd data ({exc})") from None
-        if not dobj.eof or dobj.unused_data:
-            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                                 "truncated zstd data or bytes after its end")
-        return data
+        # Streaming into a bounded buffer, never ZstdDecompressor.decompress: that allocates
+        # whatever size the frame header claims. Across frames, so that bytes after the frame
+        # are decoded too (and fail) rather than ignored.
+        dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_MAX)
+        return dctx.stream_reader(src, read_size=1 << 20, read_across_frames=True)  # type: ignore[return-value]
     raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+
+
+class _Capped(io.RawIOBase):
+    """A stored-bytes stream that refuses to be read past ``cap`` bytes."""
+
+    def __init__(self, src: BinaryIO, cap: int, hex_id: str, where: str) -> None:
+        self._src, self._left, self._hex, self._where = src, cap, hex_id, where
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        want = min(len(view), self._left + 1)
+        data = self._src.read(want)
+        if len(data) > self._left:
+            raise IntegrityError(f"object blake3:{self._hex}", "stored bytes its size allows",
+                                 f"more in {self._where}")
+        view[:len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        size = self._left + 1 if n is None or n < 0 else n
+        buf = bytearray(min(size, self._left + 1, 1 << 20) if n is None or n < 0 else size)
+        got = self.readinto(buf)
+        return bytes(buf[:got])
 
 
 def _written_before(path: Path, before: float) -> bool:
@@ -305,46 +408,6 @@ def _unlink(path: Path, before: float | None) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _plain_digest(path: Path, codec: str, hex_id: str,
-                  also: Any = None) -> tuple[str, int]:
-    """(BLAKE3 hex, size) of a chunk file's plain bytes, read in blocks (zstd decoded);
-    ``also`` (a hashlib object) is fed the same blocks."""
-    if codec not in ("raw", "zstd"):
-        raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
-    import zstandard
-
-    # One thread per file: callers hash several files at once (fsck) or run in a pool (put).
-    h = blake3.blake3()
-    feed = [h.update] if also is None else [h.update, also.update]
-    size = 0
-    buf = bytearray(_VERIFY_BLOCK)
-    view = memoryview(buf)
-    try:
-        with path.open("rb") as f:
-            if codec == "raw":
-                while n := f.readinto(buf):
-                    for update in feed:
-                        update(view[:n])
-                    size += n
-            else:
-                # Bounded output per read: a corrupt frame may describe far more data than it
-                # holds. Across frames, so that bytes after the frame are decoded too (and fail)
-                # rather than ignored: the same bytes must pass here that pass a read.
-                src = zstandard.ZstdDecompressor().stream_reader(
-                    f, read_size=_VERIFY_BLOCK, read_across_frames=True)
-                while n := src.readinto(buf):
-                    for update in feed:
-                        update(view[:n])
-                    size += n
-    except FileNotFoundError:
-        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                             f"no chunk file at {path}") from None
-    except zstandard.ZstdError as exc:
-        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                             f"undecodable zstd data ({exc})") from None
-    return h.hexdigest(), size
 
 
 def _hash_hex(data: bytes | memoryview) -> str:

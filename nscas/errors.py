@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from nscas.redacting import redact
+
 
 class NscasError(Exception):
     """Root of every error nscas raises on purpose. ``exit_code`` is what the CLI returns."""
@@ -9,6 +11,7 @@ class NscasError(Exception):
     exit_code = 2
 
     def __init__(self, message: str) -> None:
+        message = redact(message)  # a URL or key in any message never prints (nscas.redacting)
         super().__init__(message)
         self.message = message
 
@@ -79,6 +82,17 @@ class IntegrityError(NscasError):
         self.what = what
         self.expected = expected
         self.actual = actual
+
+
+class DecodeBoundExceeded(IntegrityError):
+    """A stored leaf decodes to more bytes than its record says: a corrupt or hostile chunk."""
+
+    def __init__(self, hex_id: str, size: int, where: str) -> None:
+        super().__init__(f"object blake3:{hex_id}", f"at most {size} bytes, as its record says",
+                         f"more from {where}")
+        self.hex_id = hex_id
+        self.size = size
+        self.where = where
 
 
 class RefConflict(NscasError):

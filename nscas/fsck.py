@@ -38,7 +38,7 @@ import blake3
 
 from nscas import canonical, kinds
 from nscas.digests import Digest, blake3_hex
-from nscas.errors import DamagedStore, IntegrityError, InvalidInput, NscasError
+from nscas.errors import DamagedStore, DecodeBoundExceeded, IntegrityError, InvalidInput, NscasError
 from nscas.locating import is_tag
 
 if TYPE_CHECKING:
@@ -325,7 +325,9 @@ def _check_leaf(store: StoreReader, info: ObjectInfo) -> list[Finding]:
                 return []  # reported by the row check
             got, size = blake3_hex(data), len(data)
         else:
-            got, size = store.chunks.verify(info.id.hex, info.codec)
+            got, size = store.chunks.verify(info.id.hex, info.codec, info.size)
+    except DecodeBoundExceeded as exc:
+        return [Finding(object=oid, problem="size-mismatch", detail=exc.message)]
     except NscasError as exc:
         return [Finding(object=oid, problem="hash-mismatch", detail=exc.message)]
     if got != info.id.hex:
@@ -345,8 +347,8 @@ def _rehash(store: StoreReader, info: ObjectInfo) -> list[Finding]:
     size = 0
     out: list[Finding] = []
     try:
-        for hex_id, codec, inline in store.leaves(info.id):
-            data = store.read_leaf(hex_id, codec, inline)  # checks the leaf's own ID
+        for leaf in store.leaves(info.id):
+            data = store.read_leaf(*leaf)  # checks the leaf's own ID, decodes at most its size
             whole.update(data)
             sha.update(data)
             size += len(data)

@@ -28,6 +28,14 @@ TRUNCATE_FUNCTION = "nscas_no_truncate"
 """The statement-level trigger function that refuses TRUNCATE of an insert-only table (0004)."""
 PG_TRIGGERS = {f"{t}_no_{v}": (t, v.upper())
                for t in INSERT_ONLY_TABLES for v in ("update", "delete", "truncate")}
+GUARD_BODIES = {
+    GUARD_FUNCTION: "BEGIN IF EXISTS (SELECT 1 FROM gc_session) THEN IF TG_OP = 'DELETE' THEN "
+                    "RETURN OLD; END IF; RETURN NEW; END IF; RAISE EXCEPTION USING MESSAGE = "
+                    "TG_TABLE_NAME || ' is insert-only'; END",
+    TRUNCATE_FUNCTION: "BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is insert-only'; END",
+}
+"""Each guard function's body (``pg_proc.prosrc``, whitespace collapsed) as migrations 0001 and
+0004 create it: a body replaced with ``CREATE OR REPLACE FUNCTION`` switches every guard off."""
 
 
 def schema_differences(c: PgConnection) -> list[SchemaDifference]:
@@ -53,8 +61,8 @@ def schema_differences(c: PgConnection) -> list[SchemaDifference]:
     out.extend(SchemaDifference(name=index, problem="missing-index",
                                 detail=f"index {index} on {table} is missing")
                for index, table in PG_INDEXES.items() if index not in indexes and table not in gone)
-    triggers = {name: (table, sql) for name, table, sql in c.execute(
-        "SELECT t.tgname, r.relname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
+    triggers = {name: (table, sql, enabled) for name, table, sql, enabled in c.execute(
+        "SELECT t.tgname, r.relname, pg_get_triggerdef(t.oid), t.tgenabled FROM pg_trigger t "
         "JOIN pg_class r ON r.oid = t.tgrelid JOIN pg_namespace n ON n.oid = r.relnamespace "
         "WHERE NOT t.tgisinternal AND n.nspname = current_schema()")}
     for name, (table, verb) in PG_TRIGGERS.items():
@@ -68,7 +76,13 @@ def schema_differences(c: PgConnection) -> list[SchemaDifference]:
             out.append(SchemaDifference(name=name, problem="changed-trigger",
                                         detail=f"trigger {name} is not the one the migrations "
                                                f"create: {found[1]}"))
-    for name, (table, sql) in sorted(triggers.items()):
+        elif found[2] != "O":  # D: disabled; R: fires only in replica sessions; A: always
+            out.append(SchemaDifference(name=name, problem="disabled-trigger",
+                                        detail=f"trigger {name} is disabled (tgenabled "
+                                               f"{found[2]!r}, not 'O'): {table} is no longer "
+                                               "insert-only"))
+    out.extend(_guard_function_differences(c))
+    for name, (table, sql, _) in sorted(triggers.items()):
         if name not in PG_TRIGGERS:
             out.append(SchemaDifference(name=name, problem="extra-trigger",
                                         detail=f"trigger {name} on {table}, which no migration "
@@ -83,6 +97,30 @@ def schema_differences(c: PgConnection) -> list[SchemaDifference]:
         out.append(SchemaDifference(name="gc_session", problem="gc-session-open",
                                     detail="gc_session holds a row outside any gc: the "
                                            "insert-only tables accept updates and deletes"))
+    return out
+
+
+def _guard_function_differences(c: PgConnection) -> list[SchemaDifference]:
+    """The guard functions against :data:`GUARD_BODIES`: missing, another language, another
+    body, or more than one of a name (an overload the triggers might resolve to instead)."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for name, language, body in c.execute(
+            "SELECT p.proname, l.lanname, p.prosrc FROM pg_proc p "
+            "JOIN pg_language l ON l.oid = p.prolang JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = current_schema() AND p.proname IN (?, ?)",
+            (GUARD_FUNCTION, TRUNCATE_FUNCTION)):
+        found.setdefault(name, []).append((language, " ".join(str(body).split())))
+    out: list[SchemaDifference] = []
+    for name, body in GUARD_BODIES.items():
+        have = found.get(name, [])
+        if not have:
+            out.append(SchemaDifference(name=f"{name}()", problem="missing-function",
+                                        detail=f"guard function {name}() is missing"))
+        elif have != [("plpgsql", body)]:
+            shown = "; ".join(f"{lang}: {text[:200]}" for lang, text in have)
+            out.append(SchemaDifference(name=f"{name}()", problem="changed-function",
+                                        detail=f"guard function {name}() is not the one the "
+                                               f"migrations create: {shown}"))
     return out
 
 

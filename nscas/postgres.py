@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from nscas import libpq
 from nscas.errors import DamagedStore, ReadOnlyStore, StoreError
 from nscas.libpq import PgError, Rows
-from nscas.storeconfig import redact
+from nscas.redacting import redact
 
 CONNECT_TIMEOUT_S = 10
 # Every read connection's settings, whatever the URL says; UTF8, so that text decodes as such.

@@ -85,7 +85,7 @@ class Putter:
             # Once its bytes are in the temporary file the read buffer may take the next piece:
             # fsync and the re-read do not hold it up. The SHA-256, where wanted, comes from that
             # re-read (which checks the bytes against the ID).
-            sha = self.chunks.write(hex_id, stored, codec, written=release,
+            sha = self.chunks.write(hex_id, stored, codec, size=len(data), written=release,
                                     sha256=not lazy_sha256)
         finally:
             release()

@@ -327,8 +327,7 @@ class StoreReader:
     def get_bytes(self, oid: Digest) -> bytes:
         """All bytes of an object, checked against its ID (never wrong bytes)."""
         with self._read() as c:
-            data = b"".join(self.read_leaf(h, codec, inline)
-                            for h, codec, inline in _leaves(c, oid.hex))
+            data = b"".join(self.read_leaf(*leaf) for leaf in _leaves(c, oid.hex))
         got = blake3_hex(data)
         if got != oid.hex:
             raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
@@ -386,7 +385,7 @@ class StoreReader:
 
     def _record(self, hex_id: str, storage: str, data: bytes | None) -> dict[str, Any]:
         if storage == "inline" and data is not None:
-            return canonical.parse(self.read_leaf(hex_id, "raw", bytes(data)))
+            return canonical.parse(self.read_leaf(hex_id, "raw", bytes(data), len(data)))
         return canonical.parse(self.get_bytes(Digest(hex_id)))
 
     def open(self, oid: Digest) -> BinaryIO:
@@ -395,18 +394,20 @@ class StoreReader:
             raise NotFound(str(oid))
         return io.BufferedReader(_LeafReader(self, oid), buffer_size=1 << 20)
 
-    def leaves(self, oid: Digest) -> Iterator[tuple[str, str, bytes | None]]:
-        """(hex, codec, inline data or None) of an object's leaves in order."""
+    def leaves(self, oid: Digest) -> Iterator[tuple[str, str, bytes | None, int]]:
+        """(hex, codec, inline data or None, recorded size) of an object's leaves in order."""
         with self._read() as c:
             yield from _leaves(c, oid.hex)
 
-    def read_leaf(self, hex_id: str, codec: str, inline: bytes | None) -> bytes:
+    def read_leaf(self, hex_id: str, codec: str, inline: bytes | None, size: int) -> bytes:
+        """A leaf's plain bytes, checked against its ID; a chunk decodes to at most ``size``
+        (its row's) bytes, whatever its stored bytes claim."""
         if inline is not None:
             got = blake3_hex(inline)
             if got != hex_id:
                 raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
             return inline
-        return self.chunks.read(hex_id, codec)
+        return self.chunks.read(hex_id, codec, size)
 
     def materialise(self, oid: Digest, dest: Path) -> None:
         """Write a blob to a new file, or a tree/1 to a new (or empty) directory; never
@@ -455,8 +456,8 @@ class StoreReader:
     def _write_blob(self, oid: Digest, target: Path) -> None:
         h = DualHasher()
         with target.open("wb") as f:
-            for hex_id, codec, data in self.leaves(oid):
-                chunk = self.read_leaf(hex_id, codec, data)
+            for leaf in self.leaves(oid):
+                chunk = self.read_leaf(*leaf)
                 h.update(chunk)
                 f.write(chunk)
         if h.digest() != oid:
@@ -720,15 +721,16 @@ def _immutable_open(root: Path, exc: sqlite3.Error) -> bool:
     return True
 
 
-def _leaves(c: sqlite3.Connection, hex_id: str) -> Iterator[tuple[str, str, bytes | None]]:
-    row = c.execute("SELECT storage, codec, data FROM objects WHERE id = ?", (hex_id,)).fetchone()
+def _leaves(c: sqlite3.Connection, hex_id: str) -> Iterator[tuple[str, str, bytes | None, int]]:
+    row = c.execute("SELECT storage, codec, data, size FROM objects WHERE id = ?",
+                    (hex_id,)).fetchone()
     if row is None:
         raise NotFound(f"blake3:{hex_id}")
-    storage, codec, data = row
+    storage, codec, data, size = row
     if storage == "inline":
-        yield hex_id, codec, bytes(data)
+        yield hex_id, codec, bytes(data), size
     elif storage == "file":
-        yield hex_id, codec, None
+        yield hex_id, codec, None, size
     else:
         subs = [r[0] for r in c.execute(
             "SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx", (hex_id,))]

@@ -32,6 +32,7 @@ from nscas.locating import is_tag
 from nscas.objectstore import tree_record
 from nscas.reading import ObjectInfo
 from nscas.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
+from nscas.redacting import redact
 from nscas.registry import available_recipes, registered_recipe, unknown_recipe
 from nscas.store import Store, check_ref_name
 from nscas.suggestions import did_you_mean
@@ -747,7 +748,7 @@ def _crash_message(exc: BaseException) -> str:
     """``Type: message (at file:line)``: where a recipe crashed, for the failed receipt."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return redact(f"{type(exc).__name__}: {exc}{where}")  # a URL's password in it never lands
 
 
 def _claim_values(claims: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,14 +14,16 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import blake3
 
-from nscas.chunks import decode, encode
+from nscas.chunks import decode, decode_stream, encode, plain_digest
 from nscas.errors import IntegrityError, StoreError
 from nscas.storeconfig import S3Settings
 
+_T = TypeVar("_T")
 _POOL = 16  # connections: the put pipeline writes from several threads
 
 
@@ -102,7 +104,7 @@ class S3Chunks:
     def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
         return encode(data)
 
-    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *,
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
               written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
         """Check, upload to a temporary key (MD5-verified), copy to the final key, delete the
         temporary one. Returns the plain bytes' SHA-256 (None without ``sha256``)."""
@@ -111,7 +113,7 @@ class S3Chunks:
 
         body = bytes(stored)
         written()
-        plain = decode(body, codec, hex_id)
+        plain = decode(body, codec, hex_id, size)
         got = blake3.blake3(plain).hexdigest()
         if got != hex_id:
             raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
@@ -134,25 +136,38 @@ class S3Chunks:
                 self._call("a delete", lambda: self._client.delete_object(Bucket=self.bucket, Key=tmp))
         return sha
 
-    def _get(self, hex_id: str) -> bytes:
+    def _get(self, hex_id: str):  # type: ignore[no-untyped-def]
+        """The chunk object's body, a stream: its bytes are read as they are decoded."""
         try:
             got = self._call("a read", lambda: self._client.get_object(
                 Bucket=self.bucket, Key=self.key(hex_id)))
         except _S3Missing:
             raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
                                  f"no {self.location(hex_id)}") from None
-        return got["Body"].read()  # type: ignore[index]
+        return got["Body"]  # type: ignore[index]
 
-    def read(self, hex_id: str, codec: str) -> bytes:
-        data = decode(self._get(hex_id), codec, hex_id)
+    def read(self, hex_id: str, codec: str, size: int) -> bytes:
+        with contextlib.closing(self._get(hex_id)) as body:
+            data = self._reading(lambda: decode_stream(body, codec, hex_id, size,
+                                                       where=self.location(hex_id)))
         got = blake3.blake3(data).hexdigest()
         if got != hex_id:
             raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
         return data
 
-    def verify(self, hex_id: str, codec: str) -> tuple[str, int]:
-        data = decode(self._get(hex_id), codec, hex_id)
-        return blake3.blake3(data).hexdigest(), len(data)
+    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]:
+        with contextlib.closing(self._get(hex_id)) as body:
+            return self._reading(lambda: plain_digest(body, codec, hex_id, size,
+                                                      where=self.location(hex_id)))
+
+    def _reading(self, fn: Callable[[], _T]) -> _T:
+        """``fn``, which reads a body: a connection lost part-way is the store's one-line error."""
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            return fn()
+        except (BotoCoreError, OSError) as exc:
+            raise StoreError(f"cannot reach object storage {self.url} (a read): {exc}") from None
 
     def _list(self, under: str) -> Iterator[tuple[str, float]]:
         pages = self._client.get_paginator("list_objects_v2").paginate(

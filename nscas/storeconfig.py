@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from nscas.errors import ConfigError, InvalidInput
 from nscas.locating import CONFIG_NAME
+from nscas.redacting import redact
 
 if TYPE_CHECKING:
     from nscas.chunks import ChunkBackend
@@ -52,6 +53,9 @@ def check_database_url(url: str) -> str:
                                                               or "host=" in parts.query):
         raise InvalidInput(f"invalid database URL {redact(url)!r}: expected "
                            "postgresql://user:password@host:port/dbname")
+    if parts.netloc.count("@") > 1:  # libpq would read the rest of the password as a host name
+        raise InvalidInput(f"invalid database URL {redact(url)!r}: an '@' in the user name or "
+                           "password must be written %40")
     return url
 
 
@@ -60,21 +64,12 @@ def check_objects_url(url: str) -> str:
     if url.startswith("s3://"):
         bucket = urlsplit(url).netloc
         if not bucket or "/" in bucket:
-            raise InvalidInput(f"invalid object storage URL {url!r}: expected s3://bucket/prefix")
+            raise InvalidInput(f"invalid object storage URL {redact(url)!r}: expected s3://bucket/prefix")
         return url.rstrip("/")
     if "://" in url or not os.path.isabs(url):
-        raise InvalidInput(f"invalid object storage location {url!r}: expected s3://bucket/prefix "
+        raise InvalidInput(f"invalid object storage location {redact(url)!r}: expected s3://bucket/prefix "
                            "or an absolute directory")
     return url
-
-
-def redact(url: str) -> str:
-    """A URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 def read_config(root: Path) -> StoreConfig | None:

@@ -51,6 +51,7 @@ MIN_PREFIX = 8
 MAX_MANIFEST_BYTES = 64 << 20
 """Largest manifest.json read (about 200,000 objects' entries)."""
 CHUNK_LIMIT = 1 << 30
+ZSTD_WINDOW_MAX = 1 << 25  # docs/format.md §5.5: a chunk's zstd frame needs no larger window
 """Most bytes one compressed chunk file may inflate to (store chunks are far smaller)."""
 _HEX_PREFIX = re.compile(r"^(?:blake3:)?([0-9a-f]{8,64})$")
 _REF_NAME = re.compile(r"^[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*$")
@@ -275,7 +276,8 @@ class StoreSource:
             # Never inflate past the recorded size: a small hostile frame can declare gigabytes.
             limit = size if isinstance(size, int) and 0 <= size <= CHUNK_LIMIT else CHUNK_LIMIT
             try:
-                with zstandard.ZstdDecompressor().stream_reader(stored) as reader:
+                with zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_MAX).stream_reader(
+                        stored) as reader:
                     pieces, got = [], 0
                     while got <= limit and (piece := reader.read(min(READ_CHUNK, limit + 1 - got))):
                         pieces.append(piece)

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from nscas.errors import DamagedStore, InvalidInput, NotFound, NscasError, StoreError
 from nscas.httpserver import HttpLimits, listen
+from nscas.redacting import redact
 from nscas.ui import render
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class BadQuery(InvalidInput):
 
 def error_page(status: int, message: str) -> web.Response:
     """The one error page: a title and one sentence saying what is wrong."""
-    message = message.strip()
+    message = redact(message.strip())
     if not message.endswith((".", "?", "!")):
         message += "."
     title = {400: "Bad request", 404: "Not found", 405: "Method not allowed",

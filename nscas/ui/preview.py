@@ -81,8 +81,8 @@ def _tree_name(store: StoreReader, oid: Digest) -> str | None:
 
 def _head(store: StoreReader, oid: Digest, n: int) -> bytes:
     out = bytearray()
-    for hex_id, codec, inline in store.leaves(oid):
-        out += store.read_leaf(hex_id, codec, inline)
+    for leaf in store.leaves(oid):
+        out += store.read_leaf(*leaf)
         if len(out) >= n:
             break
     return bytes(out[:n])

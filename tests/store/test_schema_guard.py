@@ -193,3 +193,24 @@ def test_gc_still_runs_without_an_index(store: Store) -> None:
         con.close()
     assert len(gc(store, min_age=0).objects) == 1
     assert [f.problem for f in fsck(store).findings] == ["missing-index"]
+
+
+@pytest.mark.parametrize("how", ["drop", "replace", "when-false"])
+@pytest.mark.parametrize("trigger", sorted(revision.TRIGGERS))
+def test_every_guard_switched_off_any_way_is_a_finding(store: Store, trigger: str, how: str) -> None:
+    """SQLite has no DISABLE TRIGGER: a guard is off when dropped or re-created to do nothing."""
+    assert fsck(store).ok
+    table, verb = trigger.rsplit("_no_", 1)
+    redo = {"drop": None,
+            "replace": f"CREATE TRIGGER {trigger} BEFORE {verb.upper()} ON {table} BEGIN SELECT 1; END",
+            "when-false": revision.TRIGGERS[trigger].replace(" WHEN ", " WHEN 0 AND ", 1)}[how]
+    con = raw_db(store)
+    try:
+        con.execute(f"DROP TRIGGER {trigger}")
+        if redo is not None:
+            con.execute(redo)
+    finally:
+        con.close()
+    with open_store(store.root, readonly=True) as reader:
+        found = {(f.object, f.problem) for f in fsck(reader).errors}
+    assert (trigger, "missing-trigger" if how == "drop" else "changed-trigger") in found, found

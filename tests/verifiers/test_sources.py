@@ -133,3 +133,34 @@ def test_a_bundle_reads_derived_ranges_and_finds_parents(tmp_path: Path) -> None
     (root / "manifest.json").write_bytes(rfc8785.dumps(body))
     state = Objects(BundleSource(root)).state(part_id)
     assert state.problem is not None and "past the end" in state.problem
+
+
+@pytest.mark.parametrize("frame", ["bomb", "huge-window"])
+def test_the_store_reader_never_inflates_a_chunk_past_its_record(tmp_path: Path, frame: str) -> None:
+    """docs/format.md §5.5: a chunk decodes to at most its recorded size, with a zstd window of
+    at most 32 MiB; the verifiers' reader applies the same bounds as the store."""
+    import zstandard
+
+    from nscas.store import init_store
+    from nscas.verifiers.sources import Unreadable
+
+    store = init_store(tmp_path)
+    oid = store.put_bytes(bytes(range(16)) * 4096)
+    assert store.info(oid).codec == "zstd"
+    chunk = store.chunks.path(oid.hex)  # type: ignore[attr-defined]
+    store.close()
+    if frame == "bomb":
+        cobj = zstandard.ZstdCompressor().compressobj()
+        stored = b"".join(cobj.compress(bytes(1 << 20)) for _ in range(256)) + cobj.flush()
+    else:
+        params = zstandard.ZstdCompressionParameters(window_log=27, enable_ldm=True)
+        cobj = zstandard.ZstdCompressor(compression_params=params).compressobj()
+        stored = cobj.compress(bytes(range(16)) * 4096) + cobj.flush()
+    chunk.chmod(0o644)
+    chunk.write_bytes(stored)
+    source = StoreSource(tmp_path / ".nscas")
+    try:
+        with pytest.raises(Unreadable):
+            read_all(source, str(oid))
+    finally:
+        source.close()
