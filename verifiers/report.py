@@ -77,10 +77,13 @@ class Check:
                    message=message)
 
     @classmethod
-    def skipped(cls, name: str, message: str, *, needs: Needs, claimed: Any = None) -> Check:
+    def skipped(cls, name: str, message: str, *, needs: Needs, claimed: Any = None,
+                recomputed: Any = None) -> Check:
         """Not rechecked: only for checks that need omitted weights or a model run. Anything
-        else that cannot be recomputed (unreadable evidence, an unknown verifier) fails."""
-        return cls(name=name, status="skipped", claimed=claimed, message=message, needs=needs)
+        else that cannot be recomputed (unreadable evidence, an unknown verifier) fails.
+        ``recomputed`` holds what was computed on the way (a partial replay), if anything."""
+        return cls(name=name, status="skipped", claimed=claimed, recomputed=recomputed,
+                   message=message, needs=needs)
 
     @classmethod
     def verdict(cls, name: str, ok: bool, *, claimed: Any = None, recomputed: Any = None,
