@@ -12,6 +12,7 @@ deterministic tarball whose entries are exactly the bundle without weights, byte
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import tarfile
@@ -45,11 +46,8 @@ def _keys(section: object) -> list[str]:
     return [k for k in section if isinstance(k, str)] if isinstance(section, dict) else []
 
 
-def _verdict(name: str, problems: list[str], **values: object) -> Check:
-    if not problems:
-        return Check.passed(name, **values)
-    more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
-    return Check.failed(name, "; ".join(problems[:_SHOWN]) + more, **values)
+def _verdict(name: str, problems: list[str], *, recomputed: object = None) -> Check:
+    return Check.of_problems(name, problems, shown=_SHOWN, recomputed=recomputed)
 
 
 def _sha256(path: Path) -> str:
@@ -188,7 +186,7 @@ def _sums(bundle: BundleSource, files: list[str]) -> Check:
         elif _sha256(target) != digest:
             problems.append(f"line {number}: SHA-256 of {rel} differs")
     problems += [f"{rel} is listed after {before}, against the bytewise order of paths"
-                 for before, rel in zip(listed, listed[1:], strict=False)
+                 for before, rel in itertools.pairwise(listed)
                  if rel.encode("utf-8") < before.encode("utf-8")]
     expected = [f for f in files if f != SUMS]
     missing = sorted(set(expected) - set(listed))

@@ -29,6 +29,7 @@ MODELS, RUNS, OUTPUTS, TASKS, CODE = range(5)
 JOURNALS = "training"
 SIGNATURES = "signatures"
 SNIFF_MAX = 16 << 20
+MAX_SEGMENT = 255
 WEIGHT_SUFFIX = ".safetensors"
 _SEGMENT = re.compile(r"[A-Za-z0-9._@+=,-]+")
 _UNCLEAN = re.compile(r"[^A-Za-z0-9._@+=,-]+")
@@ -85,6 +86,8 @@ class Layout:
     """Every path of every object: its first path, then (format 2) its copies."""
 
     paths: Mapping[str, tuple[str, ...]]
+    models: Mapping[str, str]
+    """Each checkpoint's folder name: its files are in ``models/<name>/``."""
     weight_only: frozenset[str]
     """Blobs every link names as weights: what ``--no-weights`` leaves out."""
     tensors: frozenset[str]
@@ -112,9 +115,11 @@ def clean(name: str) -> str | None:
 
 
 def tree_path_kept(path: str) -> bool:
-    """A tree entry keeps its path in a bundle iff every segment is already a clean name."""
+    """A tree entry keeps its path in a bundle iff every segment is already a clean name of
+    at most 255 characters."""
     parts = path.split("/")
-    return all(_SEGMENT.fullmatch(p) and p not in (".", "..") for p in parts)
+    return all(_SEGMENT.fullmatch(p) and p not in (".", "..") and len(p) <= MAX_SEGMENT
+               for p in parts)
 
 
 def unique(wanted: Mapping[str, str], fallback: Callable[[str], str]) -> dict[str, str]:
@@ -168,16 +173,19 @@ def derive(c: ClosureView, roles: Mapping[str, Role | None]) -> Layout:
     """The paths of every object of the closure under one choice of ``roles``."""
     receipt_roles = {r: roles.get(str(c.action(r).get("recipe", ""))) for r in c.of_kind("receipt/1")}
     weight_only, tensors = _weight_only(c)
-    return Layout(paths=_paths(c, receipt_roles), weight_only=weight_only, tensors=tensors)
-
-
-def _paths(c: ClosureView, roles: Mapping[str, Role | None]) -> dict[str, tuple[str, ...]]:
-    recs = c.records
     named: dict[str, list[str]] = defaultdict(list)
     for cid in c.of_kind("commitment/1"):
-        for name, value in _items(recs[cid].get("subjects")):
+        for name, value in _items(c.records[cid].get("subjects")):
             if (oid := c.link(value)) is not None and (name_ := clean(name)):
                 named[oid].append(name_)
+    models = _model_dirs(c, named)
+    return Layout(paths=_paths(c, receipt_roles, named, models), models=models,
+                  weight_only=weight_only, tensors=tensors)
+
+
+def _paths(c: ClosureView, roles: Mapping[str, Role | None], named: Mapping[str, list[str]],
+           models: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    recs = c.records
     cited: dict[str, list[str]] = defaultdict(list)
     for a in c.of_kind("action/1"):
         for name, value in _items(recs[a].get("inputs")):
@@ -187,7 +195,6 @@ def _paths(c: ClosureView, roles: Mapping[str, Role | None]) -> dict[str, tuple[
               for r in c.of_kind("receipt/1")}
     plain = {r: f"{recipe[r]}-{short(r)}" for r in recipe}
     label = unique({r: min(cited[r], default=plain[r]) for r in recipe}, plain.__getitem__)
-    models = _model_dirs(c, named)
     proposals: dict[str, list[tuple[tuple[int, str], str]]] = defaultdict(list)
 
     def propose(oid: str | None, priority: tuple[int, str], path: str) -> None:
@@ -224,7 +231,7 @@ def _paths(c: ClosureView, roles: Mapping[str, Role | None]) -> dict[str, tuple[
     for r in recipe:
         if roles[r] is None:
             propose_outputs(r, (OUTPUTS, ""), f"outputs/{label[r]}")
-    tasks = {t: min(named[t], default=clean(str(recs[t].get("role", ""))) or "tasks")
+    tasks = {t: min(named.get(t, ()), default=clean(str(recs[t].get("role", ""))) or "tasks")
              for t in c.of_kind("tasks/1")}
     for t, name in unique(tasks, lambda t: f"{tasks[t]}-{short(t)}").items():
         propose(c.link(recs[t].get("records")), (TASKS, ""), f"tasks/{name}.jsonl")

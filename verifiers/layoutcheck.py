@@ -24,6 +24,8 @@ from .report import Check
 from .sources import BUNDLE_FORMAT_V1, BundleSource
 
 _SHOWN = 6
+MODEL_FOLDER = "model-folder"
+"""``objects.memo[(MODEL_FOLDER, checkpoint)]``: the bundle folder of a checkpoint's files."""
 MAX_LAYOUTS = 64
 """Role choices tried (2**6: six recipes of the role table in one closure)."""
 
@@ -70,7 +72,7 @@ def _layout_check(bundle: BundleSource, objects: Objects, closure: Closure,
     derived = set(_keys(bundle.manifest.get("derived")))
     omitted = set(_keys(bundle.manifest.get("omitted")))
     actual = {path: entry["id"] for path, entry in bundle.paths.items()}
-    best: tuple[list[str], int] | None = None
+    best: tuple[list[str], int, Layout] | None = None
     for number, roles in enumerate(role_choices(view)):
         if number >= MAX_LAYOUTS:
             break
@@ -78,12 +80,14 @@ def _layout_check(bundle: BundleSource, objects: Objects, closure: Closure,
         problems = _differences(layout, view, actual, derived, omitted,
                                 copies=bundle.format != BUNDLE_FORMAT_V1)
         if best is None or len(problems) < len(best[0]):
-            best = (problems, len(layout.files(exported=set(view.kinds), copies=True)))
+            best = (problems, len(layout.files(exported=set(view.kinds), copies=True)), layout)
         if not problems:
             break
     assert best is not None  # role_choices always yields the all-declared choice
-    problems, count = best
-    return _verdict("bundle.layout", problems, recomputed=count)
+    problems, count, chosen = best
+    for ck, folder in chosen.models.items():  # where a reader loads each model from
+        objects.memo[(MODEL_FOLDER, ck)] = f"models/{folder}"
+    return Check.of_problems("bundle.layout", problems, shown=_SHOWN, recomputed=count)
 
 
 def _differences(layout: Layout, view: ClosureView, actual: Mapping[str, str],
@@ -148,7 +152,7 @@ def filesystem_check(root: Path) -> Check:
             except UnicodeEncodeError:
                 problems.append(f"{rel.encode('utf-8', 'surrogateescape')!r} is not UTF-8")
     problems += _collisions(names)
-    return _verdict("bundle.filesystem", problems, recomputed=len(names))
+    return Check.of_problems("bundle.filesystem", problems, shown=_SHOWN, recomputed=len(names))
 
 
 def _collisions(names: list[str]) -> list[str]:
@@ -170,9 +174,3 @@ def _collisions(names: list[str]) -> list[str]:
 def _keys(section: object) -> list[str]:
     return [k for k in section if isinstance(k, str)] if isinstance(section, dict) else []
 
-
-def _verdict(name: str, problems: list[str], **values: object) -> Check:
-    if not problems:
-        return Check.passed(name, **values)  # type: ignore[arg-type]
-    more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
-    return Check.failed(name, "; ".join(problems[:_SHOWN]) + more, **values)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,8 @@ def parse_json(data: bytes | str, *, what: str = "JSON text", jcs: bool = False)
         raise RecordParseError(f"nested deeper than {MAX_DEPTH} levels", what=what) from None
     except (ValueError, OverflowError) as exc:  # JSONDecodeError is a ValueError
         raise RecordParseError(str(exc), what=what) from None
-    problem = _shape_problem(value, MAX_DEPTH)
+    # A lone surrogate can only come from an escape (UTF-8 has none): look for one only then.
+    problem = _shape_problem(value, MAX_DEPTH, strings=_SURROGATE_ESCAPE.search(text) is not None)
     if problem is not None:
         raise RecordParseError(problem, what=what)
     return value
@@ -131,7 +133,10 @@ def _lone_surrogate(text: str) -> bool:
     return False
 
 
-def _shape_problem(value: Any, limit: int) -> str | None:
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _shape_problem(value: Any, limit: int, *, strings: bool) -> str | None:
     """Arrays and objects nested deeper than ``limit``, or a string (value or member name)
     holding a lone surrogate (``"\\ud800"``: no Unicode text, so no UTF-8 form and no
     canonical one); iteratively, so no recursion."""
@@ -143,7 +148,7 @@ def _shape_problem(value: Any, limit: int) -> str | None:
                 return "a string holds a lone surrogate (an escape of half a UTF-16 pair)"
             continue
         if isinstance(item, dict):
-            if any(_lone_surrogate(key) for key in item):
+            if strings and any(_lone_surrogate(key) for key in item):
                 return "a member name holds a lone surrogate"
             children: Any = item.values()
         elif isinstance(item, list):
@@ -153,7 +158,7 @@ def _shape_problem(value: Any, limit: int) -> str | None:
         if depth > limit:
             return f"nested deeper than {limit} levels"
         stack.extend((child, depth + 1) for child in children
-                     if isinstance(child, dict | list | str))
+                     if isinstance(child, dict | list) or (strings and isinstance(child, str)))
     return None
 
 

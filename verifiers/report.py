@@ -92,6 +92,17 @@ class Check:
         return cls(name=name, status="passed" if ok else "failed", claimed=claimed,
                    recomputed=recomputed, message="" if ok else message)
 
+    @classmethod
+    def of_problems(cls, name: str, problems: list[str], *, shown: int = 5, claimed: Any = None,
+                    recomputed: Any = None) -> Check:
+        """Passed when ``problems`` is empty, else failed with the first ``shown`` of them
+        and how many more there are."""
+        if not problems:
+            return cls.passed(name, claimed=claimed, recomputed=recomputed)
+        more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
+        return cls.failed(name, "; ".join(problems[:shown]) + more, claimed=claimed,
+                          recomputed=recomputed)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,

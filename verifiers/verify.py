@@ -25,6 +25,7 @@ from .bundle import bundle_checks
 from .closure import MISSING_CHECK, Objects, Unusable, walk
 from .errors import VerifierCrash, VerifierError
 from .layoutcheck import layout_checks
+from .loading import loader_checks
 from .objects import is_object_id
 from .ordering import parse_time
 from .receipts import check_receipt
@@ -206,6 +207,7 @@ def _verify(source: Source, oid: str, *, strict: bool, pin: str | None,
     for kind, checker in checkers:
         for member in closure.of_kind(kind):
             checks.extend(_guarded(checker, objects, member))
+    checks.extend(loader_checks(objects, closure))
     final: list[Check] = checks
     if replay is not None:
         replayed = replay_receipts(objects, list(closure.of_kind("receipt/1")), replay)

@@ -397,6 +397,8 @@ class Rewrite:
     def seal(self, *, check: bool = True) -> Path:
         """Write manifest.json, measurements.tar.gz and SHA256SUMS for the edited files; with
         ``check``, assert that ``sha256sum -c`` accepts the result."""
+        (self.root / MANIFEST).write_bytes(_dumps(self.manifest))
+        relayout(self.root, self.objects)
         inner = self.inner_manifest()
         outer = json.loads(json.dumps(self.manifest))
         if self.inner_edit is not None:
@@ -413,6 +415,61 @@ class Rewrite:
                                   cwd=self.root, capture_output=True, text=True, check=False)
             assert done.returncode == 0, done.stdout + done.stderr
         return self.root
+
+
+def relayout(root: Path, objects: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Move the closure's object files to the paths the exporter gives them (docs/bundle.md
+    "Paths", as ``nscas.verifiers.layout`` derives them from the records now in the bundle),
+    as a careful forger would: an edited receipt's ``<recipe>-<short ID>`` folder, a task set
+    relabelled to another role, an output whose bytes now sniff as another file type; objects
+    the target does not reach stay where they are. ``manifest.json`` must describe the files
+    already; old path -> new path."""
+    from nscas.verifiers.closure import Objects, walk
+    from nscas.verifiers.layout import derive, role_choices
+    from nscas.verifiers.layoutcheck import closure_view
+    from nscas.verifiers.sources import BUNDLE_FORMAT_V1, BundleSource
+
+    (root / MANIFEST).write_bytes(_dumps_manifest(root, objects))
+    bundle = BundleSource(root)
+    found = Objects(bundle)
+    closure, _ = walk(found, bundle.target)
+    signatures = frozenset(e["id"] for e in objects.values() if e.get("kind") == "signature/1")
+    view = closure_view(found, closure, signatures)
+    layout = derive(view, next(role_choices(view)))
+    left_out = {*bundle.manifest["derived"], *bundle.manifest["omitted"]}
+    want = layout.files(exported=set(view.kinds) - left_out,
+                        copies=bundle.format != BUNDLE_FORMAT_V1)
+    wanted: dict[str, set[str]] = {}
+    for path, oid in want.items():
+        wanted.setdefault(oid, set()).add(path)
+    have: dict[str, set[str]] = {}
+    for path, entry in objects.items():
+        have.setdefault(entry["id"], set()).add(path)
+    moved: dict[str, str] = {}
+    for oid, paths in sorted(have.items()):
+        if oid not in wanted or wanted[oid] == paths:
+            continue
+        source = sorted(paths)[0]
+        data, entry = (root / source).read_bytes(), objects[source]
+        for old in sorted(paths - wanted[oid]):
+            (root / old).unlink()
+            del objects[old]
+        for new in sorted(wanted[oid] - paths):
+            (root / new).parent.mkdir(parents=True, exist_ok=True)
+            (root / new).write_bytes(data)
+            objects[new] = entry
+            moved[source] = new
+    for directory in sorted((p for p in root.rglob("*") if p.is_dir()),
+                            key=lambda p: -len(p.parts)):
+        if not any(directory.iterdir()):
+            directory.rmdir()
+    return moved
+
+
+def _dumps_manifest(root: Path, objects: dict[str, dict[str, Any]]) -> bytes:
+    manifest = json.loads((root / MANIFEST).read_bytes())
+    manifest["objects"] = objects
+    return _dumps(manifest)
 
 
 def _dumps(value: Any) -> bytes:
