@@ -111,7 +111,7 @@ def reseal(root: Path, moves: dict[str, str | None] | None = None,
                          **{t: {"size": d["size"], "sha256": d["sha256"], "reason": "weights"}
                             for t, d in manifest["derived"].items() if d["from"] in weights}}}
     write_tar(root / TARBALL, {p: root / p for p in inner["objects"] if (root / p).is_file()},
-              rfc8785.dumps(inner))
+              rfc8785.dumps(inner), level=1)  # the level is no part of the format: fast
     listed = [p for p in files_of(root) if p != SUMS and not os.path.islink(root / p)]
     (root / SUMS).write_bytes("".join(
         f"{sha256((root / p).read_bytes())}  {p}\n" for p in listed).encode())

@@ -479,14 +479,15 @@ def _dumps(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
-def write_tar(path: Path, files: dict[str, Path], manifest: bytes) -> None:
+def write_tar(path: Path, files: dict[str, Path], manifest: bytes, *, level: int = 9) -> None:
     """measurements.tar.gz as docs/bundle.md specifies: entries sorted by path (bytewise,
     UTF-8), regular files only, PAX, mtime 0, uid/gid 0, empty owner names, mode 0644; gzip
     level 9, header mtime 0, no file name."""
     members: dict[str, bytes] = {p: f.read_bytes() for p, f in files.items()}
     members[MANIFEST] = manifest
     raw = io.BytesIO()
-    with (gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+    with (gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                        compresslevel=level) as gz,
           tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar):
         for name in sorted(members, key=str.encode):
             info = tarfile.TarInfo(name)
