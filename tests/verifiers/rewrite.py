@@ -446,15 +446,16 @@ def relayout(root: Path, objects: dict[str, dict[str, Any]]) -> dict[str, str]:
     for path, entry in objects.items():
         have.setdefault(entry["id"], set()).add(path)
     moved: dict[str, str] = {}
-    for oid, paths in sorted(have.items()):
-        if oid not in wanted or wanted[oid] == paths:
-            continue
-        source = sorted(paths)[0]
-        data, entry = (root / source).read_bytes(), objects[source]
-        for old in sorted(paths - wanted[oid]):
+    # Read everything that moves first: two objects may trade places (swapped weights).
+    moving = {oid: (sorted(paths)[0], (root / sorted(paths)[0]).read_bytes(),
+                    objects[sorted(paths)[0]])
+              for oid, paths in sorted(have.items()) if oid in wanted and wanted[oid] != paths}
+    for oid in moving:
+        for old in sorted(have[oid] - wanted[oid]):
             (root / old).unlink()
             del objects[old]
-        for new in sorted(wanted[oid] - paths):
+    for oid, (source, data, entry) in moving.items():
+        for new in sorted(wanted[oid] - have[oid]):
             (root / new).parent.mkdir(parents=True, exist_ok=True)
             (root / new).write_bytes(data)
             objects[new] = entry
