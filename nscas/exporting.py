@@ -58,6 +58,7 @@ MODEL_SIGNATURES = "model-signatures"
 _BLOCK = 8 << 20
 _SNIFF_MAX = 16 << 20  # output blobs up to this size are read to give their file a suffix
 _SEGMENT = re.compile(r"[A-Za-z0-9._@+=,-]+")
+_MAX_SEGMENT = 255  # NAME_MAX of Linux and most file systems
 _SUMS_LINE = re.compile(r"([0-9a-f]{64})  (.+)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # When several roles name one object, it takes the path of the first role in this order
@@ -232,8 +233,10 @@ def _clean(name: str) -> str | None:
 
 def _bundle_tree_path(path: str) -> bool:
     """A tree entry keeps its path in the bundle iff the path is safe and every part is
-    already a clean name (docs/bundle.md "Paths"); otherwise the file goes to ``blobs/``."""
-    return is_safe_relpath(path) and all(_SEGMENT.fullmatch(p) for p in path.split("/"))
+    already a clean name of at most 255 characters, what a file system holds (docs/bundle.md
+    "Paths"); otherwise the file goes to ``blobs/``."""
+    return is_safe_relpath(path) and all(_SEGMENT.fullmatch(p) and len(p) <= _MAX_SEGMENT
+                                         for p in path.split("/"))
 
 
 def _unique(wanted: Mapping[Digest, str], fallback: Callable[[Digest], str]) -> dict[Digest, str]:

@@ -12,6 +12,7 @@ deterministic tarball whose entries are exactly the bundle without weights, byte
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import tarfile
@@ -35,7 +36,7 @@ from .sources import (
     safe_relative,
 )
 
-_SUM_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
+_SUM_LINE = re.compile(r"([0-9a-f]{64})  ([^\r\n]+)")
 _SHOWN = 5
 WEIGHT_SUFFIX = ".safetensors"
 MAX_SUMS_BYTES = 64 << 20
@@ -45,11 +46,8 @@ def _keys(section: object) -> list[str]:
     return [k for k in section if isinstance(k, str)] if isinstance(section, dict) else []
 
 
-def _verdict(name: str, problems: list[str], **values: object) -> Check:
-    if not problems:
-        return Check.passed(name, **values)
-    more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
-    return Check.failed(name, "; ".join(problems[:_SHOWN]) + more, **values)
+def _verdict(name: str, problems: list[str], *, recomputed: object = None) -> Check:
+    return Check.of_problems(name, problems, shown=_SHOWN, recomputed=recomputed)
 
 
 def _sha256(path: Path) -> str:
@@ -156,6 +154,7 @@ def _sums(bundle: BundleSource, files: list[str]) -> Check:
     if not path.is_file():
         return Check.failed("bundle.sha256sums", f"{SUMS} is missing")
     problems, listed = [], []
+    present = set(files)
     try:
         if path.is_symlink() or path.stat().st_size > MAX_SUMS_BYTES:
             return Check.failed("bundle.sha256sums", f"{SUMS} is a link or over "
@@ -165,20 +164,30 @@ def _sums(bundle: BundleSource, files: list[str]) -> Check:
         return Check.failed("bundle.sha256sums", f"{SUMS} is not UTF-8")
     if text and not text.endswith("\n"):
         problems.append("the last line lacks its newline")
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+    seen: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if line.endswith("\r"):
+            problems.append(f"line {number} ends in CR LF; {SUMS} lines end in LF only")
+            continue
         match = _SUM_LINE.fullmatch(line)
         if match is None:
             problems.append(f"line {number} is not '<sha256>  <path>'")
             continue
         digest, rel = match.groups()
+        if rel in seen:
+            problems.append(f"line {number}: {rel} is listed again (first on line {seen[rel]})")
+            continue
+        seen[rel] = number
         listed.append(rel)
         target = bundle.root / rel
-        if rel not in files:
+        if rel not in present:
             problems.append(f"line {number}: {rel} is not a file of the bundle")
         elif _sha256(target) != digest:
             problems.append(f"line {number}: SHA-256 of {rel} differs")
-    if listed != sorted(listed, key=lambda p: p.encode("utf-8")):
-        problems.append("lines are not sorted by path")
+    problems += [f"{rel} is listed after {before}, against the bytewise order of paths"
+                 for before, rel in itertools.pairwise(listed)
+                 if rel.encode("utf-8") < before.encode("utf-8")]
     expected = [f for f in files if f != SUMS]
     missing = sorted(set(expected) - set(listed))
     if missing:

@@ -77,3 +77,18 @@ class MissingObject(VerifierError):
     def __init__(self, object_id: str) -> None:
         super().__init__(f"cannot verify: object {object_id} is not available")
         self.object_id = object_id
+
+
+class VerifierCrash(VerifierError):
+    """The verifier itself failed (a bug, not a finding): no verdict, so never exit 0 (exit 3,
+    "cannot verify"), reported on one line naming the exception and where it arose."""
+
+    exit_code = 3
+
+    def __init__(self, error: BaseException, where: str) -> None:
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        super().__init__(f"cannot verify: the verifier failed ({type(error).__name__}"
+                         f"{': ' + first if first else ''}, at {where}); this is a bug of the "
+                         "verifier, not a verdict on the evidence")
+        self.error = error
+        self.where = where

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -115,27 +116,50 @@ def parse_json(data: bytes | str, *, what: str = "JSON text", jcs: bool = False)
         raise RecordParseError(f"nested deeper than {MAX_DEPTH} levels", what=what) from None
     except (ValueError, OverflowError) as exc:  # JSONDecodeError is a ValueError
         raise RecordParseError(str(exc), what=what) from None
-    if _depth_exceeds(value, MAX_DEPTH):
-        raise RecordParseError(f"nested deeper than {MAX_DEPTH} levels", what=what)
+    # A lone surrogate can only come from an escape (UTF-8 has none): look for one only then.
+    problem = _shape_problem(value, MAX_DEPTH, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    if problem is not None:
+        raise RecordParseError(problem, what=what)
     return value
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether arrays and objects nest deeper than ``limit`` (iteratively: no recursion)."""
+def _lone_surrogate(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _shape_problem(value: Any, limit: int, *, strings: bool) -> str | None:
+    """Arrays and objects nested deeper than ``limit``, or a string (value or member name)
+    holding a lone surrogate (``"\\ud800"``: no Unicode text, so no UTF-8 form and no
+    canonical one); iteratively, so no recursion."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, str):
+            if _lone_surrogate(item):
+                return "a string holds a lone surrogate (an escape of half a UTF-16 pair)"
+            continue
         if isinstance(item, dict):
+            if strings and any(_lone_surrogate(key) for key in item):
+                return "a member name holds a lone surrogate"
             children: Any = item.values()
         elif isinstance(item, list):
             children = item
         else:
             continue
         if depth > limit:
-            return True
+            return f"nested deeper than {limit} levels"
         stack.extend((child, depth + 1) for child in children
-                     if isinstance(child, dict | list))
-    return False
+                     if isinstance(child, dict | list) or (strings and isinstance(child, str)))
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

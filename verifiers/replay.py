@@ -27,6 +27,7 @@ from .closure import Objects, Unusable, weights_omitted
 from .errors import RecordParseError
 from .evaluation import generation_keys, load_tokenizer, losses_of
 from .greedy import Answer, Precision, Tolerance, answer_scores, judge, stopping_problem
+from .loading import model_folder
 from .report import Check
 from .runs import Run
 from .taskchecks import read_lines
@@ -349,8 +350,13 @@ def _model(objects: Objects, checkpoint: str, device: str) -> Iterator[Any]:
 
 
 def checkpoint_dir(objects: Objects, checkpoint: str, root: Path, files: ExitStack) -> Path:
-    """``root`` made a directory of ``checkpoint``'s files: links to verified copies kept open
-    in ``files`` (close it only after the model is loaded). Unsafe paths are refused."""
+    """The folder a reader loads ``checkpoint`` from: in a bundle, its own model folder, once
+    it holds exactly the checkpoint's files (``loading.model_folder``); elsewhere ``root``
+    made a directory of the checkpoint's files, links to verified copies kept open in
+    ``files`` (close it only after the model is loaded). Unsafe paths are refused."""
+    folder = model_folder(objects, checkpoint)
+    if folder is not None:
+        return folder
     tree = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
     for rel, entry in sorted(tree["entries"].items()):
         path = PurePosixPath(rel)

@@ -77,10 +77,13 @@ class Check:
                    message=message)
 
     @classmethod
-    def skipped(cls, name: str, message: str, *, needs: Needs, claimed: Any = None) -> Check:
+    def skipped(cls, name: str, message: str, *, needs: Needs, claimed: Any = None,
+                recomputed: Any = None) -> Check:
         """Not rechecked: only for checks that need omitted weights or a model run. Anything
-        else that cannot be recomputed (unreadable evidence, an unknown verifier) fails."""
-        return cls(name=name, status="skipped", claimed=claimed, message=message, needs=needs)
+        else that cannot be recomputed (unreadable evidence, an unknown verifier) fails.
+        ``recomputed`` holds what was computed on the way (a partial replay), if anything."""
+        return cls(name=name, status="skipped", claimed=claimed, recomputed=recomputed,
+                   message=message, needs=needs)
 
     @classmethod
     def verdict(cls, name: str, ok: bool, *, claimed: Any = None, recomputed: Any = None,
@@ -88,6 +91,17 @@ class Check:
         """A passed or failed check depending on ``ok``; ``message`` explains a failure."""
         return cls(name=name, status="passed" if ok else "failed", claimed=claimed,
                    recomputed=recomputed, message="" if ok else message)
+
+    @classmethod
+    def of_problems(cls, name: str, problems: list[str], *, shown: int = 5, claimed: Any = None,
+                    recomputed: Any = None) -> Check:
+        """Passed when ``problems`` is empty, else failed with the first ``shown`` of them
+        and how many more there are."""
+        if not problems:
+            return cls.passed(name, claimed=claimed, recomputed=recomputed)
+        more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
+        return cls.failed(name, "; ".join(problems[:shown]) + more, claimed=claimed,
+                          recomputed=recomputed)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -26,20 +26,25 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import rfc8785
+
 from .closure import Closure, Objects, Unusable
-from .errors import VerifierError
-from .records import check_record
+from .errors import RecordParseError, VerifierError
+from .records import check_record, parse_json
 from .report import Check
 
 SIGNATURE = "signature/1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://nscas.dev/receipt/v1"
+PREDICATE = {"kind": "receipt/1"}
+"""The predicate of a receipt's statement (docs/format.md §3.11): exactly this."""
 MAX_KEY_BYTES = 64 << 10
 
 
@@ -106,8 +111,12 @@ def _public_key(pem: bytes) -> Any:
     return key
 
 
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----\r?\n?", re.S)
+
+
 def load_trusted(paths: Sequence[Path]) -> tuple[TrustedKey, ...]:
-    """The ``--trust`` public key files (PEM), each refused with one line when unusable."""
+    """The ``--trust`` public key files (PEM), each refused with one line when unusable. A
+    file of several PEM blocks trusts every key in it; anything else in it is refused."""
     keys = []
     for path in paths:
         try:
@@ -118,11 +127,24 @@ def load_trusted(paths: Sequence[Path]) -> tuple[TrustedKey, ...]:
             raise BadTrustKey(str(path), exc.strerror or str(exc)) from None
         if b"PRIVATE KEY" in data:
             raise BadTrustKey(str(path), "is a private key; trust the public key (FILE.pub)")
-        try:
-            key = _public_key(data)
-        except (ValueError, TypeError) as exc:
-            raise BadTrustKey(str(path), f"not a PEM ECDSA P-256 public key ({exc})") from None
-        keys.append(TrustedKey(path=str(path), keyid=_keyid(key)))
+        blocks = list(_PEM_BLOCK.finditer(data))
+        if not blocks:
+            raise BadTrustKey(str(path), "holds no PEM block (-----BEGIN PUBLIC KEY-----)")
+        outside = _PEM_BLOCK.sub(b"", data)
+        if outside.strip():
+            raise BadTrustKey(str(path), "holds text outside its PEM blocks; a trust file is "
+                                         "only PUBLIC KEY blocks")
+        for number, block in enumerate(blocks, start=1):
+            if block.group(1) != b"PUBLIC KEY":
+                raise BadTrustKey(str(path), f"PEM block {number} is a "
+                                  f"{block.group(1).decode()!r}, not a PUBLIC KEY")
+            try:
+                key = _public_key(block.group(0))
+            except (ValueError, TypeError) as exc:
+                raise BadTrustKey(str(path), f"PEM block {number} is not an ECDSA P-256 "
+                                  f"public key ({exc})") from None
+            keys.append(TrustedKey(path=str(path) if len(blocks) == 1
+                                   else f"{path} (key {number})", keyid=_keyid(key)))
     return tuple(keys)
 
 
@@ -196,14 +218,19 @@ def _check_one(objects: Objects, oid: str, receipt: str) -> tuple[list[str], str
         return [], f"payloadType {env['payloadType']!r} is not {PAYLOAD_TYPE!r}"
     try:
         payload = base64.b64decode(env["payload"], validate=True)
-        stated = json.loads(payload.decode("utf-8"))
     except (binascii.Error, ValueError) as exc:
-        return [], f"the payload is not base64 of a JSON statement ({exc})"
+        return [], f"the payload is not standard base64 ({exc})"
+    try:
+        stated = parse_json(payload, what="the signed statement")
+    except RecordParseError as exc:
+        return [], exc.message
     try:
         receipt_bytes = objects.bytes(receipt)
     except Unusable as exc:
         return [], f"the receipt is unusable: {exc.why}"
     problem = _statement_problem(stated, receipt, receipt_bytes)
+    if problem is None and payload != rfc8785.dumps(stated):
+        problem = "the signed statement is not in RFC 8785 canonical form"
     if problem is not None:
         return [], problem
     try:
@@ -239,11 +266,20 @@ def _statement_problem(stated: Any, receipt: str, data: bytes) -> str | None:
         return "the statement must have exactly one subject"
     subject = subjects[0]
     want = {"blake3": receipt.removeprefix("blake3:"), "sha256": hashlib.sha256(data).hexdigest()}
-    if subject.get("name") != receipt or subject.get("digest") != want:
+    if subject.get("name") != receipt or subject.get("digest") != want or set(subject) != {
+            "name", "digest"}:
         named = subject.get("name")
         return (f"replayed: the statement is about {named if isinstance(named, str) else '?'}"
                 f", not {receipt}" if subject.get("name") != receipt
-                else "the subject's digests are not those of the receipt's bytes")
+                else "the subject's digests are not those of the receipt's bytes"
+                if subject.get("digest") != want else "the subject has members beyond "
+                "name and digest")
+    if stated.get("predicate") != PREDICATE:
+        return (f"the predicate is {json.dumps(stated.get('predicate'))[:80]}, not "
+                f"{json.dumps(PREDICATE)}: it does not describe the receipt it signs")
+    extra = sorted(set(stated) - {"_type", "subject", "predicateType", "predicate"})
+    if extra:
+        return f"the statement has members beyond an in-toto Statement's: {', '.join(extra)}"
     return None
 
 

@@ -17,12 +17,15 @@ Exit codes (``exit_code``): 0 all checks hold; 1 a check failed (or, strict, was
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .bundle import bundle_checks
 from .closure import MISSING_CHECK, Objects, Unusable, walk
-from .errors import VerifierError
+from .errors import VerifierCrash, VerifierError
+from .layoutcheck import layout_checks
+from .loading import loader_checks
 from .objects import is_object_id
 from .ordering import parse_time
 from .receipts import check_receipt
@@ -98,13 +101,24 @@ def verify(target: str, *, store: Path | None = None, strict: bool = False,
     and its retention probes (``replay.py``), and K training updates after each published
     optimizer state (``replaytrain.py``, docs/format.md §7.8)."""
     pin = _parse_expect(expect)
-    source, oid = open_target(target, store=store)
     try:
-        return _verify(source, oid, strict=strict, pin=pin, progress=progress, trust=trust,
-                       replay=replay)
-    finally:
-        if isinstance(source, StoreSource):
-            source.close()
+        source, oid = open_target(target, store=store)
+        try:
+            return _verify(source, oid, strict=strict, pin=pin, progress=progress,
+                           trust=trust, replay=replay)
+        finally:
+            if isinstance(source, StoreSource):
+                source.close()
+    except VerifierError:
+        raise
+    except Exception as exc:  # a bug of the verifier: never a verdict, always one line
+        raise VerifierCrash(exc, _where(exc)) from exc
+
+
+def _where(error: BaseException) -> str:
+    """``module.py:line`` of the innermost frame of ``error``'s traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
 
 
 def _parse_expect(expect: str | None) -> str | None:
@@ -176,7 +190,7 @@ def _verify(source: Source, oid: str, *, strict: bool, pin: str | None,
     checks = _Checks(progress)
     checks.append(Check.passed("target", recomputed=oid, message=what))
     if pin is not None:
-        checks.append(_expect_check(source, pin, oid, named))
+        checks.append(_expect_check(objects, pin, oid))
     if isinstance(source, BundleSource):
         checks.extend(bundle_checks(source))
     closure, integrity = walk(objects, oid)
@@ -185,6 +199,7 @@ def _verify(source: Source, oid: str, *, strict: bool, pin: str | None,
     if isinstance(source, BundleSource):
         checks.append(_unreached(source, {*closure.order, *([named] if named else []),
                                           *signed.seen}))
+        checks.extend(layout_checks(source, objects, closure, signed.seen))
     checks.extend(signed.checks)
     checkers: tuple[tuple[str, Checker], ...] = (
         ("receipt/1", check_receipt), ("tasks/1", check_task_set),
@@ -192,6 +207,7 @@ def _verify(source: Source, oid: str, *, strict: bool, pin: str | None,
     for kind, checker in checkers:
         for member in closure.of_kind(kind):
             checks.extend(_guarded(checker, objects, member))
+    checks.extend(loader_checks(objects, closure))
     final: list[Check] = checks
     if replay is not None:
         replayed = replay_receipts(objects, list(closure.of_kind("receipt/1")), replay)
@@ -205,13 +221,14 @@ def _verify(source: Source, oid: str, *, strict: bool, pin: str | None,
                      self_reported=SELF_REPORTED, signers=signer_lines(signed.signers))
 
 
-def _expect_check(source: Source, pin: str, oid: str, named: str | None) -> Check:
-    """``--expect``: the pinned ID is the verified receipt (or the object TARGET named), or the
-    pinned SHA-256 is that of the bundle's SHA256SUMS file."""
+def _expect_check(objects: Objects, pin: str, oid: str) -> Check:
+    """``--expect``: the pinned ID is the verified receipt, or an output the verified receipt
+    itself produced (a member of its ``outputs``, the receipt succeeded); or the pinned
+    SHA-256 is that of the bundle's SHA256SUMS file. Anything else fails, saying what the pin
+    names."""
+    source = objects.source
     if is_object_id(pin):
-        return Check.verdict("expect", pin in (oid, named), claimed=pin, recomputed=oid,
-                             message="the verified target is not the pinned ID: this is not "
-                                     "the evidence that was published")
+        return _pinned_id(objects, pin, oid)
     if not isinstance(source, BundleSource):
         return Check.failed("expect", "a SHA-256 pin names a published SHA256SUMS file, and "
                             "only a bundle has one; pin a store target by its full ID",
@@ -220,6 +237,44 @@ def _expect_check(source: Source, pin: str, oid: str, named: str | None) -> Chec
     return Check.verdict("expect", digest == pin, claimed=pin, recomputed=digest,
                          message="the bundle's SHA256SUMS is not the pinned one: this is not "
                                  "the bundle that was published")
+
+
+def _pinned_id(objects: Objects, pin: str, oid: str) -> Check:
+    if pin == oid:
+        return Check.passed("expect", claimed=pin, recomputed=oid,
+                            message="the pin is the verified receipt")
+    try:
+        receipt = objects.record(oid)
+    except Unusable:
+        receipt = {}
+    outputs = receipt.get("outputs") if isinstance(receipt.get("outputs"), dict) else {}
+    produced = sorted(name for name, value in outputs.items() if value == pin)
+    if produced and receipt.get("status") == "succeeded":
+        return Check.passed("expect", claimed=pin, recomputed=oid,
+                            message=f"the pin is output {produced[0]!r} of the verified receipt")
+    if produced:
+        what = f"output {produced[0]!r} of the verified receipt, which did not succeed"
+    else:
+        what = _what_pin_names(objects, pin)
+    return Check.failed("expect", f"the pin names {what}; it must be the verified receipt "
+                        f"{oid} or an output that receipt produced: this is not the evidence "
+                        "that was published", claimed=pin, recomputed=oid)
+
+
+def _what_pin_names(objects: Objects, pin: str) -> str:
+    """The pinned object as a reader would want it named: its kind, and how it relates to
+    the verified evidence."""
+    try:
+        meta = objects.source.meta(pin)
+    except VerifierError:
+        meta = None
+    if meta is None:
+        return f"{pin}, which is not in {objects.source.label}"
+    kind = objects.kind(pin) if objects.state(pin).problem is None else meta.kind
+    article = f"{'a ' + kind if kind else 'a blob'} {pin}"
+    if kind == "receipt/1":
+        return f"another receipt, {pin}"
+    return f"{article}, which the verified receipt does not name among its outputs"
 
 
 def _unreached(bundle: BundleSource, reached: set[str]) -> Check:

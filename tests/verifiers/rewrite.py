@@ -397,6 +397,8 @@ class Rewrite:
     def seal(self, *, check: bool = True) -> Path:
         """Write manifest.json, measurements.tar.gz and SHA256SUMS for the edited files; with
         ``check``, assert that ``sha256sum -c`` accepts the result."""
+        (self.root / MANIFEST).write_bytes(_dumps(self.manifest))
+        relayout(self.root, self.objects)
         inner = self.inner_manifest()
         outer = json.loads(json.dumps(self.manifest))
         if self.inner_edit is not None:
@@ -415,6 +417,62 @@ class Rewrite:
         return self.root
 
 
+def relayout(root: Path, objects: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Move the closure's object files to the paths the exporter gives them (docs/bundle.md
+    "Paths", as ``nscas.verifiers.layout`` derives them from the records now in the bundle),
+    as a careful forger would: an edited receipt's ``<recipe>-<short ID>`` folder, a task set
+    relabelled to another role, an output whose bytes now sniff as another file type; objects
+    the target does not reach stay where they are. ``manifest.json`` must describe the files
+    already; old path -> new path."""
+    from nscas.verifiers.closure import Objects, walk
+    from nscas.verifiers.layout import derive, role_choices
+    from nscas.verifiers.layoutcheck import closure_view
+    from nscas.verifiers.sources import BUNDLE_FORMAT_V1, BundleSource
+
+    (root / MANIFEST).write_bytes(_dumps_manifest(root, objects))
+    bundle = BundleSource(root)
+    found = Objects(bundle)
+    closure, _ = walk(found, bundle.target)
+    signatures = frozenset(e["id"] for e in objects.values() if e.get("kind") == "signature/1")
+    view = closure_view(found, closure, signatures)
+    layout = derive(view, next(role_choices(view)))
+    left_out = {*bundle.manifest["derived"], *bundle.manifest["omitted"]}
+    want = layout.files(exported=set(view.kinds) - left_out,
+                        copies=bundle.format != BUNDLE_FORMAT_V1)
+    wanted: dict[str, set[str]] = {}
+    for path, oid in want.items():
+        wanted.setdefault(oid, set()).add(path)
+    have: dict[str, set[str]] = {}
+    for path, entry in objects.items():
+        have.setdefault(entry["id"], set()).add(path)
+    moved: dict[str, str] = {}
+    # Read everything that moves first: two objects may trade places (swapped weights).
+    moving = {oid: (sorted(paths)[0], (root / sorted(paths)[0]).read_bytes(),
+                    objects[sorted(paths)[0]])
+              for oid, paths in sorted(have.items()) if oid in wanted and wanted[oid] != paths}
+    for oid in moving:
+        for old in sorted(have[oid] - wanted[oid]):
+            (root / old).unlink()
+            del objects[old]
+    for oid, (source, data, entry) in moving.items():
+        for new in sorted(wanted[oid] - have[oid]):
+            (root / new).parent.mkdir(parents=True, exist_ok=True)
+            (root / new).write_bytes(data)
+            objects[new] = entry
+            moved[source] = new
+    for directory in sorted((p for p in root.rglob("*") if p.is_dir()),
+                            key=lambda p: -len(p.parts)):
+        if not any(directory.iterdir()):
+            directory.rmdir()
+    return moved
+
+
+def _dumps_manifest(root: Path, objects: dict[str, dict[str, Any]]) -> bytes:
+    manifest = json.loads((root / MANIFEST).read_bytes())
+    manifest["objects"] = objects
+    return _dumps(manifest)
+
+
 def _dumps(value: Any) -> bytes:
     try:
         return rfc8785.dumps(value)
@@ -422,14 +480,15 @@ def _dumps(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
-def write_tar(path: Path, files: dict[str, Path], manifest: bytes) -> None:
+def write_tar(path: Path, files: dict[str, Path], manifest: bytes, *, level: int = 9) -> None:
     """measurements.tar.gz as docs/bundle.md specifies: entries sorted by path (bytewise,
     UTF-8), regular files only, PAX, mtime 0, uid/gid 0, empty owner names, mode 0644; gzip
     level 9, header mtime 0, no file name."""
     members: dict[str, bytes] = {p: f.read_bytes() for p, f in files.items()}
     members[MANIFEST] = manifest
     raw = io.BytesIO()
-    with (gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+    with (gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                        compresslevel=level) as gz,
           tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar):
         for name in sorted(members, key=str.encode):
             info = tarfile.TarInfo(name)

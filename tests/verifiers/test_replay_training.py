@@ -332,3 +332,36 @@ def test_a_batch_tokenised_otherwise_than_the_journal_says_is_named() -> None:
         "step 7: its documents as tokenised here have tokens 5, the journal's 6"]
     reweighted = {7: {**honest[7], "weighted_targets": 10}}
     assert "weighted_targets 17, the journal's 10" in count_problems(updates, reweighted, docs)[0]
+
+
+def test_a_replay_bound_of_zero_is_not_rechecked_not_a_crash(trained: Trained) -> None:
+    """Issue 36: every "not rechecked" path of the training replay builds its check (a time
+    bound of 0 leaves every update unreplayed: skipped, needs a model run, with what was
+    computed)."""
+    options = ReplayOptions(count=0, seed=1, steps=2, time_limit=0.0)
+    report = verify(trained.receipt, store=trained.store_dir, replay=options)
+    check = _checks(report)["train." + trained.receipt[7:15] + ".replay.training"]
+    assert check.status == "skipped" and check.needs == "model", check.message
+    assert check.recomputed is not None and check.recomputed["replayed"] == []
+
+
+def test_the_training_replay_loads_the_bundle_model_folder(
+        trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a bundle, the replay loads the model from ``models/<arm>/``, the folder a reader
+    gives to ``from_pretrained``, and it reproduces the journal there too."""
+    from nscas.exporting import export_bundle
+    from nscas.verifiers import loading, replay
+
+    export_bundle(trained.store, Digest.parse(trained.receipt), tmp_path / "bundle")
+    loaded: list[Path] = []
+
+    def spy(objects: Any, checkpoint: str) -> Path | None:
+        folder = loading.model_folder(objects, checkpoint)
+        loaded.append(folder) if folder is not None else None
+        return folder
+
+    monkeypatch.setattr(replay, "model_folder", spy)
+    report = verify(str(tmp_path / "bundle"), strict=True, replay=REPLAY)
+    check = _checks(report)["train." + trained.receipt[7:15] + ".replay.training"]
+    assert check.status == "passed", check.message
+    assert loaded and all(p.parent == tmp_path / "bundle" / "models" for p in loaded)

@@ -29,6 +29,7 @@ from nscas.store import Store
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import evaluate_step, run_pipeline, serve_step, tiny_pipeline
+from tests.verifiers.rewrite import relayout
 
 PIPELINE = (tiny_pipeline(train=16, retention=2)
             + evaluate_step("evaluate", retention=False, max_new_tokens=8, threads=1)
@@ -140,6 +141,8 @@ class Tamperer:
         self.manifest = json.loads((dest / MANIFEST).read_bytes())
         self.moved: dict[str, str] = {}
         """Old path -> new path, for record files named by their ID."""
+        self.replaced: dict[str, str] = {}
+        """Old ID -> new ID of every object edited."""
 
     def path_of(self, suffix: str) -> str:
         (path,) = [p for p in self.manifest["objects"] if p.endswith(suffix)]
@@ -180,11 +183,14 @@ class Tamperer:
         objects[path] = {**entry, "id": new, "size": len(data),
                          "sha256": hashlib.sha256(data).hexdigest()}
         replaced[old] = objects[path]
+        self.replaced[old] = new
         if self.manifest["target"] == old:
             self.manifest["target"] = new
 
     def seal(self) -> Path:
         """Rewrite manifest.json, the tarball (with its own manifest) and SHA256SUMS."""
+        (self.root / MANIFEST).write_bytes(rfc8785.dumps(self.manifest))
+        self.moved.update(relayout(self.root, self.manifest["objects"]))
         canonical = rfc8785.dumps(self.manifest)
         (self.root / MANIFEST).write_bytes(canonical)
         tar = self.root / TARBALL
@@ -334,9 +340,11 @@ def test_a_swapped_checkpoint_in_a_resealed_bundle_fails_the_weight_check(
                      if e["kind"] == "checkpoint/1"]
     assert checkpoint != str(run.steps["init"].outputs["checkpoint"])
     # The weights no longer hash to the params; and the original weight file the tamperer kept
-    # for the tensor ranges is an object the target no longer reaches.
-    assert failed(report) == {f"checkpoint.{checkpoint[7:15]}.params", "bundle.closure"}, \
-        failed(report)
+    # for the tensor ranges is an object the target no longer reaches, at a path the layout
+    # of the closure does not have.
+    assert failed(report) == {f"checkpoint.{checkpoint[7:15]}.params", "bundle.closure",
+                              "bundle.layout"}, failed(report)
+    assert kept in next(c for c in report.checks if c.name == "bundle.layout").message
     (stray,) = [c for c in report.checks if c.name == "bundle.closure"]
     assert kept.removeprefix("blobs/").split(".")[0] in stray.message
     assert target != run.receipt("evaluate") and exit_code(report) == 1
