@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from typer.testing import Result
 
 from nscas import runner
 from nscas.recipe import Recipe
+from nscas.store import init_store
 from tests.runner import probe_recipe
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A directory holding a new store (``.nscas``): the runner tests' working directory."""
+    init_store(tmp_path).close()
+    return tmp_path
 
 
 @pytest.fixture

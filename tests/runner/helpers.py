@@ -90,3 +90,8 @@ def copy_store(source: Path, dest: Path) -> Store:
 def snapshot(store: Store) -> tuple[dict[str, int], int]:
     """What a run writes: object and ref counts, and ref-log length."""
     return store.counts(), len(store.ref_log())
+
+
+def opened(home: Path) -> Store:
+    """The store of a ``home`` fixture's directory."""
+    return Store(home / ".nscas")

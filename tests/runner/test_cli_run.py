@@ -13,7 +13,7 @@ from typer.testing import Result
 from nscas.cli.run import verdict_text
 from nscas.compare import Verdict
 from nscas.digests import Digest
-from nscas.store import Store, init_store
+from nscas.store import Store
 from tests.runner.helpers import PIPELINE, PREPARE_RECIPE, TINY_COUNTS, snapshot, write
 
 torch.set_num_threads(1)
@@ -21,12 +21,6 @@ torch.set_num_threads(1)
 Nscas = Callable[..., Result]
 STEP_KEYS = {"receipt", "action", "cached", "outputs", "claims"}
 PREPARE_OUTPUTS = {"test", "dev", "train", "damaged", "replay", "retention", "prepared"}
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    init_store(tmp_path).close()
-    return tmp_path
 
 
 def open_home(home: Path) -> Store:

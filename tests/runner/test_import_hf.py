@@ -16,7 +16,7 @@ from typer.testing import Result
 from nscas.cli.import_hf import SOURCE, check_hf_dir, import_hf
 from nscas.digests import Digest
 from nscas.errors import InvalidInput
-from nscas.store import Store, init_store
+from nscas.store import Store
 from tests.runner.helpers import snapshot
 
 torch.set_num_threads(1)
@@ -35,12 +35,6 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hf") / "tiny-llama"
     model.save_pretrained(out)
     return out
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    init_store(tmp_path).close()
-    return tmp_path
 
 
 def test_import_hf_stores_a_checkpoint_that_loads_with_equal_weights(

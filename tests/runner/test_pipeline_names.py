@@ -14,21 +14,11 @@ from nscas.digests import Digest
 from nscas.errors import ConfigError, RecordError
 from nscas.recipe import Recipe, blob_part
 from nscas.runner import run_file
-from nscas.store import Store, init_store
+from nscas.store import Store
 from nscas.verifiers.schemas import schema_problems
-from tests.runner.helpers import CHAIN, RECEIPT, snapshot, write
+from tests.runner.helpers import CHAIN, RECEIPT, opened, snapshot, write
 
 Nscas = Callable[..., Result]
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    init_store(tmp_path).close()
-    return tmp_path
-
-
-def opened(home: Path) -> Store:
-    return Store(home / ".nscas")
-
 
 def names(store: Store, receipt: Digest) -> tuple[object, object]:
     rec = store.get_record(receipt)

@@ -14,8 +14,7 @@ from typer.testing import Result
 from nscas.changes import ABSENT, Change, changes_between
 from nscas.cli import render
 from nscas.recipe import Recipe
-from nscas.store import Store, init_store
-from tests.runner.helpers import write
+from tests.runner.helpers import opened, write
 
 Nscas = Callable[..., Result]
 
@@ -35,16 +34,6 @@ recipe = "probe"
 inputs = { source = "step.b.seen" }
 """
 FULL_ID = re.compile(r"[0-9a-f]{64}")
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    init_store(tmp_path).close()
-    return tmp_path
-
-
-def opened(home: Path) -> Store:
-    return Store(home / ".nscas")
 
 
 def rows(out: str) -> list[list[str]]:

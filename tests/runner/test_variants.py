@@ -12,10 +12,10 @@ from typer.testing import Result
 from nscas.errors import ConfigError, RecordError
 from nscas.recipe import Recipe
 from nscas.runner import run_file
-from nscas.store import Store, check_ref_name, init_store
+from nscas.store import Store, check_ref_name
 from nscas.variants import check_name, variant_name, variant_prefix
 from nscas.verifiers.schemas import schema_problems
-from tests.runner.helpers import RECEIPT, snapshot, write
+from tests.runner.helpers import RECEIPT, opened, snapshot, write
 
 Nscas = Callable[..., Result]
 
@@ -37,16 +37,6 @@ inputs = { source = "step.b.seen" }
 """
 PREFIXED = 'refs = "exp/chain"\n' + CHAIN
 NAMED = 'name = "chain"\n' + CHAIN
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    init_store(tmp_path).close()
-    return tmp_path
-
-
-def opened(home: Path) -> Store:
-    return Store(home / ".nscas")
 
 
 @pytest.mark.parametrize(("settings", "name"), [
