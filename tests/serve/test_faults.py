@@ -63,7 +63,7 @@ def bounded_replica(served: Served, tmp_path_factory: pytest.TempPathFactory
 
 
 def _connect(address: tuple[str, int]) -> socket.socket:
-    sock = socket.create_connection(address, timeout=10)
+    sock = socket.create_connection(address, timeout=SLACK)
     return sock
 
 
