@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
-from tests.waiting import GENEROUS
+from tests.waiting import GENEROUS, STARTUP
 
 from .conftest import MAX_NEW_TOKENS, Served
 
@@ -55,7 +55,7 @@ def replica_server(served: Served, workdir: Path, *extra: str) -> Iterator[Runni
              str(MAX_CONNECTIONS), *extra]
     with ReplicaGroup(workdir) as group:
         started = group.start(argv)
-        url = group.wait_ready([started], timeout=GENEROUS, model_digest=served.model_digest)[0]
+        url = group.wait_ready([started], timeout=STARTUP, model_digest=served.model_digest)[0]
         host, port = _split(url)
         yield Running(kind="replica", pid=started.pid, host=host, port=port, ok_path="/health",
                       log_path=started.log_path)

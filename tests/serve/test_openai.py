@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
-from tests.waiting import GENEROUS, wait_until
+from tests.waiting import GENEROUS, STARTUP, wait_until
 
 from .conftest import Served
 
@@ -30,7 +30,7 @@ def endpoint(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                            tasks=str(served.tasks), options=ReplicaOptions(max_new_tokens=16))
     with ReplicaGroup(tmp_path_factory.mktemp("openai")) as group:
         started = group.start([*argv, "--name", NAME])
-        yield group.wait_ready([started], timeout=GENEROUS, model_digest=served.model_digest)[0]
+        yield group.wait_ready([started], timeout=STARTUP, model_digest=served.model_digest)[0]
 
 
 @pytest.fixture(scope="module")
