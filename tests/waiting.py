@@ -18,3 +18,7 @@ def wait_until(condition: Callable[[], object], what: str, *, limit: float = GEN
     while not condition():
         assert time.monotonic() < deadline, f"waited {limit:g} s for {what}"
         time.sleep(every)
+
+STARTUP = 3 * GENEROUS
+"""Seconds for a process that imports torch and loads a model (a replica) to say it is ready:
+a loaded 2-core box has been seen to take more than 90 s."""

@@ -24,8 +24,9 @@ from typing import Any
 from nscas.errors import InvalidInput
 
 Generate = Callable[[Sequence[Sequence[int]], int, Sequence[Any]], list[Any]]
-"""(prompts, max_new_tokens, the control of each prompt or None) -> one generation per prompt,
-in order, or an exception in the place of a row that failed alone; blocking."""
+"""(prompts, max_new_tokens, the control of each prompt or None) -> one generation per prompt
+(its generated ids in ``output_ids``), in order, or an exception in the place of a row that
+failed alone; blocking."""
 
 
 class RequestConflict(InvalidInput):
@@ -48,13 +49,17 @@ class BatchStats:
     seconds: float = 0.0
     """Wall seconds spent inside generation calls (the worker thread's own clock), so that
     service time can be told apart from time a request spent queued or on the wire."""
+    tokens: int = 0
+    """Tokens generated, over all rows that were answered: what a row cost, in a count that
+    no load on the machine changes (a row ended early shows here as fewer tokens)."""
 
-    def record(self, size: int, seconds: float) -> None:
+    def record(self, size: int, seconds: float, tokens: int) -> None:
         self.batches += 1
         self.rows += size
         self.largest = max(self.largest, size)
         self.sizes[size] = self.sizes.get(size, 0) + 1
         self.seconds += seconds
+        self.tokens += tokens
 
     @classmethod
     def total(cls, parts: Sequence[BatchStats]) -> BatchStats:
@@ -68,12 +73,13 @@ class BatchStats:
             for size, count in part.sizes.items():
                 whole.sizes[size] = whole.sizes.get(size, 0) + count
             whole.seconds += part.seconds
+            whole.tokens += part.tokens
         return whole
 
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "rows": self.rows, "largest_batch": self.largest,
                 "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())},
-                "generate_seconds": self.seconds}
+                "generate_seconds": self.seconds, "generated_tokens": self.tokens}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,12 +154,13 @@ class Batcher:
                     self._executor, self._timed, [r.prompt for r in rows], limit,
                     [r.control for r in rows])
             except Exception as exc:  # every row learns of it; the batcher serves on
-                self.stats.record(len(rows), 0.0)
+                self.stats.record(len(rows), 0.0, 0)
                 for row in rows:
                     if not row.future.done():
                         row.future.set_exception(exc)
                 continue
-            self.stats.record(len(rows), seconds)
+            self.stats.record(len(rows), seconds, sum(
+                len(r.output_ids) for r in results if not isinstance(r, Exception)))
             for row, result in zip(rows, results, strict=True):
                 if row.future.done():
                     continue

@@ -156,7 +156,7 @@ _ROOT = st.lists(st.sampled_from([["--store", "R"], ["--store=R"], ["--store"], 
 
 
 @settings(max_examples=600, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(root=_ROOT, line=st.sampled_from(_COMMANDS).flatmap(_command_line),
        env_store=st.sampled_from([None, "E", ""]))
 def test_what_the_fast_parser_takes_it_means_as_typer_does(

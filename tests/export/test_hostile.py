@@ -256,7 +256,7 @@ def test_not_a_bundle_at_all(fresh_store: Store, tmp_path: Path) -> None:
 
 
 @settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_flipped_byte_is_refused(bundle: Path, fresh_store: Store, tmp_path_factory,
                                      data: st.DataObject) -> None:

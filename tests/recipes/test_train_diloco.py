@@ -26,7 +26,7 @@ from nscas.recipes.train.exchange import parameter_digest
 from nscas.recipes.train.journal import effective_outer_steps, effective_steps, read_journal
 from nscas.recipes.train.launch import TrainOutcome, run_training
 from nscas.verifiers.training import diloco_checks
-from tests.recipes.test_train_errors import assert_killing_rank_one_stops_the_run
+from tests.recipes.test_train_errors import DEAD_RANK_TIMEOUT, assert_killing_rank_one_stops_the_run
 from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec, tiny  # noqa: F401
 
 SGD = {"optimizer": "sgd", "lr": 0.05, "warmup": 0, "clip": 1e9, "steps": 3, "batch": 4,
@@ -165,12 +165,11 @@ def test_a_resumed_run_reaches_the_uninterrupted_digest(adamw_runs: dict) -> Non
 
 def test_a_dead_rank_stops_the_other(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
     root, tokenizer, base = tiny
-    timeout = 20
     spec = make_spec(root, docs=make_documents(16, seed=2), base=base, tokenizer=tokenizer,
                      out="diloco-dies", world=2, steps=4000, batch=2, checkpoint_steps=(),
-                     timeout_seconds=timeout, sync="diloco", inner_steps=4)
+                     timeout_seconds=DEAD_RANK_TIMEOUT, sync="diloco", inner_steps=4)
     # From step 2: between outer steps, while rank 0 is inside its H inner steps.
-    assert_killing_rank_one_stops_the_run(spec, timeout=timeout, from_step=2)
+    assert_killing_rank_one_stops_the_run(spec, timeout=DEAD_RANK_TIMEOUT, from_step=2)
 
 
 @pytest.mark.parametrize(("params", "message"), [

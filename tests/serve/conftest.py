@@ -19,6 +19,7 @@ from nscas.digests import Digest
 from nscas.recipes.common import tasks as T
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
 from nscas.store import init_store
+from tests.waiting import STARTUP
 
 TASKS = 24
 MAX_NEW_TOKENS = 12
@@ -74,7 +75,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
                   prompts={t.id: t.prompt for t in dev}, model_dir=model_dir)
 
 
-def start_replicas(group: ReplicaGroup, served: Served, count: int, *, timeout: float = 90,
+def start_replicas(group: ReplicaGroup, served: Served, count: int, *, timeout: float = STARTUP,
                    **options: object) -> list[str]:
     """Start ``count`` replicas of the fixture's checkpoint in ``group``; their endpoints."""
     opts = ReplicaOptions(**{"max_new_tokens": MAX_NEW_TOKENS, **options})  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
+from tests.waiting import GENEROUS, STARTUP
 
 from .conftest import MAX_NEW_TOKENS, Served
 
@@ -54,7 +55,7 @@ def replica_server(served: Served, workdir: Path, *extra: str) -> Iterator[Runni
              str(MAX_CONNECTIONS), *extra]
     with ReplicaGroup(workdir) as group:
         started = group.start(argv)
-        url = group.wait_ready([started], timeout=90, model_digest=served.model_digest)[0]
+        url = group.wait_ready([started], timeout=STARTUP, model_digest=served.model_digest)[0]
         host, port = _split(url)
         yield Running(kind="replica", pid=started.pid, host=host, port=port, ok_path="/health",
                       log_path=started.log_path)
@@ -120,13 +121,13 @@ def get_head(server: Running, path: str, *headers: str, close: bool = True) -> b
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def wait_served(server: Running, within: float = 20) -> int:
+def wait_served(server: Running, within: float = GENEROUS) -> int:
     """Ask for the 200 path until it is answered (connections being closed are still counted
     for a moment); the last status."""
     deadline = time.monotonic() + within
     status = 0
     while time.monotonic() < deadline:
-        status, _ = request(server, get_head(server, server.ok_path), within=10)
+        status, _ = request(server, get_head(server, server.ok_path))
         if status == 200:
             return status
         time.sleep(0.05)

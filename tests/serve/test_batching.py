@@ -40,7 +40,9 @@ def test_batched_answers_equal_one_at_a_time(served: Served, tmp_path: Path,
                                              precision: str) -> None:
     # On CPU both precisions are FP32; fp32 here proves the option reaches the replica.
     with ReplicaGroup(tmp_path) as group:
-        [endpoint] = start_replicas(group, served, 1, max_batch=8, max_wait_ms=100.0,
+        # A batch stays open max_wait after each arrival: a wide window, so that a loaded
+        # machine's gaps between the concurrent requests cannot split a batch.
+        [endpoint] = start_replicas(group, served, 1, max_batch=8, max_wait_ms=1000.0,
                                     precision=precision)
         plan = LoadPlan(phase="pair", run_id="batch", endpoints=(endpoint,),
                         task_ids=served.task_ids, model_digest=served.model_digest,
@@ -57,6 +59,7 @@ def test_batched_answers_equal_one_at_a_time(served: Served, tmp_path: Path,
     reference = one_at_a_time(served)
     got = {a.task_id: a.output_ids for a in attempts}
     assert got == reference
+    assert stats["generated_tokens"] == sum(len(ids) for ids in got.values())
     # The sharpened model answers each prompt differently, so equality is not by accident.
     assert len(set(reference.values())) == len(reference)
 

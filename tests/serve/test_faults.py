@@ -19,7 +19,7 @@ import pytest
 from nscas.recipes.common.lifetime import ORPHANED, OWNER_ENV
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
 from nscas.recipes.serve.server import LINGER_SECONDS
-from tests.waiting import wait_until
+from tests.waiting import STARTUP, wait_until
 
 from .conftest import MAX_NEW_TOKENS, Served
 
@@ -41,7 +41,7 @@ def strict_replica(served: Served, tmp_path_factory: pytest.TempPathFactory
              "--max-connections", str(MAX_CONNECTIONS)]
     with ReplicaGroup(tmp_path_factory.mktemp("strict")) as group:
         started = group.start(argv)
-        url = group.wait_ready([started], timeout=90, model_digest=served.model_digest)[0]
+        url = group.wait_ready([started], timeout=STARTUP, model_digest=served.model_digest)[0]
         host, port = url.removeprefix("http://").rsplit(":", 1)
         yield host, int(port)
 
@@ -57,13 +57,13 @@ def bounded_replica(served: Served, tmp_path_factory: pytest.TempPathFactory
     argv += ["--header-timeout", "600", "--max-connections", str(MAX_CONNECTIONS)]
     with ReplicaGroup(tmp_path_factory.mktemp("bounded")) as group:
         started = group.start(argv)
-        url = group.wait_ready([started], timeout=120, model_digest=served.model_digest)[0]
+        url = group.wait_ready([started], timeout=STARTUP, model_digest=served.model_digest)[0]
         host, port = url.removeprefix("http://").rsplit(":", 1)
         yield host, int(port)
 
 
 def _connect(address: tuple[str, int]) -> socket.socket:
-    sock = socket.create_connection(address, timeout=10)
+    sock = socket.create_connection(address, timeout=SLACK)
     return sock
 
 
@@ -149,7 +149,7 @@ def test_bad_server_limits_are_one_line_exit_2(served: Served, flag: str, value:
 
 # -- a starter that is SIGKILLed ----------------------------------------------------------------
 
-STARTER = textwrap.dedent("""
+STARTER = textwrap.dedent(f"""
     import sys, time
     from pathlib import Path
     from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
@@ -158,7 +158,7 @@ STARTER = textwrap.dedent("""
     argv = replica_command(checkpoint, store_path=Path(store), tasks=tasks,
                            options=ReplicaOptions(max_new_tokens=4))
     started = [group.start(argv) for _ in range(2)]
-    group.wait_ready(started, timeout=90, model_digest=digest)
+    group.wait_ready(started, timeout={STARTUP:g}, model_digest=digest)
     print(" ".join(str(r.pid) for r in started), flush=True)
     time.sleep(600)
 """)

@@ -27,7 +27,7 @@ from nscas.recipes.serve.processes import (
     replica_command,
 )
 from nscas.recipes.serve.replica import pin_to_cpus
-from tests.waiting import wait_until
+from tests.waiting import STARTUP, wait_until
 
 from .conftest import MAX_NEW_TOKENS, Served, start_replicas
 
@@ -43,7 +43,7 @@ def test_sigterm_drains_then_exits_zero(served: Served, tmp_path: Path) -> None:
                            options=ReplicaOptions(max_batch=1, max_new_tokens=MAX_NEW_TOKENS))
     argv += ["--body-timeout", "600"]
     with ReplicaGroup(tmp_path) as group:
-        [endpoint] = group.wait_ready([group.start(argv)], timeout=120,
+        [endpoint] = group.wait_ready([group.start(argv)], timeout=STARTUP,
                                       model_digest=served.model_digest)
         replica = group.replicas[0]
         address = urlsplit(endpoint)

@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
+from tests.waiting import GENEROUS, STARTUP, wait_until
 
 from .conftest import Served
 
@@ -29,7 +30,7 @@ def endpoint(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                            tasks=str(served.tasks), options=ReplicaOptions(max_new_tokens=16))
     with ReplicaGroup(tmp_path_factory.mktemp("openai")) as group:
         started = group.start([*argv, "--name", NAME])
-        yield group.wait_ready([started], timeout=90, model_digest=served.model_digest)[0]
+        yield group.wait_ready([started], timeout=STARTUP, model_digest=served.model_digest)[0]
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +110,11 @@ def test_a_stream_carries_tokens_as_they_are_generated(client: OpenAI,
     arrivals, extra, text = _timed_stream(client, prompt)
     assert text == whole.choices[0].text
     first, last = extra["first_token_time"], extra["last_token_time"]
-    assert last - first > 0.2  # decoding took long enough for the order to mean something
-    # Buffered, the first chunk would leave after the last token; streamed, it is here long
-    # before (same host, same clock). The midpoint leaves a margin for scheduling on 2 cores.
-    assert arrivals[0] < first + (last - first) / 2, (arrivals[0] - first, last - first)
-    assert len(arrivals) > 10 and arrivals[-1] - arrivals[0] > (last - first) / 2
+    # Buffered, the first chunk could only leave after the last token was chosen; streamed,
+    # it arrives while the row still decodes (same host, same clock). The margin is the whole
+    # long answer's decoding, which a loaded machine stretches as much as it delays the chunk.
+    assert len(extra["output_ids"]) >= LONG * 3 // 4 and len(arrivals) > 10
+    assert arrivals[0] < last, (arrivals[0] - first, last - first)
 
 
 def test_chat_stream_with_usage_and_stop(client: OpenAI, served: Served) -> None:
@@ -197,7 +198,7 @@ def test_refusals_surface_in_the_client(client: OpenAI, served: Served, params: 
 
 
 def test_a_bad_body_and_an_unknown_route_are_openai_errors(endpoint: str) -> None:
-    with httpx.Client(trust_env=False, timeout=30) as http:
+    with httpx.Client(trust_env=False, timeout=GENEROUS) as http:
         bad = http.post(f"{endpoint}/v1/completions", content=b"{not json")
         missing = http.get(f"{endpoint}/v1/embeddings")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
@@ -220,17 +221,17 @@ def test_a_retried_stream_replays_the_first_answer(client: OpenAI, served: Serve
 def test_a_client_that_leaves_a_stream_ends_its_row(endpoint: str,
                                                     long_answer: tuple[str, Any]) -> None:
     prompt, whole = long_answer
-    extra = whole.model_extra["nscas"]
-    full = extra["last_token_time"] - extra["first_token_time"]
-    with httpx.Client(trust_env=False, timeout=60) as http:
+    full = len(whole.model_extra["nscas"]["output_ids"])
+    with httpx.Client(trust_env=False, timeout=GENEROUS) as http:
         before = http.get(f"{endpoint}/stats").json()
         with http.stream("POST", f"{endpoint}/v1/completions",
                          json={"prompt": prompt, "max_tokens": LONG, "stream": True}) as answer:
             assert answer.status_code == 200
             next(answer.iter_lines())  # the first piece has come: leave
-        deadline = time.monotonic() + 60
-        while (after := http.get(f"{endpoint}/stats").json())["batches"] == before["batches"]:
-            assert time.monotonic() < deadline, "the batch never ended"
-            time.sleep(0.05)
-    # The row ended at the token after the client left, not after all of its tokens.
-    assert after["generate_seconds"] - before["generate_seconds"] < full / 2
+        wait_until(lambda: http.get(f"{endpoint}/stats").json()["batches"] > before["batches"],
+                   "the left row's batch to end")
+        after = http.get(f"{endpoint}/stats").json()
+    # The row ended once the client had left, not after all of its tokens: counted in tokens
+    # the replica generated (greedy, the same prompt makes the same tokens up to there).
+    assert after["rows"] - before["rows"] == 1
+    assert 1 <= after["generated_tokens"] - before["generated_tokens"] < full

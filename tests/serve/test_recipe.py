@@ -21,6 +21,7 @@ from nscas.recipes.serve.metrics import serving_claims
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaStartError
 from nscas.recipes.serve.recipe import RECIPE, ServeParams
 from nscas.verifiers.throughput import check_serving
+from tests.waiting import STARTUP
 
 from .conftest import MAX_NEW_TOKENS, Served, start_replicas
 
@@ -60,7 +61,7 @@ def run_recipe(served: Served, tmp_path: Path, inputs: dict[str, Digest] | None 
 
 def test_three_phases_from_the_log(served: Served, tmp_path: Path) -> None:
     store, result = run_recipe(served, tmp_path, requests=8, warmup=1,
-                               max_new_tokens=MAX_NEW_TOKENS, timeout=90)
+                               max_new_tokens=MAX_NEW_TOKENS, timeout=STARTUP)
     try:
         log = store.get_bytes(result.outputs["requests"])
     finally:

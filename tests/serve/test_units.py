@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from nscas.recipes.serve.batching import Batcher, RequestConflict, RetryCache
+from nscas.recipes.serve.batching import Batcher, BatchStats, RequestConflict, RetryCache
 from nscas.recipes.serve.client import LoadPlan, _check_answer
 from nscas.recipes.serve.decoding import RowControl, Sampler, TextStream
 from nscas.recipes.serve.metrics import nearest_rank, serving_claims
@@ -218,27 +219,60 @@ def test_sampling_is_seeded_and_top_p_keeps_the_likely_tokens() -> None:
     assert Sampler(Sampling(temperature=1.0)).seed >= 0  # drawn when not given
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Made:
+    """What a stand-in generation gives a row: a value to tell rows apart, and its ids."""
+
+    value: int
+    output_ids: tuple[int, ...]
+
+
 def test_batcher_batches_what_arrives_together() -> None:
     calls: list[tuple[int, int]] = []
 
-    def generate(prompts: Any, max_new_tokens: int, controls: Any) -> list[int]:
+    def generate(prompts: Any, max_new_tokens: int, controls: Any) -> list[Made]:
         assert list(controls) == [None] * len(prompts)
         calls.append((len(prompts), max_new_tokens))
-        return [sum(p) * 10 + max_new_tokens for p in prompts]
+        # Row [i] makes i tokens (fewer than asked, as a row ended early would).
+        return [Made(value=sum(p) * 10 + max_new_tokens, output_ids=(0,) * sum(p))
+                for p in prompts]
 
-    async def main() -> list[int]:
+    async def main() -> tuple[list[Made], BatchStats]:
         batcher = Batcher(generate, max_batch=4, max_wait_s=0.2)
         batcher.start()
         try:
-            return await asyncio.gather(
+            made = await asyncio.gather(
                 *(batcher.submit([i], 3) for i in range(6)), batcher.submit([7], 5))
+            return list(made), batcher.stats
         finally:
             await batcher.close()
 
-    results = asyncio.run(main())
-    assert results == [3, 13, 23, 33, 43, 53, 75]
+    results, stats = asyncio.run(main())
+    assert [r.value for r in results] == [3, 13, 23, 33, 43, 53, 75]
     # Four at once (max_batch), then the other limit and the rest apart from each other.
     assert calls[0] == (4, 3) and sorted(calls[1:]) == [(1, 5), (2, 3)]
+    # The tokens counted are those the rows made, not the limits they were given.
+    assert (stats.rows, stats.tokens) == (7, 0 + 1 + 2 + 3 + 4 + 5 + 7)
+    assert stats.to_json()["generated_tokens"] == 22
+
+
+def test_a_failed_row_adds_no_tokens() -> None:
+    def generate(prompts: Any, max_new_tokens: int, controls: Any) -> list[Any]:
+        return [ValueError("alone") if p[0] == 0 else Made(value=0, output_ids=(1, 2))
+                for p in prompts]
+
+    async def main() -> BatchStats:
+        batcher = Batcher(generate, max_batch=2, max_wait_s=0.2)
+        batcher.start()
+        try:
+            await asyncio.gather(batcher.submit([0], 3), batcher.submit([1], 3),
+                                 return_exceptions=True)
+            return batcher.stats
+        finally:
+            await batcher.close()
+
+    stats = asyncio.run(main())
+    assert (stats.batches, stats.rows, stats.tokens) == (1, 2, 2)
 
 
 def test_retry_cache_returns_the_first_answer_and_refuses_another_request() -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from nscas.storeconfig import S3Settings, StoreConfig
+from tests.waiting import GENEROUS
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_USER = "nscas"
@@ -148,7 +149,7 @@ def start_moto() -> Moto | str:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + GENEROUS
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -156,7 +157,7 @@ def start_moto() -> Moto | str:
         except OSError:
             time.sleep(0.1)
     proc.kill()
-    return "moto's S3 server did not start within 30 s"
+    return f"moto's S3 server did not start within {GENEROUS:g} s"
 
 
 @dataclass

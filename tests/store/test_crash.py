@@ -18,6 +18,7 @@ from nscas.digests import Digest
 from nscas.fsck import fsck, gc
 from nscas.opening import open_store
 from nscas.store import init_store
+from tests.waiting import GENEROUS
 
 REPO = Path(__file__).resolve().parents[2]
 SIZE = 300 << 20
@@ -37,7 +38,7 @@ def big_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Digest]:
     return path, Digest(h.hexdigest())
 
 
-def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], limit: float = 30.0) -> None:
+def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], limit: float = GENEROUS) -> None:
     end = time.monotonic() + limit
     while not condition() and proc.poll() is None and time.monotonic() < end:
         time.sleep(0.001)

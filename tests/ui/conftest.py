@@ -23,6 +23,7 @@ from nscas.digests import Digest
 from nscas.runner import StepResult
 from nscas.store import Store, init_store
 from tests.pipelines import evaluate_step, run_pipeline, step, tiny_pipeline
+from tests.waiting import GENEROUS
 
 DEMO = (tiny_pipeline(test=8, dev=4, train=16, replay=4)
         + step("train", "train", inputs={"base": "step.init.checkpoint",
@@ -190,7 +191,7 @@ def start_ui(store: Path) -> Server:
 def stop_ui(server: Server) -> None:
     server.process.terminate()
     try:
-        server.process.wait(timeout=10)
+        server.process.wait(timeout=GENEROUS)
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()

@@ -23,6 +23,7 @@ import pytest
 from nscas.lineage import lineage
 from nscas.ui.graph import build_graph
 from tests.ui.conftest import Demo, Hostile, Server, start_ui, stop_ui
+from tests.waiting import GENEROUS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -68,6 +69,9 @@ class Page:
 
     def __init__(self, browser: Any, base: str, screens: Path) -> None:
         self.tab = browser.new_page(viewport={"width": 1360, "height": 900})
+        # Playwright's own 30 s default is a deadline a loaded machine can reach; every wait
+        # here is for an event (a load, a URL, a selector), so a long one costs nothing.
+        self.tab.set_default_timeout(GENEROUS * 1000)
         self.base = base
         self.screens = screens
         self.errors: list[str] = []

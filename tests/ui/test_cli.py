@@ -8,13 +8,14 @@ import subprocess
 import urllib.request
 
 from tests.ui.conftest import NSCAS, Hostile, free_port, start_ui, stop_ui
+from tests.waiting import GENEROUS
 
 
 def test_serves_on_loopback_and_stops_on_sigterm(hostile: Hostile) -> None:
     server = start_ui(hostile.store_dir)
     try:
         assert server.url.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(server.url + "/", timeout=10) as r:
+        with urllib.request.urlopen(server.url + "/", timeout=GENEROUS) as r:
             assert r.status == 200 and b"hostile/receipt" in r.read()
     finally:
         stop_ui(server)
@@ -29,7 +30,7 @@ def test_a_host_off_loopback_warns(hostile: Hostile) -> None:
         assert proc.stdout is not None and proc.stdout.readline().startswith("listening ")
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=GENEROUS)
     assert err.startswith("nscas: warning: --host 0.0.0.0 is not loopback")
 
 

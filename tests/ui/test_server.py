@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from nscas.ui.app import VERIFY_SLOTS_DEFAULT
+from nscas.ui.app import LIMITS, VERIFY_SLOTS_DEFAULT
 from tests.serve.servers import Running, get_head, read_until_closed, request, ui_server
 from tests.ui.conftest import Hostile, build_hostile
+from tests.waiting import GENEROUS, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def _wait(condition: object, within: float) -> bool:
 
 
 def _open_verify(running: Running, oid: str) -> socket.socket:
-    sock = socket.create_connection(running.address, timeout=30)
+    sock = socket.create_connection(running.address, timeout=GENEROUS)
     sock.sendall(get_head(running, f"/verify/{oid}", close=False))
     data = b""
     while b"\r\n\r\n" not in data:  # the stream has begun (its headers come first)
@@ -81,12 +82,13 @@ def _alive(pid: int) -> bool:
 def test_closing_a_verify_page_ends_its_process(ui: tuple[Running, int], store: Hostile) -> None:
     running, server_pid = ui
     page = _open_verify(running, str(store.receipt))
-    assert _wait(lambda: _children(server_pid), within=30)
+    wait_until(lambda: _children(server_pid), "the verify page's verification to start")
     verifiers = _children(server_pid)
     _stop_all(verifiers)  # held mid-run: only the server's kill can end it now
     try:
         page.close()
-        assert _wait(lambda: not any(_alive(p) for p in verifiers), within=20), verifiers
+        wait_until(lambda: not any(_alive(p) for p in verifiers),
+                   f"the closed page's verifications {verifiers} to end")
     finally:
         for pid in verifiers:
             if _alive(pid):
@@ -105,13 +107,14 @@ def test_at_most_the_documented_number_of_verifications_run(ui: tuple[Running, i
             seen.update(running_now)
             return len(running_now) >= VERIFY_SLOTS_DEFAULT
 
-        assert _wait(slots_full, within=30)
-        # The others wait for a slot: none starts while the first ones are held.
+        wait_until(slots_full, "every verification slot to be taken")
+        # The others wait for a slot: none starts while the first ones are held (a look over
+        # a while, which load can only make see less, never fail).
         assert not _wait(lambda: len(_children(server_pid)) > VERIFY_SLOTS_DEFAULT, within=1.5)
     finally:
         for page in pages:
             page.close()
-    assert _wait(lambda: not _children(server_pid), within=20), _children(server_pid)
+    wait_until(lambda: not _children(server_pid), "the closed pages' verifications to end")
     assert len(seen) == VERIFY_SLOTS_DEFAULT  # the waiting pages' verifications never began
 
 
@@ -176,8 +179,9 @@ def test_a_page_of_a_store_whose_database_is_down_is_503(tmp_path: Path) -> None
 def test_the_ui_reads_no_body_for_long(ui: tuple[Running, int]) -> None:
     running, _ = ui
     head = (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n")
-    with socket.create_connection(running.address, timeout=30) as sock:
+    bound = 10 * LIMITS.body_timeout  # bounded by the body timeout, with room for a loaded box
+    with socket.create_connection(running.address, timeout=GENEROUS) as sock:
         sock.sendall(head + b"x" * 10)
         started = time.monotonic()
-        data = read_until_closed(sock, 30)
-    assert data.startswith(b"HTTP/1.1 ") and time.monotonic() - started < 15
+        data = read_until_closed(sock, bound + GENEROUS)
+    assert data.startswith(b"HTTP/1.1 ") and time.monotonic() - started < bound

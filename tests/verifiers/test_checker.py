@@ -6,7 +6,7 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nscas.verifiers.checker import (
@@ -246,7 +246,7 @@ JSON_VALUES = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=5), st.booleans(),
        st.sampled_from([None, 2]))
 def test_any_serialisation_of_the_target_is_correct(target, ascii_only, indent) -> None:
@@ -254,7 +254,7 @@ def test_any_serialisation_of_the_target_is_correct(target, ascii_only, indent) 
     assert check_answer(f"\n {text} \t", target).correct
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.text(max_size=6), st.integers(-1000, 1000), min_size=1, max_size=5))
 def test_integers_written_as_floats_are_wrong(target) -> None:
     as_floats = {k: float(v) for k, v in target.items()}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import rfc8785
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nscas.verifiers.errors import InvalidArgument, LogFormatError
@@ -182,7 +182,7 @@ def test_update_times_sum_and_median() -> None:
         update_times([{"step": 0, "seconds": "1"}])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(2, 8), st.data())
 def test_any_removal_or_swap_of_lines_is_detected(count, data) -> None:
     journal, head = make_journal([{"step": i, "x": i % 3} for i in range(count)])
