@@ -335,7 +335,7 @@ def test_a_batch_tokenised_otherwise_than_the_journal_says_is_named() -> None:
 
 
 def test_a_replay_bound_of_zero_is_not_rechecked_not_a_crash(trained: Trained) -> None:
-    """Issue 36: every "not rechecked" path of the training replay builds its check (a time
+    """Every "not rechecked" path of the training replay builds its check (a time
     bound of 0 leaves every update unreplayed: skipped, needs a model run, with what was
     computed)."""
     options = ReplayOptions(count=0, seed=1, steps=2, time_limit=0.0)

@@ -1,5 +1,5 @@
 """Pins mean provenance, every input is parsed by its grammar, and what a reader loads from a
-model folder is what the records name (issue 36): ``--expect`` with an output's ID, duplicate
+model folder is what the records name: ``--expect`` with an output's ID, duplicate
 SHA256SUMS lines, signed Statements with another predicate or a duplicate member, trust files
 of several keys, lone surrogates, code-loading hints and a trained checkpoint's rewritten
 tokenizer.
@@ -264,7 +264,7 @@ def test_a_code_loading_hint_is_refused(demo: Demo, tmp_path: Path, member: str)
 
 def test_a_swapped_weight_folder_fails_strict_with_pin_and_trust_on_the_cli(
         demo: Demo, tmp_path: Path) -> None:
-    """Issue 36's first forgery: two model folders' weights exchanged, every manifest entry,
+    """The first forgery of its kind: two model folders' weights exchanged, every manifest entry,
     the tar and SHA256SUMS rewritten to match."""
     root = _copy(demo.bundle, tmp_path)
     a, b = "models/clean-single/model.safetensors", "models/seed/model.safetensors"
