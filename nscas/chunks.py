@@ -286,11 +286,35 @@ def decode(stored: bytes | memoryview, codec: str, hex_id: str, size: int, *,
 
 
 def decode_stream(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "") -> bytes:
-    """The plain bytes a stream of stored bytes decodes to, at most ``size`` of them."""
-    out = bytearray()
-    for block in plain_blocks(src, codec, hex_id, size, where=where):
-        out += block
-    return bytes(out)
+    """The plain bytes a stream of stored bytes decodes to, at most ``size`` of them.
+
+    Read in one request of ``size + 1`` bytes, so that the leaf is allocated once (a file's or
+    a zstd reader's ``read(n)`` fills one buffer): blocks joined, or a bytearray copied to
+    bytes, would hold a leaf twice, and a reader streaming two models holds one leaf of each.
+    """
+    import zstandard
+
+    where = where or f"the chunk of blake3:{hex_id}"
+    limit = min(max(size, 0), LEAF_MAX)
+    # Raw stored bytes are the plain bytes: reading one past the bound caps both at once.
+    reader = src if codec == "raw" else _decoder(
+        _Capped(src, stored_max(limit), hex_id, where), codec, hex_id)
+    parts: list[bytes] = []
+    want = limit + 1
+    try:
+        while want > 0:
+            block = reader.read(want)
+            if not block:
+                break
+            parts.append(block)
+            want -= len(block)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                             f"undecodable zstd data in {where} ({exc})") from None
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    if len(data) > limit:
+        raise DecodeBoundExceeded(hex_id, limit, where)
+    return data
 
 
 def plain_digest(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "",
