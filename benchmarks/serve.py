@@ -58,12 +58,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nscas.checkpoints import put_checkpoint
+from nscas.models.checkpoints import put_checkpoint
 from nscas.recipes.common import tasks as T
 from nscas.recipes.serve.client import Attempt, LoadPlan, first_failure, run_phase
 from nscas.recipes.serve.metrics import phase_numbers
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
-from nscas.store import init_store
+from nscas.store.writer import init_store
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,14 +46,14 @@ import rfc8785
 import zstandard
 from safetensors.numpy import save_file
 
-from nscas import canonical, kinds
-from nscas.digests import Digest
-from nscas.fsck import fsck
-from nscas.lineage import lineage
-from nscas.opening import open_store
-from nscas.reading import StoreReader
-from nscas.store import Store, init_store
-from nscas.storeconfig import S3Settings, StoreConfig
+from nscas.objects import canonical, kinds
+from nscas.objects.digests import Digest
+from nscas.store.config import S3Settings, StoreConfig
+from nscas.store.fsck import fsck
+from nscas.store.lineage import lineage
+from nscas.store.opening import open_store
+from nscas.store.reading import StoreReader
+from nscas.store.writer import Store, init_store
 
 REPO = Path(__file__).resolve().parents[1]
 NSCAS = REPO / ".venv" / "bin" / "nscas"
@@ -454,7 +454,7 @@ def bench_memory(b: Bench) -> None:
     sparse_safetensors(path, tensors=64, tensor_bytes=64 * MiB)
     s = b.fresh("memory-store")
     init_store(s).close()
-    code = ("import json, resource, sys; from pathlib import Path; from nscas.opening import open_store\n"
+    code = ("import json, resource, sys; from pathlib import Path; from nscas.store.opening import open_store\n"
             "s = open_store(Path(sys.argv[1])); oid = s.put_file(Path(sys.argv[2]))\n"
             "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
             "print(json.dumps({'id': str(oid), 'vmhwm': int(hwm) * 1024,"

@@ -250,9 +250,9 @@ def stored_inputs(root: Path, args: argparse.Namespace
     from safetensors import safe_open
     from transformers import AutoTokenizer
 
-    from nscas.digests import Digest
-    from nscas.opening import open_store
+    from nscas.objects.digests import Digest
     from nscas.recipes.common.tokenise import encode_document, end_of_turn
+    from nscas.store.opening import open_store
 
     with open_store(args.store, readonly=True) as store:
         record = store.get_record(store.resolve(args.model))

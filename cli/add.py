@@ -10,7 +10,7 @@ import typer
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import InvalidInput
-from nscas.store import check_ref_name
+from nscas.store.writer import check_ref_name
 
 app = command_app()
 

@@ -12,8 +12,8 @@ import typer
 from nscas.cli import completion
 
 if TYPE_CHECKING:
-    from nscas.reading import StoreReader
-    from nscas.store import Store
+    from nscas.store.reading import StoreReader
+    from nscas.store.writer import Store
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +64,6 @@ def open_cli_store(ctx: typer.Context, *, readonly: bool = False) -> StoreReader
 
     ``readonly``: a reader, which keeps SQLAlchemy (a fifth of a second to import) unloaded.
     """
-    from nscas.opening import open_store
+    from nscas.store.opening import open_store
 
     return open_store(state(ctx).store, readonly=readonly)

@@ -1,4 +1,4 @@
-"""``nscas compare``: runs side by side, one row per receipt (nscas.comparing decides what)."""
+"""``nscas compare``: runs side by side, one row per receipt (nscas.runs.side_by_side decides what)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def compare_(
 
     Example: nscas compare experiments/coop/clean-single experiments/coop/clean-pair --sort update_seconds
     """
-    from nscas.comparing import compare, pipeline_receipts, receipts_of, sort_runs
+    from nscas.runs.side_by_side import compare, pipeline_receipts, receipts_of, sort_runs
 
     if bool(targets) == (pipeline is not None):
         raise InvalidInput("name the runs to compare (REF|ID...) or give --pipeline NAME, "

@@ -26,7 +26,7 @@ def _store_of(ctx: typer.Context) -> Path | None:
 
 def refs(ctx: typer.Context, incomplete: str) -> list[str]:
     """The store's ref names that start with ``incomplete``."""
-    from nscas.opening import open_store
+    from nscas.store.opening import open_store
 
     try:
         with open_store(_store_of(ctx), readonly=True) as reader:
@@ -37,13 +37,13 @@ def refs(ctx: typer.Context, incomplete: str) -> list[str]:
 
 def kinds(incomplete: str) -> list[str]:
     """The record kinds (``receipt/1``, ...) that start with ``incomplete``."""
-    from nscas.kinds import KINDS
+    from nscas.objects.kinds import KINDS
 
     return [kind for kind in KINDS if kind.startswith(incomplete)]
 
 
 def _step_names(ctx: typer.Context) -> list[str]:
-    from nscas.runner import load_plan_file
+    from nscas.runs.runner import load_plan_file
 
     file = ctx.params.get("file")
     if not isinstance(file, Path):

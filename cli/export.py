@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
+from nscas.bundle.exporting import export_bundle
 from nscas.cli import completion, render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
-from nscas.exporting import export_bundle
-from nscas.provenance import producers
+from nscas.store.provenance import producers
 
 app = command_app()
 
@@ -56,7 +56,7 @@ def export_(
     if model_signing is not None:
         from functools import partial
 
-        from nscas.signing import load_key, sign_model_dir
+        from nscas.signing.signatures import load_key, sign_model_dir
 
         load_key(model_signing)  # an exposed or unusable key: one line, nothing written
         signer = partial(sign_model_dir, model_signing)

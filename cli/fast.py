@@ -91,7 +91,9 @@ def _show() -> argparse.ArgumentParser:
 
 
 def _lineage() -> argparse.ArgumentParser:
-    from nscas.lineage import MAX_NODES  # only here: log and show need none of nscas.lineage
+    from nscas.store.lineage import (
+        MAX_NODES,  # only here: log and show need none of nscas.store.lineage
+    )
 
     p = _parser("nscas lineage")
     p.add_argument("id_")
@@ -161,11 +163,11 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int | None:
     """Run ``nscas ARGV`` if :func:`parse` takes it: its exit code. None: it did not.
 
     A team store's connection is started first, so that it is made while the rest of the
-    command's code imports (nscas.opening.connecting)."""
+    command's code imports (nscas.store.opening.connecting)."""
     line = _scan(argv, environ)
     if line is None:
         return None
-    from nscas.opening import connecting
+    from nscas.store.opening import connecting
 
     name, store, args = line
     with connecting(store):

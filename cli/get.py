@@ -10,7 +10,7 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 
 app = command_app()
 

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
+from nscas.bundle.importing import ImportLimits, import_bundle
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
-from nscas.importing import ImportLimits, import_bundle
 
 app = command_app()
 _DEFAULT = ImportLimits()

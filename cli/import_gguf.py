@@ -43,10 +43,10 @@ def import_gguf_command(
     """
     from nscas.cli.progress import progress_for
     from nscas.cli.run import render_step, step_json
-    from nscas.config import StepConfig
     from nscas.recipes.convert.gguf import summarise
-    from nscas.runner import StepFailed, load_recipe, run_step
-    from nscas.store import check_ref_name
+    from nscas.runs.config import StepConfig
+    from nscas.runs.runner import StepFailed, load_recipe, run_step
+    from nscas.store.writer import check_ref_name
 
     if ref is not None:
         check_ref_name(ref)

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from nscas.checkpoints import put_checkpoint
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import InvalidInput
+from nscas.models.checkpoints import put_checkpoint
 
 if TYPE_CHECKING:
-    from nscas.digests import Digest
-    from nscas.store import Store
+    from nscas.objects.digests import Digest
+    from nscas.store.writer import Store
 
 app = command_app()
 
@@ -78,7 +78,7 @@ def check_hf_dir(directory: Path) -> str:
 
 def import_hf(store: Store, directory: Path) -> Imported:
     """Store ``directory`` as checkpoint/1 (step 0, no parent), after checking it."""
-    from nscas.digests import Digest
+    from nscas.objects.digests import Digest
 
     model_type = check_hf_dir(directory)
     with _regular_files(directory) as plain:
@@ -138,7 +138,7 @@ def import_hf_command(
 
     Example: nscas import-hf ./SmolLM2-1.7B --ref experiments/coop/base
     """
-    from nscas.store import check_ref_name
+    from nscas.store.writer import check_ref_name
 
     if ref is not None:
         check_ref_name(ref)

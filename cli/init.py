@@ -10,10 +10,10 @@ import typer
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, state
 from nscas.errors import InvalidInput
-from nscas.locating import CONFIG_NAME, store_writable
-from nscas.opening import open_store
-from nscas.store import DB_NAME, STORE_DIR, init_store
-from nscas.storeconfig import S3Settings, StoreConfig, check_database_url, check_objects_url
+from nscas.store.config import S3Settings, StoreConfig, check_database_url, check_objects_url
+from nscas.store.locating import CONFIG_NAME, store_writable
+from nscas.store.opening import open_store
+from nscas.store.writer import DB_NAME, STORE_DIR, init_store
 
 app = command_app()
 

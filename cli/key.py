@@ -40,7 +40,7 @@ def new(
 
     Example: nscas key new keys/alice.key
     """
-    from nscas.signing import default_key_path, new_key
+    from nscas.signing.signatures import default_key_path, new_key
 
     if file is not None and out is not None:
         raise typer.BadParameter("give the key file as FILE or as --out FILE, not both",

@@ -10,7 +10,7 @@ import typer
 
 from nscas.cli import fast, reads
 from nscas.cli.common import IdArgument, JsonFlag, command_app, state
-from nscas.lineage import HIDE_CLASSES, MAX_NODES
+from nscas.store.lineage import HIDE_CLASSES, MAX_NODES
 
 app = command_app()
 

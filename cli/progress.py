@@ -1,6 +1,6 @@
 """How a running recipe's progress looks: a rich bar on a terminal, plain periodic lines otherwise.
 
-Both implement ``nscas.recipe.Progress``. Progress goes to stderr, so ``--json`` output on
+Both implement ``nscas.runs.recipe.Progress``. Progress goes to stderr, so ``--json`` output on
 stdout stays clean. Recipes report custom fields (``loss=``, ``tokens_per_s=``) with
 ``advance``; both displays show the latest value of each.
 """
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from nscas.recipe import Progress
+from nscas.runs.recipe import Progress
 
 PLAIN_INTERVAL_S = 10.0
 """Seconds between plain progress lines: often enough to see life, rarely enough for a log."""

@@ -31,8 +31,8 @@ def pull(
 
     Example: nscas pull experiments/coop/best --from lab
     """
-    from nscas.opening import open_store
-    from nscas.remotes import pick_remote, transfer
+    from nscas.remotes.transfer import pick_remote, transfer
+    from nscas.store.opening import open_store
 
     remote = pick_remote(store_root(ctx), from_)
     with open_store(Path(remote.url), readonly=True) as there, open_cli_store(ctx) as here:

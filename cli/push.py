@@ -29,8 +29,8 @@ def push(
 
     Example: nscas push experiments/coop/best --to lab
     """
-    from nscas.opening import open_store
-    from nscas.remotes import pick_remote, transfer
+    from nscas.remotes.transfer import pick_remote, transfer
+    from nscas.store.opening import open_store
 
     remote = pick_remote(store_root(ctx), to)
     with open_cli_store(ctx, readonly=True) as here, open_store(Path(remote.url)) as there:

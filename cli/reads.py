@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nscas.cli import render
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
-    from nscas.lineage import Node
+    from nscas.store.lineage import Node
 
 _CLAIMS_SHOWN = 4  # headline claims per receipt in the table (--json has them all, exact)
 _LINKED_FROM_SHOWN = 10
@@ -30,7 +30,7 @@ def iso_time(timestamp: float) -> str:
 
 def _reader(store: Path | None) -> Any:
     """A read-only store (a StoreReader: SQLAlchemy stays unloaded)."""
-    from nscas.opening import open_store
+    from nscas.store.opening import open_store
 
     return open_store(store, readonly=True)
 
@@ -46,7 +46,7 @@ def log(store: Path | None, *, kind: str | None, limit: int, as_json: bool) -> N
         receipts = reader.get_records(i.id for i in infos if i.kind == "receipt/1")
         actions = reader.get_records(Digest.parse(r["action"]) for r in receipts.values())
         if receipts:
-            from nscas.comparing import headline_claims
+            from nscas.runs.side_by_side import headline_claims
         for info in infos:
             entry: dict[str, Any] = {"id": str(info.id), "kind": info.kind,
                                      "time": iso_time(info.created), "size": info.size}
@@ -84,7 +84,7 @@ def log(store: Path | None, *, kind: str | None, limit: int, as_json: bool) -> N
 
 def _check_kind(kind: str) -> None:
     """Refuse a kind no record can have (a typo lists nothing, which reads as "none stored")."""
-    from nscas.kinds import KINDS
+    from nscas.objects.kinds import KINDS
 
     if kind not in KINDS:
         from nscas.errors import InvalidInput
@@ -159,7 +159,7 @@ def show(store: Path | None, *, id_: str, as_json: bool) -> None:
 def lineage(store: Path | None, *, id_: str, up: bool, depth: int | None, hide: str,
             max_nodes: int, fmt: str, as_json: bool) -> None:
     """``nscas lineage``: the link graph around an object, as a tree, JSON or Graphviz dot."""
-    from nscas import lineage as graph  # here: log and show need none of it
+    from nscas.store import lineage as graph  # here: log and show need none of it
 
     hidden = graph.parse_hide(hide)
     direction = "up" if up else "down"
@@ -175,7 +175,7 @@ def lineage(store: Path | None, *, id_: str, up: bool, depth: int | None, hide: 
 
 
 def _branch(node: Node) -> render.Branch:
-    from nscas.lineage import describe
+    from nscas.store.lineage import describe
 
     words = describe(node)
     label = " ".join([*words[:1], str(node.id)])

@@ -22,7 +22,7 @@ NameArgument = Annotated[str, typer.Argument(
 
 def store_root(ctx: typer.Context) -> Path:
     """The directory of the store ``--store`` names (else found upwards), unopened."""
-    from nscas.locating import find_store, store_dir_of
+    from nscas.store.locating import find_store, store_dir_of
 
     given = state(ctx).store
     return store_dir_of(given) if given is not None else find_store()
@@ -41,7 +41,7 @@ def add(
 
     Example: nscas remote add origin ~/laptop-store
     """
-    from nscas.remotes import add_remote
+    from nscas.remotes.transfer import add_remote
 
     remote = add_remote(store_root(ctx), name, url)
     if as_json:
@@ -56,7 +56,7 @@ def list_(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
     Example: nscas remote list
     """
-    from nscas.remotes import read_remotes
+    from nscas.remotes.transfer import read_remotes
 
     remotes = sorted(read_remotes(store_root(ctx)).values(), key=lambda r: r.name)
     if as_json:
@@ -73,7 +73,7 @@ def remove(ctx: typer.Context, name: NameArgument, as_json: JsonFlag = False) ->
 
     Example: nscas remote remove lab
     """
-    from nscas.remotes import remove_remote
+    from nscas.remotes.transfer import remove_remote
 
     gone = remove_remote(store_root(ctx), name)
     if as_json:

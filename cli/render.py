@@ -130,7 +130,7 @@ def human(value: Any) -> str:
 def change(name: str, old: Any, new: Any) -> str:
     """``name: old -> new``, the values as ``human`` writes them (IDs whole: a terminal table
     shortens them), ``(none)`` where a run has no such param or input."""
-    from nscas.changes import ABSENT
+    from nscas.runs.changes import ABSENT
 
     def shown(value: Any) -> str:
         return "(none)" if value is ABSENT else human(str(value) if hasattr(value, "hex")

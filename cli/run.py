@@ -13,8 +13,8 @@ from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import NscasError
 
 if TYPE_CHECKING:
-    from nscas.compare import Verdict
-    from nscas.runner import CacheMiss, StepResult
+    from nscas.runs.runner import CacheMiss, StepResult
+    from nscas.runs.verdicts import Verdict
 
 app = command_app()
 
@@ -71,9 +71,9 @@ def run(
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
-    from nscas.runner import StepFailed, load_plan_file, run_file, select_steps
-    from nscas.signing import KeySigner, configured_key
-    from nscas.variants import plan_variant, variant_prefix
+    from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps
+    from nscas.runs.variants import plan_variant, variant_prefix
+    from nscas.signing.signatures import KeySigner, configured_key
 
     set_texts, only_steps = tuple(sets or ()), tuple(only or ())
     spec = load_plan_file(file, set_texts)  # checked before the store is opened

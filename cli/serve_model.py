@@ -108,7 +108,7 @@ def serve_model(
     def open_store() -> Any:
         if store_path is None:
             return open_cli_store(ctx, readonly=True)
-        from nscas.opening import open_store
+        from nscas.store.opening import open_store
 
         return open_store(store_path, readonly=True)
 

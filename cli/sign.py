@@ -33,8 +33,8 @@ def sign(
 
     Example: nscas sign experiments/coop/report --key ~/.config/nscas/signing.key
     """
-    from nscas.provenance import producers
-    from nscas.signing import KEY_ENV, KeySigner, load_key
+    from nscas.signing.signatures import KEY_ENV, KeySigner, load_key
+    from nscas.store.provenance import producers
 
     if key is None:
         env = os.environ.get(KEY_ENV)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from nscas.cli import render
 
 if TYPE_CHECKING:
-    from nscas.remotes import TransferReport
+    from nscas.remotes.transfer import TransferReport
 
 
 def report(done: TransferReport, where: str, as_json: bool) -> None:

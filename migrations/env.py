@@ -8,7 +8,7 @@ from pathlib import Path
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from nscas.schema import metadata
+from nscas.database.schema import metadata
 
 config = context.config
 MIGRATION_LOCK = 0x6E736D67  # PostgreSQL advisory lock key: one migration of a database at a time

@@ -12,12 +12,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Digest": "nscas.digests",
+    "Digest": "nscas.objects.digests",
     "NscasError": "nscas.errors",
-    "Store": "nscas.store",
-    "StoreReader": "nscas.reading",
-    "open_store": "nscas.opening",
-    "init_store": "nscas.store",
+    "Store": "nscas.store.writer",
+    "StoreReader": "nscas.store.reading",
+    "open_store": "nscas.store.opening",
+    "init_store": "nscas.store.writer",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nscas.store import Store, init_store
+from nscas.store.writer import Store, init_store
 
 # team_services: one PostgreSQL and one moto S3 server per session, for tests/store and tests/team.
 pytest_plugins = ("tests.store.services",)

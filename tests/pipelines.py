@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nscas.runner import StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.runs.runner import StepResult, run_file
+from nscas.store.writer import Store, init_store
 
 
 def run_pipeline(root: Path, text: str, *, name: str = "pipeline.toml"

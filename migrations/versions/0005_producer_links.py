@@ -1,7 +1,7 @@
 """An index of the links that name a run's outputs, for finding an object's producers.
 
 The receipts that produced an object are the parents of its ``$.outputs`` links
-(``nscas.provenance``). An object shared as an input (an environment, a code tree) has links
+(``nscas.store.provenance``). An object shared as an input (an environment, a code tree) has links
 from hundreds of thousands of records, almost none of them outputs: through ``ix_links_child``
 that lookup walks them all. A partial index over the ``$.outputs`` links alone (one or a few per
 receipt) makes it a lookup. Queries name its condition as written here, so that both engines

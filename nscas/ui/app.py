@@ -28,7 +28,7 @@ from nscas.redacting import redact
 from nscas.ui import render
 
 if TYPE_CHECKING:
-    from nscas.reading import StoreReader
+    from nscas.store.reading import StoreReader
 
 STATIC = Path(__file__).with_name("static")
 PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

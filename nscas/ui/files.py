@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from nscas.digests import Digest
 from nscas.errors import InvalidInput, NotFound
+from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
-    from nscas.reading import StoreReader
+    from nscas.store.reading import StoreReader
 
 BLOCK = tarfile.BLOCKSIZE
 END = b"\0" * (2 * BLOCK)

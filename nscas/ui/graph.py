@@ -1,10 +1,10 @@
-"""The lineage page's graph: ``nscas.lineage``'s tree as nodes, edges and a layered layout.
+"""The lineage page's graph: ``nscas.store.lineage``'s tree as nodes, edges and a layered layout.
 
-The nodes and edges are exactly those ``nscas.lineage.to_dot`` draws for the same tree (one node
+The nodes and edges are exactly those ``nscas.store.lineage.to_dot`` draws for the same tree (one node
 per object, first appearance wins unless a later one is expanded; one edge per link from the
 record that holds it; more than ``_BLOBS_DRAWN`` leaf blobs under one object as one node), so the
 page shows the graph ``nscas lineage --format dot`` gives; tests/ui/test_graph.py holds them
-equal. Nothing here walks the store: the walk is ``nscas.lineage.lineage``'s.
+equal. Nothing here walks the store: the walk is ``nscas.store.lineage.lineage``'s.
 
 The layout is a layered one, left to right by distance from the root: each column is ordered by
 where its nodes' parents sit, then spaced so that no two boxes overlap.
@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nscas.digests import Digest
-from nscas.lineage import Node, describe
+from nscas.objects.digests import Digest
+from nscas.store.lineage import Node, describe
 
 BLOBS_DRAWN = 3
-"""As ``nscas.lineage.to_dot``: more leaf blobs than this under one object are one node."""
+"""As ``nscas.store.lineage.to_dot``: more leaf blobs than this under one object are one node."""
 COLUMN = 300  # px between the left edges of two columns
 BOX_W = 232
 ROW = 54  # px between the tops of two boxes of a column, at least

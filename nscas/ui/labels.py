@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nscas.comparing import Comparison, Run
+from nscas.runs.side_by_side import Comparison, Run
 
 
 def run_labels(runs: Sequence[Run], reserved: Sequence[str] = ()) -> list[str]:

@@ -3,7 +3,7 @@
 Everything is read from what the checkpoint links: the architecture from its ``config.json``
 (the Hugging Face config), the parameters from its ``params/1`` (tied weights once, as the
 file stores them), the sizes from its ``files`` tree, and the lineage from its ``parent``
-chain and the runs that produced each checkpoint of it (``nscas.provenance``).
+chain and the runs that produced each checkpoint of it (``nscas.store.provenance``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nscas.digests import Digest
-from nscas.dtypes import DTYPES
+from nscas.objects.digests import Digest
+from nscas.objects.dtypes import DTYPES
 
 if TYPE_CHECKING:
-    from nscas.reading import StoreReader
+    from nscas.store.reading import StoreReader
 
 CONFIG = "config.json"
 CONFIG_BYTES = 1 << 20
@@ -63,7 +63,7 @@ class ModelSummary:
 
 
 def summary(store: StoreReader, oid: Digest, record: dict[str, Any]) -> ModelSummary:
-    from nscas.provenance import producers
+    from nscas.store.provenance import producers
 
     entries = _record(store, record.get("files"), "tree/1").get("entries", {})
     config = _config(store, entries.get(CONFIG))

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
-    from nscas.reading import StoreReader
+    from nscas.store.reading import StoreReader
 
 SNIFF_BYTES = 64 << 10
 """What is read to tell the type of a blob (and the text shown of a text blob)."""

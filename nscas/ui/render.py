@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 
 ID_TEXT = re.compile(r"blake3:[0-9a-f]{64}")
 INDENT = "  "

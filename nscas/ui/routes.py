@@ -23,8 +23,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.helpers import content_disposition_header
 
-from nscas.digests import Digest
-from nscas.lineage import HIDE_CLASSES, MAX_NODES, lineage, parse_hide, to_dot
+from nscas.objects.digests import Digest
+from nscas.store.lineage import HIDE_CLASSES, MAX_NODES, lineage, parse_hide, to_dot
 from nscas.ui import views
 from nscas.ui.app import SETTINGS, VERIFY_SLOTS, BadQuery, security_headers
 from nscas.ui.files import END, FOLDER_KINDS, folder, padding

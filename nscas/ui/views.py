@@ -1,8 +1,8 @@
 """What each page shows, read from the store: frozen views the templates only lay out.
 
-Comparisons reuse ``nscas.comparing`` (the rows ``nscas compare`` prints) and the recipes' own
+Comparisons reuse ``nscas.runs.side_by_side`` (the rows ``nscas compare`` prints) and the recipes' own
 paired statistics (``nscas.recipes.common.stats``, the McNemar test the evaluate recipe claims);
-lineage is ``nscas.lineage``'s walk. Every read goes through a ``StoreReader``: nothing here can
+lineage is ``nscas.store.lineage``'s walk. Every read goes through a ``StoreReader``: nothing here can
 write.
 """
 
@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nscas.comparing import Comparison, compare, headline_claims, receipts_of
-from nscas.digests import Digest
 from nscas.errors import InvalidInput, NotFound, NscasError
-from nscas.lineage import Direction, lineage
+from nscas.objects.digests import Digest
 from nscas.recipes.common.stats import Paired, paired
+from nscas.runs.side_by_side import Comparison, compare, headline_claims, receipts_of
+from nscas.store.lineage import Direction, lineage
 from nscas.ui import preview
 from nscas.ui.charts import Series, line_chart
 from nscas.ui.files import FOLDER_KINDS, Folder, folder
@@ -30,7 +30,7 @@ from nscas.ui.render import duration
 if TYPE_CHECKING:
     from markupsafe import Markup
 
-    from nscas.reading import ObjectInfo, StoreReader
+    from nscas.store.reading import ObjectInfo, StoreReader
 
 RECEIPTS_SCANNED = 5000
 """Newest receipts a filtered experiments page looks through."""
@@ -297,7 +297,7 @@ class ObjectView:
 
 
 def object_view(store: StoreReader, oid: Digest, *, page: int = 1) -> ObjectView:
-    from nscas.provenance import producers
+    from nscas.store.provenance import producers
 
     info = store.info(oid)
     out_links = store.links_from(oid)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.objects.digests import Digest
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 PURPOSE = "candidates fixed before final-test scoring"
 

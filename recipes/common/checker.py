@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nscas.canonical import loads_strict
 from nscas.errors import InvalidInput, StrictJSONError
+from nscas.objects.canonical import loads_strict
 
 MAX_ANSWER_BYTES = 32_768
 """Answers longer than this many UTF-8 bytes are invalid without being parsed."""

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.objects.digests import Digest
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 VERSION = "1"
 PROMPTS_FILE = "probes.json"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nscas.errors import InvalidInput, RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 VERSION = "1"
 
@@ -40,7 +40,7 @@ class ConversationsParams:
 
 def tokenizer_tree(store: Any, oid: Any) -> Any:
     """The tokenizer files of a tokenizer ``tree/1`` or of a ``checkpoint/1``."""
-    from nscas.digests import Digest
+    from nscas.objects.digests import Digest
 
     try:
         record = store.get_record(oid)

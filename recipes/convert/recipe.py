@@ -10,9 +10,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
-from nscas.checkpoints import put_checkpoint
 from nscas.errors import InvalidInput, RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.models.checkpoints import put_checkpoint
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 SOURCE = "gguf"
 """The checkpoint's ``source`` member; its ``gguf`` member links the file it came from."""

@@ -6,17 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import (
-    BundleRole,
-    Claim,
-    InputSpec,
-    Recipe,
-    RecipeResult,
-    RunContext,
-    blob_part,
-)
+from nscas.objects.digests import Digest
 from nscas.recipes.evaluate.lines import (
     Answer,
     Checked,
@@ -25,6 +16,15 @@ from nscas.recipes.evaluate.lines import (
     dump_lines,
     read_lines,
     timing_ids,
+)
+from nscas.runs.recipe import (
+    BundleRole,
+    Claim,
+    InputSpec,
+    Recipe,
+    RecipeResult,
+    RunContext,
+    blob_part,
 )
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from nscas.checkpoints import put_checkpoint
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.models.checkpoints import put_checkpoint
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 PresetName = Literal["llama-tiny", "llama-small", "smollm2-1.7b"]
 """The names of ``presets.PRESETS``, here so that params parse without importing torch."""

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nscas.errors import InvalidInput
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 from nscas.recipes.common import tasks as T
 from nscas.recipes.common.checker import check
 from nscas.recipes.common.conversations import (
@@ -15,6 +14,7 @@ from nscas.recipes.common.conversations import (
     standin_conversations,
     validate_conversations,
 )
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 VERSION = "1"
 
@@ -159,7 +159,7 @@ def _target_counts(ctx: RunContext, roles: dict[str, list[T.Task]], damaged: lis
 
 
 def _records_id(store: Any, tasks_id: Any):
-    from nscas.digests import Digest
+    from nscas.objects.digests import Digest
 
     return Digest.parse(store.get_record(tasks_id)["records"])
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 
 from .audit import Audit
 from .evidence import BASELINE, Evidence, jsonl, load_evidence

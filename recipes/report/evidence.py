@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
+from nscas.objects.digests import Digest
 
 BASELINE = "seed"
 """The arm every other arm is compared with (input ``evaluate.seed``)."""

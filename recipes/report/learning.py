@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
+from nscas.objects.digests import Digest
 from nscas.recipes.common.checker import CheckResult, check
 from nscas.recipes.common.stats import Paired, Retention, contract, paired, retention
 from nscas.recipes.common.tasks import FAMILIES

@@ -3,7 +3,7 @@ task quality (report.json ``parameters``; docs/experiment.md §6.5).
 
 One pair per paired comparison of ``learning`` (each arm against the seed, clean against
 damaged, the pair against the single), in that order: the candidate's parameters against the
-baseline's by ``nscas.paramdiff`` (the ``--rerun`` verdict's distance), over all tensors, per
+baseline's by ``nscas.models.distance`` (the ``--rerun`` verdict's distance), over all tensors, per
 layer and per tensor. Tensors are streamed one of each model at a time.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.paramdiff import Incomparable, ParamsDiff, Sums, compare_params
+from nscas.models.distance import Incomparable, ParamsDiff, Sums, compare_params
+from nscas.objects.digests import Digest
 
 from .learning import ArmSummary, Comparison
 

@@ -10,7 +10,7 @@ function of the inputs and the action ID (which report.json, index.html and ever
 show), so a rerun is ``identical``.
 
 Version 2 added index.html, report.json's ``action`` and ``parameters`` (the distance
-between the compared arms' weights, by the ``--rerun`` verdict's ``nscas.paramdiff``),
+between the compared arms' weights, by the ``--rerun`` verdict's ``nscas.models.distance``),
 version-2 figure data (a fixed arm
 colour map, 0..1 axes with a note when every value is zero, the action ID in a corner) and
 compact runs of blank lines on the answer page; the verifiers still check version-1 runs by
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.objects.digests import Digest
+from nscas.runs.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 if TYPE_CHECKING:
-    from nscas.objectstore import ObjectReader
+    from nscas.store.protocol import ObjectReader
 
     from .compute import Report
 

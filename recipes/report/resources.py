@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
+from nscas.objects.digests import Digest
 
 from .evidence import Evidence, Run
 

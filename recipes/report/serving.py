@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.recipes.serve.client import PHASES
 from nscas.recipes.serve.metrics import read_log, serving_claims
 

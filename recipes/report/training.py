@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
+from nscas.objects.digests import Digest
 from nscas.recipes.train.journal import LOSS_CLAIMS, effective_steps, loss_claims, read_journal
 
 from .audit import Audit

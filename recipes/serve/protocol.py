@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nscas.canonical import loads_strict
 from nscas.errors import InvalidInput, StrictJSONError
+from nscas.objects.canonical import loads_strict
 
 if TYPE_CHECKING:
     from .decoding import Completion

@@ -22,9 +22,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import (
+from nscas.objects.digests import Digest
+from nscas.runs.recipe import (
     BundleRole,
     Claim,
     InputSpec,

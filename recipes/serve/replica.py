@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nscas.digests import Digest
 from nscas.errors import IntegrityError, InvalidInput, RecipeError
+from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
     from .decoding import RowControl
@@ -198,7 +198,7 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     """
     import torch
 
-    from nscas.checkpoints import file_params_digest
+    from nscas.models.checkpoints import file_params_digest
     from nscas.recipes.init.presets import load_hf_dir
 
     if threads < 1:

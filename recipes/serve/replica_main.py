@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     as_json: bool = args.pop("as_json")
 
     def open_store() -> AbstractContextManager[Any]:
-        from nscas.opening import open_store
+        from nscas.store.opening import open_store
 
         return open_store(store_path, readonly=True)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.objects.digests import Digest
 from nscas.recipes.tokenizer.bpe import DEFAULT_VOCAB_SIZE, train_tokenizer
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

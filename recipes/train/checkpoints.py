@@ -27,8 +27,8 @@ from typing import Any
 import rfc8785
 import torch
 
-from nscas.durable import fsync_dir, fsync_file, fsync_tree
 from nscas.errors import DestinationExists, RecipeError
+from nscas.objects.durable import fsync_dir, fsync_file, fsync_tree
 from nscas.recipes.init.presets import save_hf_dir
 
 STATE_FORMAT = "train-state/1"

@@ -2,7 +2,7 @@
 
 Defaults are the published values of docs/experiment.md §3. Every check that can be made without a
 process group happens here, so bad params fail before any rank starts. Params are parsed by
-``nscas.config.parse_params`` only: from the recipe file by the runner, and from the spec file
+``nscas.runs.config.parse_params`` only: from the recipe file by the runner, and from the spec file
 by each rank.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nscas.config import params_to_json, parse_params
 from nscas.errors import InvalidInput
+from nscas.runs.config import params_to_json, parse_params
 
 MIN_WEIGHT = 1
 MAX_WEIGHT = 16

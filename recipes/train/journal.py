@@ -18,8 +18,8 @@ from typing import Any
 
 import rfc8785
 
-from nscas.durable import sync
 from nscas.errors import RecipeError
+from nscas.objects.durable import sync
 
 JOURNAL_FORMAT = "journal/1"
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from nscas.durable import sync
 from nscas.errors import RecipeError
+from nscas.objects.durable import sync
 
 RESULT_FORMAT = "train-result/1"
 

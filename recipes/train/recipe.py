@@ -13,13 +13,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from nscas.checkpoints import put_checkpoint
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.objectstore import tree_record
-from nscas.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
 from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.journal import LOSS_CLAIMS
+from nscas.runs.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.store.protocol import tree_record
 
 _MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json"})
 STATE_REF = "states/train-{action}/step-{step:06d}"
@@ -32,7 +32,7 @@ def _records(store: Any, tasks: dict[str, Any]) -> list[dict[str, Any]]:
 
 def check_base(store: Any, base: Digest) -> dict[str, Any]:
     """The base checkpoint, after recomputing its parameter digest from its weight files."""
-    from nscas.checkpoints import params_record
+    from nscas.models.checkpoints import params_record
 
     record = store.get_record(base)
     entries = store.get_record(Digest.parse(record["files"]))["entries"]

@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from nscas.cli.root import app
-from nscas.store import init_store
+from nscas.store.writer import init_store
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nscas.opening import open_store
+from nscas.store.opening import open_store
 from tests.cli.conftest import Nscas, assert_user_error, snapshot
 from tests.cli.example_recipe import wordcount
 

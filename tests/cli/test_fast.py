@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from nscas.cli import fast, reads
 from nscas.cli.root import app
-from nscas.opening import open_store
+from nscas.store.opening import open_store
 from tests.cli.conftest import REPO, run_process
 from tests.store.helpers import build_records
 
@@ -200,7 +200,7 @@ def test_the_options_are_the_typer_commands_options() -> None:
 
 def _setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     root = tmp_path / "project" / ".nscas"
-    from nscas.store import init_store
+    from nscas.store.writer import init_store
 
     with init_store(root.parent) as s:
         built = build_records(s)

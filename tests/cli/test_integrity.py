@@ -8,8 +8,8 @@ from pathlib import Path
 
 import blake3
 
-from nscas.digests import Digest
-from nscas.opening import open_store
+from nscas.objects.digests import Digest
+from nscas.store.opening import open_store
 from tests.store.helpers import raw_update
 
 from .conftest import Nscas, assert_user_error, run_process

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from nscas.runner import run_file
-from nscas.store import Store, init_store
+from nscas.runs.runner import run_file
+from nscas.store.writer import Store, init_store
 from tests.runner.helpers import PREPARE_RECIPE, write
 
 from . import mounted

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from nscas.opening import open_store
+from nscas.store.opening import open_store
 from tests.cli.conftest import Nscas, assert_user_error, run_process
 from tests.cli.example_recipe import ENTRY_POINT, PACKAGE, wordcount
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nscas.opening import open_store
+from nscas.store.opening import open_store
 from tests.cli.conftest import REPO
 from tests.store.helpers import build_records
 

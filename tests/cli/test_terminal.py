@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nscas.cli import render
-from nscas.registry import unknown_recipe
+from nscas.runs.registry import unknown_recipe
 from nscas.suggestions import closest
 from tests.cli.conftest import REPO, Nscas, assert_user_error, run_process
 from tests.cli.example_recipe import wordcount

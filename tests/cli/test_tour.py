@@ -9,10 +9,10 @@ from pathlib import Path
 import blake3
 import rfc8785
 
-from nscas.checkpoints import put_checkpoint
 from nscas.cli import render
-from nscas.digests import Digest
-from nscas.opening import open_store
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
+from nscas.store.opening import open_store
 
 from .conftest import Nscas, run_process
 

@@ -20,9 +20,9 @@ import pytest
 import rfc8785
 from safetensors.numpy import save_file
 
-from nscas.checkpoints import put_checkpoint
-from nscas.digests import Digest
-from nscas.store import Store, init_store
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
+from nscas.store.writer import Store, init_store
 
 ENVIRONMENT = {"nscas": "environment/1", "python": "3.11.7", "platform": "Linux-test",
                "packages": {"nscas": "0.1.0"}, "torch": None, "devices": [{"type": "cpu"}],

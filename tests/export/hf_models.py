@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nscas.checkpoints import put_checkpoint
 from nscas.cli.import_hf import import_hf
-from nscas.digests import Digest
-from nscas.store import Store, init_store
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
+from nscas.store.writer import Store, init_store
 from tests.export.conftest import ENVIRONMENT
 
 WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "the", "cat", "sat"]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from nscas import runner
-from nscas.digests import Digest
-from nscas.exporting import export_bundle
-from nscas.recipe import BundleRole, Recipe
-from nscas.registry import registered_recipe
+from nscas.bundle.exporting import export_bundle
+from nscas.objects.digests import Digest
+from nscas.runs import runner
+from nscas.runs.recipe import BundleRole, Recipe
+from nscas.runs.registry import registered_recipe
 from tests.export.conftest import Published, _receipt, read_tree
 from tests.runner import probe_recipe
 

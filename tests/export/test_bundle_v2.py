@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import rfc8785
 
-from nscas.cli.import_hf import import_hf
-from nscas.digests import Digest
-from nscas.exporting import (
+from nscas.bundle.exporting import (
     FORMAT,
     FORMAT_V1,
     InvalidBundle,
@@ -25,8 +23,10 @@ from nscas.exporting import (
     export_bundle,
     sha256sums,
 )
-from nscas.importing import import_bundle
-from nscas.store import Store, init_store
+from nscas.bundle.importing import import_bundle
+from nscas.cli.import_hf import import_hf
+from nscas.objects.digests import Digest
+from nscas.store.writer import Store, init_store
 from tests.export.conftest import read_tree
 from tests.export.hf_models import Models, build_models
 

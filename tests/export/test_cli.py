@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nscas.cli import root as main
-from nscas.store import Store
+from nscas.store.writer import Store
 from tests.export.conftest import Published, read_tree
 
 

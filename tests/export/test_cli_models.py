@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nscas.cli.root import app
-from nscas.store import Store, init_store
+from nscas.store.writer import Store, init_store
 from tests.export.conftest import read_tree
 from tests.export.hf_models import Models, build_models
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import blake3
 import pytest
 
+from nscas.bundle.exporting import FORMAT_V1, export_bundle
 from nscas.errors import DestinationExists, IntegrityError
-from nscas.exporting import FORMAT_V1, export_bundle
 from tests.export.conftest import Published, read_tree
 
 

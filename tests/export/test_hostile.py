@@ -19,10 +19,10 @@ import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nscas.bundle.exporting import InvalidBundle, export_bundle
+from nscas.bundle.importing import import_bundle
 from nscas.errors import InvalidInput
-from nscas.exporting import InvalidBundle, export_bundle
-from nscas.importing import import_bundle
-from nscas.store import Store
+from nscas.store.writer import Store
 from tests.export.conftest import Published
 
 

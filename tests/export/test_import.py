@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nscas.digests import Digest
-from nscas.exporting import export_bundle
-from nscas.fsck import fsck
-from nscas.importing import import_bundle
-from nscas.store import Store
+from nscas.bundle.exporting import export_bundle
+from nscas.bundle.importing import import_bundle
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck
+from nscas.store.writer import Store
 from tests.export.conftest import Published
 
 

@@ -23,10 +23,10 @@ import pytest
 import rfc8785
 from typer.testing import CliRunner
 
+from nscas.bundle.exporting import InvalidBundle, export_bundle
+from nscas.bundle.importing import ImportLimits, import_bundle
 from nscas.cli import root as main
-from nscas.exporting import InvalidBundle, export_bundle
-from nscas.importing import ImportLimits, import_bundle
-from nscas.store import Store
+from nscas.store.writer import Store
 from tests.cli.conftest import snapshot
 from tests.export.conftest import Published
 
@@ -228,9 +228,9 @@ def test_a_tar_inside_the_tar_is_refused(bundle: Path, fresh_store: Store, tmp_p
 _PROBE = """
 import json, resource, sys
 from pathlib import Path
-from nscas.exporting import InvalidBundle
-from nscas.importing import import_bundle
-from nscas.store import Store
+from nscas.bundle.exporting import InvalidBundle
+from nscas.bundle.importing import import_bundle
+from nscas.store.writer import Store
 store = Store(Path(sys.argv[1]))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
@@ -456,8 +456,8 @@ _FULL_DISK = """
 import resource, signal, sys
 from pathlib import Path
 from nscas.errors import InvalidInput
-from nscas.importing import import_bundle
-from nscas.store import Store
+from nscas.bundle.importing import import_bundle
+from nscas.store.writer import Store
 store = Store(Path(sys.argv[1]))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))

@@ -8,8 +8,8 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from nscas.exporting import export_bundle
-from nscas.opening import open_store
+from nscas.bundle.exporting import export_bundle
+from nscas.store.opening import open_store
 from tests.export.conftest import Published
 
 

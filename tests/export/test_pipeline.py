@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from nscas.exporting import FORMAT_V1, export_bundle
-from nscas.fsck import fsck
-from nscas.importing import import_bundle
-from nscas.store import init_store
+from nscas.bundle.exporting import FORMAT_V1, export_bundle
+from nscas.bundle.importing import import_bundle
+from nscas.store.fsck import fsck
+from nscas.store.writer import init_store
 from tests.export.conftest import read_tree
 from tests.pipelines import evaluate_step, tiny_pipeline
 
@@ -25,7 +25,7 @@ PIPELINE = tiny_pipeline() + evaluate_step("eval-seed", max_new_tokens=8) + eval
 def pipeline(tmp_path_factory: pytest.TempPathFactory):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    from nscas.runner import run_file
+    from nscas.runs.runner import run_file
 
     root = tmp_path_factory.mktemp("pipeline")
     (root / "eval.toml").write_text(PIPELINE)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nscas.checkpoints import put_checkpoint
-from nscas.digests import Digest
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
 from nscas.recipes.commit.recipe import PURPOSE
-from nscas.runner import StepFailed, StepResult, run_file
-from nscas.store import Store
+from nscas.runs.runner import StepFailed, StepResult, run_file
+from nscas.store.writer import Store
 from tests.pipelines import run_pipeline
 from tests.recipes.test_evaluate_recipe import PIPELINE
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
 from nscas.errors import InvalidInput
+from nscas.objects.digests import Digest
 from nscas.recipes.common.conversations import validate_conversations
 from nscas.recipes.conversations.corpus import read_corpus, select
-from nscas.runner import StepResult, run_file
-from nscas.store import Store
+from nscas.runs.runner import StepResult, run_file
+from nscas.store.writer import Store
 from tests.pipelines import step, tiny_pipeline
 
 MALFORMED = {"not_object": 1, "bad_id": 1, "duplicate_id": 2, "bad_turns": 1, "other_role": 1,
@@ -133,7 +133,7 @@ PIPELINE = (tiny_pipeline(replay=4, retention=4)
 
 
 def _run(root: Path, text: str) -> tuple[Store, dict[str, StepResult]]:
-    from nscas.store import init_store
+    from nscas.store.writer import init_store
 
     store = init_store(root)
     store.ref_set("data/corpus", store.put_bytes(synthetic_corpus()))

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from nscas.checkpoints import put_checkpoint
-from nscas.digests import Digest
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
 from nscas.recipes.common.checker import check
 from nscas.recipes.common.stats import paired
-from nscas.runner import StepFailed, StepResult, run_file
-from nscas.store import Store
+from nscas.runs.runner import StepFailed, StepResult, run_file
+from nscas.store.writer import Store
 from tests.pipelines import evaluate_step, run_pipeline, tiny_pipeline
 
 torch.set_num_threads(1)

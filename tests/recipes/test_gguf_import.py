@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from nscas import Store, init_store, open_store
 from nscas.cli.root import app
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.verifiers.verify import exit_code, verify
 from tests.recipes.test_gguf_fixtures import parameters, write_gguf
 

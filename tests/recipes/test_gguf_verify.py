@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nscas import Store, init_store
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.verifiers.gguf import GgufError, read_header
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify

@@ -15,10 +15,10 @@ import rfc8785
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nscas.digests import Digest
 from nscas.errors import ConfigError
-from nscas.runner import StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.objects.digests import Digest
+from nscas.runs.runner import StepResult, run_file
+from nscas.store.writer import Store, init_store
 from tests.runner.helpers import PIPELINE, snapshot, write
 
 torch.set_num_threads(1)

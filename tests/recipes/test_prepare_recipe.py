@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
 from nscas.errors import ConfigError
-from nscas.runner import StepFailed, StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.objects.digests import Digest
+from nscas.runs.runner import StepFailed, StepResult, run_file
+from nscas.store.writer import Store, init_store
 from tests.runner.helpers import (
     PREPARE_RECIPE,
     PREPARE_STEP,

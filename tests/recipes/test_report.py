@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nscas.digests import Digest
-from nscas.store import init_store
+from nscas.objects.digests import Digest
+from nscas.store.writer import init_store
 from tests.recipes.test_report_fixtures import (
     SCRIPT_ANSWER,
     SEED_WEIGHTS,

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from nscas.config import StepConfig
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.recipes.commit.recipe import RECIPE as COMMIT
 from nscas.recipes.common.checker import check
 from nscas.recipes.common.stats import contract, paired, retention
@@ -26,8 +25,9 @@ from nscas.recipes.prepare.recipe import RECIPE as PREPARE
 from nscas.recipes.report.recipe import RECIPE as REPORT
 from nscas.recipes.serve.metrics import serving_claims
 from nscas.recipes.train.journal import entry_hash
-from nscas.runner import StepResult, run_step
-from nscas.store import Store
+from nscas.runs.config import StepConfig
+from nscas.runs.runner import StepResult, run_step
+from nscas.store.writer import Store
 
 CORRECT: dict[str, set[int]] = {
     "seed": {0, 4},

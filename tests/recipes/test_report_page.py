@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.recipes.common.checker import check
 from nscas.recipes.report.evidence import Run
 from nscas.recipes.report.learning import ArmSummary, Count, FinalTest, Scored

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from nscas.config import StepConfig
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.recipes.report.page import compact
 from nscas.recipes.report.recipe import RECIPE as REPORT
-from nscas.runner import run_file, run_step
-from nscas.store import Store
+from nscas.runs.config import StepConfig
+from nscas.runs.runner import run_file, run_step
+from nscas.store.writer import Store
 from tests.pipelines import commit_step, evaluate_step, init_step, tokenizer_step
 from tests.runner.helpers import PREPARE_STEP, write
 

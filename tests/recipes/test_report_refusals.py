@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.recipes.report.audit import ClaimMismatch, same_value
 from nscas.recipes.report.compute import compute
-from nscas.store import init_store
+from nscas.store.writer import init_store
 from tests.recipes.test_report_fixtures import Experiment, build, receipt, run_report
 
 

@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nscas.fsck import gc
-from nscas.opening import open_store
-from nscas.runner import run_file
-from nscas.workarea import read_owner
+from nscas.runs.runner import run_file
+from nscas.runs.workarea import read_owner
+from nscas.store.fsck import gc
+from nscas.store.opening import open_store
 from tests.pipelines import init_step, prepare_step, run_pipeline, tokenizer_step
 from tests.waiting import GENEROUS, wait_until
 

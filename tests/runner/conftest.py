@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from nscas import runner
-from nscas.recipe import Recipe
-from nscas.store import init_store
+from nscas.runs import runner
+from nscas.runs.recipe import Recipe
+from nscas.store.writer import init_store
 from tests.runner import probe_recipe
 
 

@@ -6,8 +6,8 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from nscas.runner import StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.runs.runner import StepResult, run_file
+from nscas.store.writer import Store, init_store
 
 TINY_COUNTS = {"test": 16, "dev": 8, "train": 32}
 PREPARE_STEP = """

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from nscas.errors import InvalidInput
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

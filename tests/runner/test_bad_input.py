@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from nscas.errors import ConfigError
-from nscas.runner import run_file
-from nscas.store import Store
+from nscas.runs.runner import run_file
+from nscas.store.writer import Store
 from tests.runner.helpers import (
     INIT_STEP,
     PIPELINE,

@@ -11,9 +11,9 @@ import torch
 from typer.testing import Result
 
 from nscas.cli.run import verdict_text
-from nscas.compare import Verdict
-from nscas.digests import Digest
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.runs.verdicts import Verdict
+from nscas.store.writer import Store
 from tests.runner.helpers import PIPELINE, PREPARE_RECIPE, TINY_COUNTS, snapshot, write
 
 torch.set_num_threads(1)

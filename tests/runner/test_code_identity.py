@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from nscas import runner
-from nscas.codetree import module_files, recipe_files
-from nscas.recipe import Recipe
-from nscas.runner import StepResult, run_file
-from nscas.store import Store, init_store
+from nscas.runs import runner
+from nscas.runs.codetree import module_files, recipe_files
+from nscas.runs.recipe import Recipe
+from nscas.runs.runner import StepResult, run_file
+from nscas.store.writer import Store, init_store
 from tests.runner.helpers import write
 
 _PACKAGES = itertools.count()
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 from . import helper
 from .helper import THING  # a name, not a module: pkg.helper.THING is no file
@@ -124,9 +124,9 @@ def test_the_closure_follows_every_import_and_names_its_data(package: tuple[str,
     files = recipe_files(importlib.import_module(f"{name}.recipe").RECIPE)
     mine = {k.removeprefix(f"{name}/") for k in files if k.startswith(f"{name}/")}
     assert mine == set(REACHED)
-    # nscas core is first-party too (nscas.recipe and what it imports), the rest of the
+    # nscas core is first-party too (nscas.runs.recipe and what it imports), the rest of the
     # distribution is not reached: no recipe, CLI or verifier module.
-    assert {"nscas/__init__.py", "nscas/recipe.py", "nscas/digests.py"} <= set(files)
+    assert {"nscas/__init__.py", "nscas/runs/recipe.py", "nscas/objects/digests.py"} <= set(files)
     assert not [k for k in files if k.startswith(("nscas/recipes/", "nscas/cli/",
                                                   "nscas/verifiers/"))]
     assert name + ".recipe" in sys.modules and name + ".late" not in sys.modules  # not imported

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from nscas.checkpoints import put_checkpoint
-from nscas.compare import CHECKPOINT_TOLERANCE, compare_outputs
-from nscas.digests import Digest
-from nscas.store import Store
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
+from nscas.runs.verdicts import CHECKPOINT_TOLERANCE, compare_outputs
+from nscas.store.writer import Store
 
 
 def checkpoint(store: Store, directory: Path, tensors: dict[str, np.ndarray], **extra) -> Digest:

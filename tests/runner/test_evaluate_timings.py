@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nscas.store import init_store
+from nscas.store.writer import init_store
 from nscas.verifiers.closure import Objects
 from nscas.verifiers.evaluation import (
     GENERATION_KEYS,

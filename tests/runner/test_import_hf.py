@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from typer.testing import Result
 
 from nscas.cli.import_hf import SOURCE, check_hf_dir, import_hf
-from nscas.digests import Digest
 from nscas.errors import InvalidInput
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.store.writer import Store
 from tests.runner.helpers import snapshot
 
 torch.set_num_threads(1)

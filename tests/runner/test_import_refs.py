@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from nscas.digests import Digest
-from nscas.exporting import export_bundle
-from nscas.recipe import Recipe
-from nscas.runner import run_file
-from nscas.store import Store, init_store
+from nscas.bundle.exporting import export_bundle
+from nscas.objects.digests import Digest
+from nscas.runs.recipe import Recipe
+from nscas.runs.runner import run_file
+from nscas.store.writer import Store, init_store
 from tests.runner.helpers import CHAIN, snapshot, write
 
 Nscas = Callable[..., Result]

@@ -1,4 +1,4 @@
-"""The parameter distance (``nscas.paramdiff``): its definitions on stored checkpoints, the
+"""The parameter distance (``nscas.models.distance``): its definitions on stored checkpoints, the
 ``--rerun`` verdict built on it, and streaming (one tensor of each model open at a time, in
 bounded memory)."""
 
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from nscas.checkpoints import put_checkpoint
-from nscas.chunks import TENSOR_SPLIT
-from nscas.compare import compare_outputs
-from nscas.digests import Digest
-from nscas.paramdiff import Incomparable, compare_params
-from nscas.store import Store
+from nscas.models.checkpoints import put_checkpoint
+from nscas.models.distance import Incomparable, compare_params
+from nscas.objects.chunks import TENSOR_SPLIT
+from nscas.objects.digests import Digest
+from nscas.runs.verdicts import compare_outputs
+from nscas.store.writer import Store
 
 
 def params(store: Store, directory: Path, tensors: dict[str, np.ndarray]) -> Digest:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from nscas import runner
 from nscas.errors import ConfigError
-from nscas.recipe import Recipe, RecipeResult, RunContext
-from nscas.store import Store
+from nscas.runs import runner
+from nscas.runs.recipe import Recipe, RecipeResult, RunContext
+from nscas.store.writer import Store
 from tests.runner import probe_recipe
 from tests.runner.helpers import snapshot, write
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from nscas.compare import compare_outputs
-from nscas.digests import Digest
 from nscas.errors import ConfigError, RecordError
-from nscas.recipe import Recipe, blob_part
-from nscas.runner import run_file
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.runs.recipe import Recipe, blob_part
+from nscas.runs.runner import run_file
+from nscas.runs.verdicts import compare_outputs
+from nscas.store.writer import Store
 from nscas.verifiers.schemas import schema_problems
 from tests.runner.helpers import CHAIN, RECEIPT, opened, snapshot, write
 
@@ -177,7 +177,7 @@ def test_receipt_names_must_be_non_empty_strings(store: Store, member: str, bad:
 
 
 def test_pipeline_top_level_keys_are_checked(home: Path) -> None:
-    from nscas.config import load_run_file
+    from nscas.runs.config import load_run_file
 
     for text, said in (('name = ""\n' + CHAIN, "'name'"), ("refs = 3\n" + CHAIN, "'refs'"),
                        ('colour = "x"\n' + CHAIN, "colour")):

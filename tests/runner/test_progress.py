@@ -11,7 +11,7 @@ from nscas.cli.progress import (
     format_fields,
     progress_for,
 )
-from nscas.recipe import Progress
+from nscas.runs.recipe import Progress
 
 
 class Clock:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from nscas.errors import ConfigError
-from nscas.recipe import Recipe
-from nscas.runner import run_file
-from nscas.store import Store
+from nscas.runs.recipe import Recipe
+from nscas.runs.runner import run_file
+from nscas.store.writer import Store
 from tests.runner.helpers import write
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nscas.compare import compare_outputs
-from nscas.runner import load_recipe, run_file
-from nscas.store import init_store
+from nscas.runs.runner import load_recipe, run_file
+from nscas.runs.verdicts import compare_outputs
+from nscas.store.writer import init_store
 from tests.runner.helpers import write
 from tests.verifiers.conftest import EXPERIMENT
 

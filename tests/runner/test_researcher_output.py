@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from nscas.changes import ABSENT, Change, changes_between
 from nscas.cli import render
-from nscas.recipe import Recipe
+from nscas.runs.changes import ABSENT, Change, changes_between
+from nscas.runs.recipe import Recipe
 from tests.runner.helpers import opened, write
 
 Nscas = Callable[..., Result]

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from nscas.digests import Digest
 from nscas.errors import NscasError, RecipeError
-from nscas.recipe import NullProgress, Recipe
-from nscas.runner import OutputRefConflict, StepFailed, StepResult, find_receipt, run_file
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.runs.recipe import NullProgress, Recipe
+from nscas.runs.runner import OutputRefConflict, StepFailed, StepResult, find_receipt, run_file
+from nscas.store.writer import Store
 from tests.runner.helpers import (
     INIT_STEP,
     PIPELINE,
@@ -127,7 +127,7 @@ def test_pipeline_steps_run_in_dependency_order_whatever_the_file_order(
 
 
 def run_pipeline_reversed(directory: Path) -> tuple[Store, list[StepResult]]:
-    from nscas.store import init_store
+    from nscas.store.writer import init_store
 
     store = init_store(directory)
     text = INIT_STEP + TOKENIZER_STEP + PREPARE_STEP

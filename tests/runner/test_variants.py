@@ -10,10 +10,10 @@ import pytest
 from typer.testing import Result
 
 from nscas.errors import ConfigError, RecordError
-from nscas.recipe import Recipe
-from nscas.runner import run_file
-from nscas.store import Store, check_ref_name
-from nscas.variants import check_name, variant_name, variant_prefix
+from nscas.runs.recipe import Recipe
+from nscas.runs.runner import run_file
+from nscas.runs.variants import check_name, variant_name, variant_prefix
+from nscas.store.writer import Store, check_ref_name
 from nscas.verifiers.schemas import schema_problems
 from tests.runner.helpers import RECEIPT, opened, snapshot, write
 

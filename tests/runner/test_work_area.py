@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from nscas.fsck import gc
-from nscas.recipe import Recipe
-from nscas.runner import StepFailed, run_file
-from nscas.store import init_store
-from nscas.workarea import read_owner
+from nscas.runs.recipe import Recipe
+from nscas.runs.runner import StepFailed, run_file
+from nscas.runs.workarea import read_owner
+from nscas.store.fsck import gc
+from nscas.store.writer import init_store
 from tests.runner.helpers import write
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from nscas.checkpoints import put_checkpoint
-from nscas.digests import Digest
+from nscas.models.checkpoints import put_checkpoint
+from nscas.objects.digests import Digest
 from nscas.recipes.common import tasks as T
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaOptions, replica_command
-from nscas.store import init_store
+from nscas.store.writer import init_store
 from tests.waiting import STARTUP
 
 TASKS = 24

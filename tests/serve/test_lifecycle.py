@@ -17,9 +17,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from nscas.checkpoints import put_checkpoint
 from nscas.errors import InvalidInput
-from nscas.opening import open_store
+from nscas.models.checkpoints import put_checkpoint
 from nscas.recipes.serve.processes import (
     REPLICA_MODULE,
     ReplicaGroup,
@@ -27,6 +26,7 @@ from nscas.recipes.serve.processes import (
     replica_command,
 )
 from nscas.recipes.serve.replica import pin_to_cpus
+from nscas.store.opening import open_store
 from tests.waiting import STARTUP, wait_until
 
 from .conftest import MAX_NEW_TOKENS, Served, start_replicas

@@ -12,14 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nscas.digests import Digest
 from nscas.errors import RecipeError
-from nscas.opening import open_store
-from nscas.recipe import NullProgress, RunContext
+from nscas.objects.digests import Digest
 from nscas.recipes.serve.client import LoadPlan, run_phase
 from nscas.recipes.serve.metrics import serving_claims
 from nscas.recipes.serve.processes import ReplicaGroup, ReplicaStartError
 from nscas.recipes.serve.recipe import RECIPE, ServeParams
+from nscas.runs.recipe import NullProgress, RunContext
+from nscas.store.opening import open_store
 from nscas.verifiers.throughput import check_serving
 from tests.waiting import STARTUP
 
@@ -175,14 +175,14 @@ def test_the_verifiers_take_instances_on_trust_and_refuse_impossible_counts() ->
 
 
 def test_the_runner_can_hash_the_code_and_parse_params(store) -> None:
-    from nscas.config import parse_params
-    from nscas.runner import code_tree
+    from nscas.runs.config import parse_params
+    from nscas.runs.runner import code_tree
 
     entries = store.get_record(code_tree(store, RECIPE))["entries"]
     # The replica process is started with python -m, not imported: its module is named in a
     # string, and is part of the code all the same; the CLI and the verifiers are not.
     for path in ("nscas/recipes/serve/server.py", "nscas/recipes/serve/replica_main.py",
-                 "nscas/checkpoints.py", "nscas/recipes/common/generate.py"):
+                 "nscas/models/checkpoints.py", "nscas/recipes/common/generate.py"):
         assert path in entries
     assert not [p for p in entries if p.startswith(("nscas/cli/", "nscas/verifiers/"))]
     params = parse_params(ServeParams, {"requests": 8, "timeout": 30, "max_wait_ms": 2},

@@ -17,12 +17,12 @@ import rfc8785
 from typer.testing import CliRunner
 
 from nscas.cli.root import app
-from nscas.digests import Digest
 from nscas.errors import DestinationExists, InvalidInput
-from nscas.fsck import fsck, gc
-from nscas.runner import run_file
-from nscas.signing import KeySigner, load_key, new_key, signature_record, statement
-from nscas.store import Store, init_store
+from nscas.objects.digests import Digest
+from nscas.runs.runner import run_file
+from nscas.signing.signatures import KeySigner, load_key, new_key, signature_record, statement
+from nscas.store.fsck import fsck, gc
+from nscas.store.writer import Store, init_store
 from tests.pipelines import tiny_pipeline
 
 BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nscas.store import Store, init_store
+from nscas.store.writer import Store, init_store
 
 IMPLEMENTATIONS: dict[str, Callable[[Path, pytest.FixtureRequest], Store]] = {
     "sqlite": lambda path, _request: init_store(path),

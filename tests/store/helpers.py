@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from nscas import chunks, putting
-from nscas.digests import Digest
-from nscas.s3 import S3Chunks
-from nscas.store import DB_NAME, Store
+from nscas.objects import chunks
+from nscas.objects.digests import Digest
+from nscas.store import putting
+from nscas.store.s3 import S3Chunks
+from nscas.store.writer import DB_NAME, Store
 
 EMPTY_BLAKE3 = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"

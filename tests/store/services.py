@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from nscas.storeconfig import S3Settings, StoreConfig
+from nscas.store.config import S3Settings, StoreConfig
 from tests.waiting import GENEROUS
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
 from nscas.errors import IntegrityError, InvalidInput, NotFound
-from nscas.fsck import fsck
-from nscas.lineage import lineage
-from nscas.opening import open_store
-from nscas.provenance import producers, producers_of
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck
+from nscas.store.lineage import lineage
+from nscas.store.opening import open_store
+from nscas.store.provenance import producers, producers_of
+from nscas.store.writer import Store
 from tests.store.helpers import raw_insert, raw_update
 
 

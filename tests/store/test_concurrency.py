@@ -8,9 +8,9 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
-from nscas.digests import Digest
-from nscas.fsck import fsck
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck
+from nscas.store.writer import Store
 from tests.store.helpers import b3, random_bytes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nscas.checkpoints import file_params_digest, put_checkpoint
-from nscas.chunks import CHUNK_SIZE, INLINE_MAX, SINGLE_MAX, TENSOR_SPLIT
-from nscas.digests import Digest
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput, NotFound
-from nscas.store import Store
+from nscas.models.checkpoints import file_params_digest, put_checkpoint
+from nscas.objects.chunks import CHUNK_SIZE, INLINE_MAX, SINGLE_MAX, TENSOR_SPLIT
+from nscas.objects.digests import Digest
+from nscas.store.writer import Store
 from tests.store.helpers import (
     EMPTY_BLAKE3,
     EMPTY_SHA256,

@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 import pytest
 import rfc8785
 
-from nscas.digests import Digest
 from nscas.errors import ClosureError, InvalidInput, RecordError
-from nscas.store import Link, Store
+from nscas.objects.digests import Digest
+from nscas.store.writer import Link, Store
 from tests.store.helpers import b3, build_records, row_counts
 
 ENV = {"nscas": "environment/1", "python": "3.11", "platform": "linux", "packages": {},

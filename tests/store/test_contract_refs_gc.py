@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nscas.digests import Digest
 from nscas.errors import InvalidInput, NotFound, RefConflict, TagImmutable
-from nscas.fsck import fsck, gc
-from nscas.store import RefEntry, Store
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck, gc
+from nscas.store.writer import RefEntry, Store
 from tests.store.helpers import (
     b3,
     build_records,

@@ -14,10 +14,10 @@ import blake3
 import numpy as np
 import pytest
 
-from nscas.digests import Digest
-from nscas.fsck import fsck, gc
-from nscas.opening import open_store
-from nscas.store import init_store
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck, gc
+from nscas.store.opening import open_store
+from nscas.store.writer import init_store
 from tests.waiting import GENEROUS
 
 REPO = Path(__file__).resolve().parents[2]

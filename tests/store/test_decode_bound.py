@@ -1,4 +1,4 @@
-"""Every chunk decode is bounded by the leaf's record (nscas.chunks.plain_blocks): exactly the
+"""Every chunk decode is bounded by the leaf's record (nscas.objects.chunks.plain_blocks): exactly the
 recorded size passes, one byte more is refused naming the chunk, whatever the codec or frame."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nscas.chunks import ZSTD_WINDOW_MAX, decode, plain_digest, stored_max
 from nscas.errors import DecodeBoundExceeded, IntegrityError
+from nscas.objects.chunks import ZSTD_WINDOW_MAX, decode, plain_digest, stored_max
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nscas.digests import Digest
-from nscas.fsck import fsck
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck
+from nscas.store.writer import Store
 from tests.store.helpers import b3, random_f32, raw_update, write_safetensors
 
 N = 2048  # floats per tensor: 8 KiB, above the inline limit, so each tensor is a chunk file

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nscas.digests import Digest
-from nscas.fsck import fsck, gc
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck, gc
+from nscas.store.writer import Store
 from tests.store.helpers import b3, chunk_path, random_bytes, random_f32, write_safetensors
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The migrations build exactly the tables of ``nscas.schema``, and the code knows their head."""
+"""The migrations build exactly the tables of ``nscas.database.schema``, and the code knows their head."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
-from nscas.revision import SCHEMA_HEAD, migrations_dir
-from nscas.schema import INSERT_ONLY, metadata
-from nscas.store import Store
+from nscas.database.revision import SCHEMA_HEAD, migrations_dir
+from nscas.database.schema import INSERT_ONLY, metadata
+from nscas.store.writer import Store
 from tests.store.helpers import raw_db
 
 
@@ -68,11 +68,11 @@ def test_a_store_of_the_first_schema_upgrades_in_place(tmp_path) -> None:
     import pytest
     from alembic import command
 
-    from nscas.chunks import ChunkFiles
-    from nscas.digests import Digest
     from nscas.errors import StoreError
-    from nscas.opening import open_store
-    from nscas.store import init_store
+    from nscas.objects.chunks import ChunkFiles
+    from nscas.objects.digests import Digest
+    from nscas.store.opening import open_store
+    from nscas.store.writer import init_store
 
     root = tmp_path / ".nscas"
     root.mkdir()

@@ -18,12 +18,12 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nscas import canonical
-from nscas.digests import Digest
 from nscas.errors import RecordError
-from nscas.fsck import fsck
-from nscas.opening import open_store
-from nscas.store import Store, init_store
+from nscas.objects import canonical
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck
+from nscas.store.opening import open_store
+from nscas.store.writer import Store, init_store
 from tests.store.helpers import b3, chunk_path, flip_byte, rewrite_inline, sha256, small_chunks
 
 SETTINGS = settings(max_examples=60, deadline=None,

@@ -1,4 +1,4 @@
-"""The put pipeline (nscas.putting): what is checked after writing, what holds up reading, and
+"""The put pipeline (nscas.store.putting): what is checked after writing, what holds up reading, and
 what happens when a step fails part-way through a large file."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from nscas import chunks, putting
-from nscas.digests import Digest
 from nscas.errors import IntegrityError
-from nscas.fsck import fsck
-from nscas.store import Store
+from nscas.objects import chunks
+from nscas.objects.digests import Digest
+from nscas.store import putting
+from nscas.store.fsck import fsck
+from nscas.store.writer import Store
 from tests.store.helpers import b3, random_f32, row_counts, sha256, small_chunks, write_safetensors
 from tests.waiting import GENEROUS
 

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nscas import chunks, putting
-from nscas.digests import Digest
-from nscas.fsck import fsck
-from nscas.store import Store
+from nscas.objects import chunks
+from nscas.objects.digests import Digest
+from nscas.store import putting
+from nscas.store.fsck import fsck
+from nscas.store.writer import Store
 from tests.store.helpers import b3, chunk_files, sha256, small_chunks, write_safetensors
 
 

@@ -1,4 +1,4 @@
-"""The read-only store (nscas.reading): same answers as the writer, no writes, WAL snapshots."""
+"""The read-only store (nscas.store.reading): same answers as the writer, no writes, WAL snapshots."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nscas import reading
 from nscas.errors import StoreError
-from nscas.opening import open_store
-from nscas.reading import StoreReader
-from nscas.store import Store
+from nscas.store import reading
+from nscas.store.opening import open_store
+from nscas.store.reading import StoreReader
+from nscas.store.writer import Store
 from tests.store.helpers import build_records, raw_db, small_chunks, write_safetensors
 
 

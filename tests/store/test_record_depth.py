@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from nscas import canonical
 from nscas.errors import RecordError
-from nscas.store import init_store
+from nscas.objects import canonical
+from nscas.store.writer import init_store
 
 
 def _nested(levels: int) -> dict[str, Any]:

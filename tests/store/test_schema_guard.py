@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
-from nscas import revision
-from nscas.digests import Digest
+from nscas.database import revision
+from nscas.database.schema import INSERT_ONLY, metadata
 from nscas.errors import DamagedStore, StoreError
-from nscas.fsck import fsck, gc
-from nscas.opening import open_store
-from nscas.schema import INSERT_ONLY, metadata
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.store.fsck import fsck, gc
+from nscas.store.opening import open_store
+from nscas.store.writer import Store
 from tests.store.helpers import raw_db
 
 
@@ -30,7 +30,7 @@ def test_the_expected_schema_is_what_the_migrations_create(store: Store) -> None
     assert columns == revision.TABLES
     assert {n: t for kind, n, t, _ in rows if kind == "index"} == revision.INDEXES
     assert {n: " ".join(sql.split()) for kind, n, _, sql in rows if kind == "trigger"} == revision.TRIGGERS
-    # ... and what nscas.schema declares (the migrations' own test holds those two equal)
+    # ... and what nscas.database.schema declares (the migrations' own test holds those two equal)
     assert {t.name: tuple(c.name for c in t.columns) for t in metadata.sorted_tables} == {
         t: c for t, c in revision.TABLES.items() if t != "alembic_version"}
     assert set(revision.INSERT_ONLY_TABLES) == set(INSERT_ONLY)

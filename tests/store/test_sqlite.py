@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy.exc
 
 from nscas.errors import StoreError
-from nscas.opening import open_store
-from nscas.store import Store
+from nscas.store.opening import open_store
+from nscas.store.writer import Store
 from tests.store.helpers import build_records, raw_db, row_counts, write_safetensors
 
 

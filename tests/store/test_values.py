@@ -9,10 +9,10 @@ import pickle
 
 import pytest
 
-from nscas.digests import Digest
 from nscas.errors import InvalidDigest
-from nscas.reading import Link, ObjectInfo
-from nscas.storeconfig import S3Settings, StoreConfig
+from nscas.objects.digests import Digest
+from nscas.store.config import S3Settings, StoreConfig
+from nscas.store.reading import Link, ObjectInfo
 
 A, B = Digest("a" * 64), Digest("b" * 64)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from nscas.digests import Digest
-from nscas.fsck import gc
-from nscas.runner import environment
-from nscas.store import Store, init_store
-from nscas.workarea import WorkAreaBusy, read_owner
+from nscas.objects.digests import Digest
+from nscas.runs.runner import environment
+from nscas.runs.workarea import WorkAreaBusy, read_owner
+from nscas.store.fsck import gc
+from nscas.store.writer import Store, init_store
 
 REPO = Path(__file__).resolve().parents[2]
 

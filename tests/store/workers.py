@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from nscas.digests import Digest
 from nscas.errors import RefConflict
-from nscas.opening import open_store
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.store.opening import open_store
+from nscas.store.writer import Store
 
 
 def add(store: Path, file: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nscas.store import init_store
+from nscas.store.writer import init_store
 from tests.store.services import TeamServices
 
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import zstandard
 
-from nscas.digests import Digest
-from nscas.s3 import S3Chunks, client
-from nscas.store import init_store
+from nscas.objects.digests import Digest
+from nscas.store.s3 import S3Chunks, client
+from nscas.store.writer import init_store
 from tests.store.services import TeamServices
 
 BOMB_PLAIN = 1 << 30  # what the bomb decodes to: far above any leaf

@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from nscas.digests import Digest
-from nscas.fsck import fsck
-from nscas.opening import open_store
-from nscas.store import init_store
-from nscas.storeconfig import render_config
+from nscas.objects.digests import Digest
+from nscas.store.config import render_config
+from nscas.store.fsck import fsck
+from nscas.store.opening import open_store
+from nscas.store.writer import init_store
 from tests.store.helpers import b3, random_bytes
 from tests.store.services import TeamServices
 from tests.team.cli import nscas
@@ -24,9 +24,9 @@ from tests.team.cli import nscas
 _WRITER = """
 import sys
 from pathlib import Path
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.errors import RefConflict
-from nscas.opening import open_store
+from nscas.store.opening import open_store
 
 root, me, rounds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 with open_store(root) as s:

@@ -9,9 +9,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from nscas.fsck import fsck
-from nscas.pgschema import GUARD_FUNCTION, PG_TRIGGERS, TRUNCATE_FUNCTION
-from nscas.store import init_store
+from nscas.database.pgschema import GUARD_FUNCTION, PG_TRIGGERS, TRUNCATE_FUNCTION
+from nscas.store.fsck import fsck
+from nscas.store.writer import init_store
 from tests.store.services import TeamServices
 from tests.team.cli import nscas, team_store
 

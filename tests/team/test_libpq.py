@@ -1,4 +1,4 @@
-"""nscas.libpq, the read connection over libpq through ctypes: the rows psycopg gives for every
+"""nscas.database.libpq, the read connection over libpq through ctypes: the rows psycopg gives for every
 type the reads meet, parameters as values (never SQL), errors in one line, notices kept off
 stderr, every result cleared, and the psycopg connection where no libpq loads."""
 
@@ -18,12 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from nscas import libpq, postgres
-from nscas.digests import Digest
+from nscas.database import libpq, postgres
+from nscas.database.libpq import PgError
 from nscas.errors import DamagedStore, NscasError, ReadOnlyStore, StoreError
-from nscas.libpq import PgError
-from nscas.opening import open_store
-from nscas.store import init_store
+from nscas.objects.digests import Digest
+from nscas.store.opening import open_store
+from nscas.store.writer import init_store
 from tests.store.services import TeamServices
 from tests.team.cli import nscas, team_store
 from tests.waiting import GENEROUS, wait_until
@@ -284,7 +284,7 @@ def test_without_libpq_reads_go_through_psycopg(url: str, fresh_load: None,
         c.execute("BEGIN")
         assert c.in_transaction
         assert c.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
-        with pytest.raises(PgError) as err:  # psycopg's error, as nscas.libpq's
+        with pytest.raises(PgError) as err:  # psycopg's error, as nscas.database.libpq's
             c.execute("SELECT * FROM nowhere")
         assert err.value.sqlstate == "42P01" and not err.value.operational
         c.rollback()
@@ -393,7 +393,7 @@ def test_a_reader_takes_the_connection_made_while_it_imported(team_toml: Path,
 
 def test_an_early_connection_no_reader_took_is_closed(
         team_toml: Path, closed: list[object], monkeypatch: pytest.MonkeyPatch) -> None:
-    from nscas import reading
+    from nscas.store import reading
 
     def no_backend(*_: object) -> object:
         raise StoreError("no object storage here")
@@ -408,8 +408,8 @@ def test_a_read_command_starts_connecting_before_it_imports_its_code(
         team_toml: Path, made: list[str]) -> None:
     """The CLI enters ``connecting`` before it imports the reading code: the connection made
     there is the one the reader takes, and the only one."""
-    from nscas.opening import connecting
-    from nscas.storeconfig import parse_config
+    from nscas.store.config import parse_config
+    from nscas.store.opening import connecting
 
     with connecting(team_toml):
         assert list(postgres._early) == [parse_config(team_toml).database]
@@ -421,7 +421,7 @@ def test_a_read_command_starts_connecting_before_it_imports_its_code(
 def test_a_connection_no_command_took_is_closed(team_toml: Path, closed: list[object]) -> None:
     """``nscas lineage --help`` on a team store: the command line goes to typer after the
     connection was started; it is closed, not left open (by its thread, once it is made)."""
-    from nscas.opening import connecting
+    from nscas.store.opening import connecting
 
     with connecting(team_toml):
         pass
@@ -434,7 +434,7 @@ def test_leaving_connecting_never_waits_for_a_server_that_does_not_answer(
         team_toml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``nscas log --help`` with the database down: typer answers at once, not after the
     connection times out."""
-    from nscas.opening import connecting
+    from nscas.store.opening import connecting
 
     port, listener = _silent_server()
     # A timeout far beyond the bound below: had leaving waited for it, it would pass the bound.
@@ -452,7 +452,7 @@ def test_leaving_connecting_never_waits_for_a_server_that_does_not_answer(
 @pytest.mark.parametrize("damage", ["missing", "not toml", "unknown key", "not a store"])
 def test_connecting_leaves_a_bad_store_for_open_store_to_report(
         team_toml: Path, tmp_path: Path, damage: str) -> None:
-    from nscas.opening import connecting
+    from nscas.store.opening import connecting
 
     where = {"missing": tmp_path / "none", "not a store": tmp_path}.get(damage, team_toml)
     if damage == "not toml":

@@ -15,8 +15,8 @@ import pytest
 
 from nscas.errors import NscasError, StoreError
 from nscas.redacting import redact
-from nscas.store import init_store
-from nscas.storeconfig import S3Settings, StoreConfig, render_config
+from nscas.store.config import S3Settings, StoreConfig, render_config
+from nscas.store.writer import init_store
 from nscas.ui.app import error_page
 
 SECRET = "S3cr3tPw9"
@@ -104,8 +104,8 @@ def test_what_is_no_credential_is_left_as_it_is() -> None:
 
 def test_a_failed_receipts_crash_message_hides_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recipe that fails with a store URL in its exception: the receipt's message (what the
-    runner records, nscas.runner) holds none of its secrets."""
-    from nscas.runner import _crash_message
+    runner records, nscas.runs.runner) holds none of its secrets."""
+    from nscas.runs.runner import _crash_message
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ENV_SECRET)
     for form in DATABASES.values():

@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from nscas.opening import open_store
-from nscas.pgschema import PG_TRIGGERS
-from nscas.store import init_store
-from nscas.storeconfig import render_config
+from nscas.database.pgschema import PG_TRIGGERS
+from nscas.store.config import render_config
+from nscas.store.opening import open_store
+from nscas.store.writer import init_store
 from tests.store.services import TeamServices
 from tests.team.cli import nscas, team_store
 
@@ -79,7 +79,7 @@ def test_ref_prefixes_are_case_sensitive(kind: str, team_services: TeamServices,
 _INIT_AT = """
 import sys, time
 from pathlib import Path
-from nscas.store import init_store
+from nscas.store.writer import init_store
 import alembic.command, nscas.migrations  # imported before the start: the migrations race
 start = float(sys.argv[2])
 while time.time() < start:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import boto3
 
-from nscas.runner import run_file
-from nscas.store import init_store
+from nscas.runs.runner import run_file
+from nscas.store.writer import init_store
 from tests.pipelines import evaluate_step, tiny_pipeline
 from tests.store.services import TeamServices
 from tests.team.cli import nscas

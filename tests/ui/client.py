@@ -9,7 +9,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDictProxy
 
-from nscas.opening import open_store
+from nscas.store.opening import open_store
 from nscas.ui.app import make_app
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
-from nscas.runner import StepResult
-from nscas.store import Store, init_store
+from nscas.objects.digests import Digest
+from nscas.runs.runner import StepResult
+from nscas.store.writer import Store, init_store
 from tests.pipelines import evaluate_step, run_pipeline, step, tiny_pipeline
 from tests.waiting import GENEROUS
 

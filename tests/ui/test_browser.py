@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from nscas.lineage import lineage
+from nscas.store.lineage import lineage
 from nscas.ui.graph import build_graph
 from tests.ui.conftest import Demo, Hostile, Server, start_ui, stop_ui
 from tests.waiting import GENEROUS

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from nscas.lineage import lineage, to_dot
+from nscas.store.lineage import lineage, to_dot
 from nscas.ui.graph import BOX_W, build_graph, drawn_edges
 from tests.ui.conftest import Demo
 

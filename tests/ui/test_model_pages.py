@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from nscas.digests import Digest
-from nscas.lineage import lineage
-from nscas.opening import open_store
-from nscas.store import init_store
+from nscas.objects.digests import Digest
+from nscas.store.lineage import lineage
+from nscas.store.opening import open_store
+from nscas.store.writer import init_store
 from nscas.ui import files
 from nscas.ui.app import make_app
 from nscas.ui.graph import build_graph
@@ -269,7 +269,7 @@ def test_a_hostile_config_leaves_the_summary_standing(tmp_path: Path, config: st
     import numpy as np
     from safetensors.numpy import save_file
 
-    from nscas.checkpoints import put_checkpoint
+    from nscas.models.checkpoints import put_checkpoint
 
     model = tmp_path / "model"
     model.mkdir()

@@ -10,9 +10,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from nscas.comparing import headline_claims
-from nscas.digests import Digest
-from nscas.lineage import lineage, to_dot
+from nscas.objects.digests import Digest
+from nscas.runs.side_by_side import headline_claims
+from nscas.store.lineage import lineage, to_dot
 from nscas.ui.graph import build_graph
 from nscas.ui.render import human
 from nscas.ui.views import HEADLINE_SHOWN

@@ -131,8 +131,8 @@ def test_a_bound_loopback_address_is_accepted_as_host(store: Hostile, tmp_path: 
 
 
 def test_a_page_of_a_store_whose_database_is_down_is_503(tmp_path: Path) -> None:
-    from nscas.store import init_store
-    from nscas.storeconfig import StoreConfig
+    from nscas.store.config import StoreConfig
+    from nscas.store.writer import init_store
     from tests.store.services import start_moto, start_postgres
 
     pg = start_postgres()
@@ -143,7 +143,7 @@ def test_a_page_of_a_store_whose_database_is_down_is_503(tmp_path: Path) -> None
     try:
         if isinstance(moto, str):
             pytest.skip(moto)
-        from nscas.storeconfig import S3Settings
+        from nscas.store.config import S3Settings
         from tests.store.services import S3_KEYS
 
         os.environ.update(S3_KEYS)

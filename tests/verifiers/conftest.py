@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
-from nscas.runner import StepResult
-from nscas.store import Store
+from nscas.objects.digests import Digest
+from nscas.runs.runner import StepResult
+from nscas.store.writer import Store
 from tests.pipelines import evaluate_step, run_pipeline, tiny_pipeline
 
 PIPELINE = (tiny_pipeline(test=16, dev=8, train=32, replay=8)
@@ -201,7 +201,7 @@ def build_experiment(root: Path) -> Demo:
     """Run ``EXPERIMENT`` in a fresh store at ``root`` and export its report twice."""
     import torch
 
-    from nscas.exporting import export_bundle
+    from nscas.bundle.exporting import export_bundle
 
     torch.set_num_threads(1)
     store, steps = run_pipeline(root, EXPERIMENT, name="experiment.toml")

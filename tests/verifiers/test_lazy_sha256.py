@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from nscas.digests import Digest
-from nscas.store import init_store
+from nscas.objects.digests import Digest
+from nscas.store.writer import init_store
 from nscas.verifiers.closure import Objects
 from nscas.verifiers.sources import StoreSource
 

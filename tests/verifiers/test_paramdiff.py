@@ -1,5 +1,5 @@
 """The verifiers' parameter distance (``verifiers/paramdiff``), from safetensors files: it
-agrees with the report's (``nscas.paramdiff``, another implementation) within the named
+agrees with the report's (``nscas.models.distance``, another implementation) within the named
 tolerance, and it streams: a slice of each checkpoint at a time, never a whole one."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 from safetensors.numpy import save_file
 
 import nscas.verifiers.paramdiff as paramdiff
-from nscas.checkpoints import put_checkpoint
-from nscas.digests import Digest
-from nscas.paramdiff import compare_params
-from nscas.store import Store
+from nscas.models.checkpoints import put_checkpoint
+from nscas.models.distance import compare_params
+from nscas.objects.digests import Digest
+from nscas.store.writer import Store
 from nscas.verifiers.reportchecks import REL_TOL
 
 

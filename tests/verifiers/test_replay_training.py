@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import rfc8785
 
-from nscas.digests import Digest
 from nscas.errors import InvalidInput
+from nscas.objects.digests import Digest
 from nscas.recipes.train.config import TrainParams
-from nscas.store import Store
+from nscas.store.writer import Store
 from nscas.verifiers.replay import ReplayOptions
 from nscas.verifiers.replaystep import (
     Document,
@@ -77,7 +77,7 @@ class Trained:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
     import torch
 
-    from nscas.exporting import export_bundle
+    from nscas.bundle.exporting import export_bundle
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("replay-training")
@@ -216,11 +216,11 @@ def _forge(trained: Trained, tmp: Path, *, swap: bool) -> str:
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
-    from nscas.checkpoints import put_checkpoint
-    from nscas.objectstore import tree_record
+    from nscas.models.checkpoints import put_checkpoint
     from nscas.recipes.common.digests import sha256_stream
     from nscas.recipes.train.exchange import parameter_digest
     from nscas.recipes.train.journal import entry_hash
+    from nscas.store.protocol import tree_record
 
     store = trained.store
     receipt = trained.record(trained.receipt)
@@ -349,7 +349,7 @@ def test_the_training_replay_loads_the_bundle_model_folder(
         trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """From a bundle, the replay loads the model from ``models/<arm>/``, the folder a reader
     gives to ``from_pretrained``, and it reproduces the journal there too."""
-    from nscas.exporting import export_bundle
+    from nscas.bundle.exporting import export_bundle
     from nscas.verifiers import loading, replay
 
     export_bundle(trained.store, Digest.parse(trained.receipt), tmp_path / "bundle")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import rfc8785
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.verifiers.closure import Objects
 from nscas.verifiers.sources import (
     BadTarget,
@@ -141,7 +141,7 @@ def test_the_store_reader_never_inflates_a_chunk_past_its_record(tmp_path: Path,
     at most 32 MiB; the verifiers' reader applies the same bounds as the store."""
     import zstandard
 
-    from nscas.store import init_store
+    from nscas.store.writer import init_store
     from nscas.verifiers.sources import Unreadable
 
     store = init_store(tmp_path)

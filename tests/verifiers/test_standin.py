@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from nscas.recipes.common.conversations import conversations_jsonl, standin_conversations
-from nscas.runner import run_file
+from nscas.runs.runner import run_file
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import prepare_step, run_pipeline

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import rfc8785
 
-from nscas.digests import Digest
-from nscas.exporting import export_bundle
-from nscas.opening import open_store
-from nscas.signing import load_key, new_key, pae, statement
+from nscas.bundle.exporting import export_bundle
+from nscas.objects.digests import Digest
+from nscas.signing.signatures import load_key, new_key, pae, statement
+from nscas.store.opening import open_store
 from nscas.verifiers.errors import RecordParseError
 from nscas.verifiers.records import parse_json
 from nscas.verifiers.report import Report

@@ -22,10 +22,10 @@ import blake3
 import pytest
 import rfc8785
 
-from nscas.digests import Digest
-from nscas.exporting import _write_tar, export_bundle, sha256sums
-from nscas.runner import StepResult, run_file
-from nscas.store import Store
+from nscas.bundle.exporting import _write_tar, export_bundle, sha256sums
+from nscas.objects.digests import Digest
+from nscas.runs.runner import StepResult, run_file
+from nscas.store.writer import Store
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import evaluate_step, run_pipeline, serve_step, tiny_pipeline

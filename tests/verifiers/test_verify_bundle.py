@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nscas.digests import Digest
-from nscas.exporting import export_bundle
+from nscas.bundle.exporting import export_bundle
+from nscas.objects.digests import Digest
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
 

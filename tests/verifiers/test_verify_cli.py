@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from nscas.bundle.exporting import export_bundle
 from nscas.cli.verify import app
-from nscas.digests import Digest
-from nscas.exporting import export_bundle
+from nscas.objects.digests import Digest
 
 from .conftest import Pipeline
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.verifiers.verify import verify
 
 from . import test_verify_train as train

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from nscas.digests import Digest
-from nscas.exporting import export_bundle
-from nscas.runner import StepResult
-from nscas.store import Store
+from nscas.bundle.exporting import export_bundle
+from nscas.objects.digests import Digest
+from nscas.runs.runner import StepResult
+from nscas.store.writer import Store
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import run_pipeline

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.verifiers.errors import MissingObject
 from nscas.verifiers.report import Report
 from nscas.verifiers.sources import BadTarget, SourceError
@@ -122,8 +122,8 @@ def test_unusable_targets_raise_with_exit_codes(pipeline: Pipeline, tmp_path) ->
 def test_verifiers_import_no_store_code() -> None:
     code = ("import sys, nscas.verifiers.verify\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic') or m in "
-            "('nscas.store', 'nscas.digests', 'nscas.canonical', 'nscas.kinds', 'nscas.runner', "
-            "'nscas.errors', 'nscas.chunks', 'nscas.exporting') or m.startswith('nscas.recipes')]\n"
+            "('nscas.store.writer', 'nscas.objects.digests', 'nscas.objects.canonical', 'nscas.objects.kinds', 'nscas.runs.runner', "
+            "'nscas.errors', 'nscas.objects.chunks', 'nscas.bundle.exporting') or m.startswith('nscas.recipes')]\n"
             "print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

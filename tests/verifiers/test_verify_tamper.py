@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nscas.digests import Digest
-from nscas.runner import run_file
+from nscas.objects.digests import Digest
+from nscas.runs.runner import run_file
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import NoEvidence, exit_code, verify
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import rfc8785
 
-from nscas.digests import Digest
+from nscas.objects.digests import Digest
 from nscas.recipes.train.schedule import document_schedule
 from nscas.verifiers.report import Report
 from nscas.verifiers.verify import exit_code, verify

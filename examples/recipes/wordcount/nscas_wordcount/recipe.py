@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from nscas.errors import RecipeError
-from nscas.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 

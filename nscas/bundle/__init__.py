@@ -1,0 +1,1 @@
+"""Publication bundles: export and import (docs/bundle.md)."""

@@ -1,0 +1,1 @@
+"""The database engines: SQLite and PostgreSQL, the tables, migrations' versions."""

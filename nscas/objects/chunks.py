@@ -1,0 +1,445 @@
+"""Chunk files on disk and how files are cut into objects (docs/format.md §5).
+
+Only this module touches chunk files. A leaf object's bytes live in ``data/<2 hex>/<62 hex>``,
+raw or zstd-compressed (only when that saves space). Files are written to ``tmp/`` first,
+fsync'ed, re-read and re-hashed, then renamed into place: a crash leaves a stray temporary
+file (removed by ``gc`` once older than its minimum age) or a complete verified chunk, never a
+partial one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple, Protocol
+
+import blake3
+
+from nscas.errors import DecodeBoundExceeded, IntegrityError, StoreError
+from nscas.objects.durable import fsync_dir
+
+CHUNK_SIZE = 16 << 20  # fixed-size chunks of large ordinary files
+TENSOR_SPLIT = 32 << 20  # tensors larger than this are themselves stored as parts
+SINGLE_MAX = 16 << 20  # ordinary files up to this size are one leaf object
+INLINE_MAX = 4 << 10  # leaves this small live in the database row
+_SAMPLE = 64 << 10  # bytes compressed first to decide whether zstd pays off
+_MIN_SAVING = 0.9  # compress only if the sample shrinks below 90 %
+_ZSTD_LEVEL = 3
+_SAFETENSORS_HEADER_MAX = 100 << 20
+_VERIFY_BLOCK = 4 << 20  # read-back block when re-hashing a chunk file just written
+LEAF_MAX = max(SINGLE_MAX, CHUNK_SIZE, TENSOR_SPLIT)
+"""No leaf the store writes is larger: a row claiming more is read as claiming this."""
+ZSTD_WINDOW_MAX = 1 << 25
+"""The largest zstd window a chunk may ask for (a leaf never needs more): decoding memory."""
+
+
+class Segment(NamedTuple):
+    """A byte range of a file that becomes one object: ``tensor`` names safetensors tensors."""
+
+    offset: int
+    length: int
+    tensor: str | None = None
+
+
+def plan_segments(path: Path, size: int) -> list[Segment] | None:
+    """How to cut a file into part objects; ``None`` means store it as a single leaf."""
+    if path.suffix == ".safetensors":
+        segments = _safetensors_segments(path, size)
+        if segments is not None:
+            return segments
+    if size <= SINGLE_MAX:
+        return None
+    return [Segment(offset=o, length=min(CHUNK_SIZE, size - o)) for o in range(0, size, CHUNK_SIZE)]
+
+
+def split_ranges(length: int) -> list[tuple[int, int]]:
+    """Sub-ranges (offset, length) of a large tensor; a single range if it needs no split."""
+    if length <= TENSOR_SPLIT:
+        return [(0, length)]
+    return [(o, min(TENSOR_SPLIT, length - o)) for o in range(0, length, TENSOR_SPLIT)]
+
+
+def _safetensors_segments(path: Path, size: int) -> list[Segment] | None:
+    """Header, then one segment per tensor in file order; None if the file is not well formed."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                return None
+            (hlen,) = struct.unpack("<Q", raw)
+            if hlen > _SAFETENSORS_HEADER_MAX or 8 + hlen > size:
+                return None
+            header = json.loads(f.read(hlen))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    base = 8 + hlen
+    spans: list[tuple[int, int, str]] = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not 0 <= start <= end:
+            return None
+        spans.append((start, end, name))
+    spans.sort()
+    segments = [Segment(offset=0, length=base)]
+    cursor = 0
+    for start, end, name in spans:
+        if start != cursor:  # gaps or overlaps: not a layout we can cut at tensor boundaries
+            return None
+        if end > start:
+            segments.append(Segment(offset=base + start, length=end - start, tensor=name))
+        cursor = end
+    if base + cursor != size:
+        return None
+    return segments
+
+
+class ChunkBackend(Protocol):
+    """Where leaf objects' bytes live: :class:`ChunkFiles` (a directory, local or shared) or
+    :class:`nscas.store.s3.S3Chunks` (an S3 prefix). Every write goes to a temporary name, is
+    verified, then published; every read is checked against the ID. ``size`` is the plain size
+    the leaf's row records: no read or check decodes more than that (:func:`plain_blocks`)."""
+
+    def ensure(self) -> None: ...
+    def exists(self, hex_id: str) -> bool: ...
+    def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]: ...
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
+              written: Callable[[], object] = ..., sha256: bool = True) -> str | None: ...
+    def read(self, hex_id: str, codec: str, size: int) -> bytes: ...
+    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]: ...
+    def stored_size(self, hex_id: str) -> int | None: ...
+    def location(self, hex_id: str) -> str: ...
+    def remove(self, hex_id: str, *, before: float | None = None) -> bool: ...
+    def iter_ids(self) -> Iterator[str]: ...
+    def chunk_written_before(self, hex_id: str, before: float) -> bool: ...
+    def temporary_files(self) -> list[Path]: ...
+    def written_before(self, path: Path, before: float) -> bool: ...
+    def remove_temporary(self, path: Path, *, before: float | None = None) -> bool: ...
+
+
+class ChunkFiles:
+    """The ``data/`` and ``tmp/`` directories of a store."""
+
+    def __init__(self, root: Path) -> None:
+        self.data = root / "data"
+        self.tmp = root / "tmp"
+
+    def ensure(self) -> None:
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, hex_id: str) -> Path:
+        return self.data / hex_id[:2] / hex_id[2:]
+
+    def exists(self, hex_id: str) -> bool:
+        return self.path(hex_id).is_file()
+
+    def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
+        return encode(data)
+
+    def stored_size(self, hex_id: str) -> int | None:
+        """The size of the chunk file, or None if there is none."""
+        path = self.path(hex_id)
+        return path.stat().st_size if path.is_file() else None
+
+    def location(self, hex_id: str) -> str:
+        return f"chunk file {self.path(hex_id)}"
+
+    def chunk_written_before(self, hex_id: str, before: float) -> bool:
+        return _written_before(self.path(hex_id), before)
+
+    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
+              written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
+        """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir.
+
+        Returns the SHA-256 of the plain bytes, computed from the re-read that checks them
+        against their ID (None without ``sha256``). ``written`` is called once ``stored`` is in
+        the temporary file: the caller may reuse its buffer from then on.
+        """
+        import tempfile  # here, not at the top: read commands (log, lineage) never write
+
+        final = self.path(hex_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=hex_id[:16] + ".", dir=self.tmp)
+        tmp = Path(tmp_name)
+        try:
+            try:
+                _write_all(fd, stored)
+                written()
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            sha = _new_sha256() if sha256 else None
+            got = self._rehash_file(tmp, codec, hex_id, size, sha)
+            if got != hex_id:
+                raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(final.parent)
+        return sha.hexdigest() if sha is not None else None
+
+    def _rehash_file(self, path: Path, codec: str, hex_id: str, size: int, also: Any) -> str:
+        """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
+        try:
+            return self._digest(path, codec, hex_id, size, also)[0]
+        except IntegrityError as exc:
+            raise IntegrityError(f"chunk written for {hex_id}", exc.expected, exc.actual) from None
+
+    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]:
+        """(BLAKE3 hex, size) of a stored leaf's plain bytes, streamed in bounded memory.
+
+        Raises ``IntegrityError`` if the chunk file is missing, its zstd data does not decode,
+        or it decodes to more than ``size`` bytes.
+        """
+        return self._digest(self.path(hex_id), codec, hex_id, size)
+
+    def _digest(self, path: Path, codec: str, hex_id: str, size: int,
+                also: Any = None) -> tuple[str, int]:
+        with self._open(path, hex_id) as f:
+            return plain_digest(f, codec, hex_id, size, where=f"chunk file {path}", also=also)
+
+    @staticmethod
+    def _open(path: Path, hex_id: str) -> BinaryIO:
+        try:
+            return path.open("rb")
+        except FileNotFoundError:
+            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                                 f"no chunk file at {path}") from None
+
+    def read(self, hex_id: str, codec: str, size: int) -> bytes:
+        """The plain bytes of a leaf, at most ``size`` of them, checked against its ID."""
+        path = self.path(hex_id)
+        with self._open(path, hex_id) as f:
+            data = decode_stream(f, codec, hex_id, size, where=f"chunk file {path}")
+        got = _hash_hex(data)
+        if got != hex_id:
+            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+        return data
+
+    def remove(self, hex_id: str, *, before: float | None = None) -> bool:
+        """Delete a chunk file (only if last written at or before ``before``); True if deleted."""
+        return _unlink(self.path(hex_id), before)
+
+    def iter_ids(self) -> Iterator[str]:
+        if not self.data.is_dir():
+            return
+        for sub in sorted(self.data.iterdir()):
+            if sub.is_dir() and len(sub.name) == 2:
+                for f in sorted(sub.iterdir()):
+                    yield sub.name + f.name
+
+    def temporary_files(self) -> list[Path]:
+        """Files in ``tmp/``: a write in progress, or one a crash interrupted."""
+        return sorted(self.tmp.iterdir()) if self.tmp.is_dir() else []
+
+    @staticmethod
+    def written_before(path: Path, before: float) -> bool:
+        """True if ``path`` (a chunk or temporary file) was last written at or before ``before``."""
+        return _written_before(path, before)
+
+    def remove_temporary(self, path: Path, *, before: float | None = None) -> bool:
+        if path.parent != self.tmp:
+            raise StoreError(f"{path} is not a temporary file of this store")
+        return _unlink(path, before)
+
+
+def _new_sha256() -> Any:
+    """A SHA-256 hasher; hashlib is imported here, so that read commands need not load
+    OpenSSL (3 ms of every start-up)."""
+    import hashlib
+
+    return hashlib.sha256()
+
+
+def encode(data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
+    """(codec, stored bytes): zstd only when a sample shows it saves space."""
+    if len(data) >= 1024:
+        import zstandard  # here, as in decode: commands that read only records never need it
+
+        # A compressor per call: zstd contexts must not be shared between writer threads.
+        cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+        sample = bytes(data[:_SAMPLE])
+        if len(cctx.compress(sample)) < _MIN_SAVING * len(sample):
+            packed = cctx.compress(data)  # a buffer, not bytes(data): no 32 MiB copy
+            if len(packed) < _MIN_SAVING * len(data):
+                return "zstd", packed
+    return "raw", data
+
+
+def decode(stored: bytes | memoryview, codec: str, hex_id: str, size: int, *,
+           where: str = "") -> bytes:
+    """The plain bytes of a stored leaf held in memory, at most ``size`` (checked against its
+    ID by the caller)."""
+    return decode_stream(io.BytesIO(stored), codec, hex_id, size, where=where)
+
+
+def decode_stream(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "") -> bytes:
+    """The plain bytes a stream of stored bytes decodes to, at most ``size`` of them.
+
+    Read in one request of ``size + 1`` bytes, so that the leaf is allocated once (a file's or
+    a zstd reader's ``read(n)`` fills one buffer): blocks joined, or a bytearray copied to
+    bytes, would hold a leaf twice, and a reader streaming two models holds one leaf of each.
+    """
+    import zstandard
+
+    where = where or f"the chunk of blake3:{hex_id}"
+    limit = min(max(size, 0), LEAF_MAX)
+    # Raw stored bytes are the plain bytes: reading one past the bound caps both at once.
+    reader = src if codec == "raw" else _decoder(
+        _Capped(src, stored_max(limit), hex_id, where), codec, hex_id)
+    parts: list[bytes] = []
+    want = limit + 1
+    try:
+        while want > 0:
+            block = reader.read(want)
+            if not block:
+                break
+            parts.append(block)
+            want -= len(block)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                             f"undecodable zstd data in {where} ({exc})") from None
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    if len(data) > limit:
+        raise DecodeBoundExceeded(hex_id, limit, where)
+    return data
+
+
+def plain_digest(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "",
+                 also: Any = None) -> tuple[str, int]:
+    """(BLAKE3 hex, size) of the plain bytes a stream decodes to, at most ``size``; ``also``
+    (a hashlib object) is fed the same blocks."""
+    # One thread per leaf: callers hash several at once (fsck) or run in a pool (put).
+    h = blake3.blake3()
+    got = 0
+    for block in plain_blocks(src, codec, hex_id, size, where=where):
+        h.update(block)
+        if also is not None:
+            also.update(block)
+        got += len(block)
+    return h.hexdigest(), got
+
+
+def stored_max(size: int) -> int:
+    """The most stored bytes a leaf of ``size`` plain bytes may take in any codec: raw is the
+    size itself, zstd at most ZSTD_compressBound of it; more is refused unread."""
+    return size + (size >> 7) + (64 << 10)
+
+
+def plain_blocks(src: BinaryIO, codec: str, hex_id: str, size: int, *,
+                 where: str = "") -> Iterator[memoryview]:
+    """The plain bytes of a stored leaf, in blocks of one reused buffer, bounded by its record.
+
+    Every codec decodes through here (raw and zstd now; any later one joins :func:`_decoder`):
+    ``size`` (the row's plain size, capped at :data:`LEAF_MAX`) bounds what comes out, one byte
+    past it is a :class:`DecodeBoundExceeded` naming the chunk, and the stored bytes read are
+    bounded by :func:`stored_max`. Fewer bytes than ``size`` simply end early: the caller's
+    hash and size checks judge them.
+    """
+    import zstandard
+
+    where = where or f"the chunk of blake3:{hex_id}"
+    limit = min(max(size, 0), LEAF_MAX)
+    reader = _decoder(_Capped(src, stored_max(limit), hex_id, where), codec, hex_id)
+    buf = bytearray(max(1, min(_VERIFY_BLOCK, limit + 1)))
+    view = memoryview(buf)
+    produced = 0
+    try:
+        while True:
+            # Ask for at most one byte past the bound: a bomb never gets to inflate further.
+            n = reader.readinto(view[:min(len(buf), limit + 1 - produced)])
+            if not n:
+                return
+            produced += n
+            if produced > limit:
+                raise DecodeBoundExceeded(hex_id, limit, where)
+            yield view[:n]
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+                             f"undecodable zstd data in {where} ({exc})") from None
+
+
+def _decoder(src: BinaryIO, codec: str, hex_id: str) -> BinaryIO:
+    """A reader of the plain bytes of stored bytes in ``codec``."""
+    if codec == "raw":
+        return src
+    if codec == "zstd":
+        import zstandard
+
+        # Streaming into a bounded buffer, never ZstdDecompressor.decompress: that allocates
+        # whatever size the frame header claims. Across frames, so that bytes after the frame
+        # are decoded too (and fail) rather than ignored.
+        dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_MAX)
+        return dctx.stream_reader(src, read_size=1 << 20, read_across_frames=True)  # type: ignore[return-value]
+    raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+
+
+class _Capped(io.RawIOBase):
+    """A stored-bytes stream that refuses to be read past ``cap`` bytes."""
+
+    def __init__(self, src: BinaryIO, cap: int, hex_id: str, where: str) -> None:
+        self._src, self._left, self._hex, self._where = src, cap, hex_id, where
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        want = min(len(view), self._left + 1)
+        data = self._src.read(want)
+        if len(data) > self._left:
+            raise IntegrityError(f"object blake3:{self._hex}", "stored bytes its size allows",
+                                 f"more in {self._where}")
+        view[:len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        size = self._left + 1 if n is None or n < 0 else n
+        buf = bytearray(min(size, self._left + 1, 1 << 20) if n is None or n < 0 else size)
+        got = self.readinto(buf)
+        return bytes(buf[:got])
+
+
+def _written_before(path: Path, before: float) -> bool:
+    """True if ``path`` was last modified at or before ``before`` (False if it is gone)."""
+    try:
+        return path.stat().st_mtime <= before
+    except FileNotFoundError:
+        return False
+
+
+def _unlink(path: Path, before: float | None) -> bool:
+    # The age check and the unlink are two steps: a writer replacing this very file in between
+    # loses it. gc passes ``before`` = now - min_age, so that needs a write at the exact moment
+    # gc removes the same, long-unused chunk.
+    if before is not None and not _written_before(path, before):
+        return False
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _hash_hex(data: bytes | memoryview) -> str:
+    threads = blake3.blake3.AUTO if len(data) >= (1 << 20) else 1
+    return blake3.blake3(data, max_threads=threads).hexdigest()
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]

@@ -1,0 +1,1 @@
+"""Remotes: pushing to and pulling from other stores (docs/format.md §5.11)."""

@@ -1,0 +1,1 @@
+"""The store: opening, reading, writing, checking (fsck, gc), lineage, data backends."""

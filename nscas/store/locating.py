@@ -1,0 +1,74 @@
+"""Where a store is and what its refs may be called (the schema version: nscas.database.revision).
+
+The standard library only: readers and writers both start here, and a reader must
+not pay for importing SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from nscas.errors import InvalidInput, StoreError
+
+STORE_DIR = ".nscas"
+DB_NAME = "nscas.db"
+CONFIG_NAME = "store.toml"  # a team store's config (nscas.store.config): PostgreSQL + object storage
+ENV_VAR = "NSCAS_STORE"
+BUSY_TIMEOUT_MS = 60_000
+REF_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+HEXISH = re.compile(r"(blake3:)?[0-9a-f]{8,}")
+TAG_PREFIX = "tags/"  # refs named so never move once set
+
+
+def is_tag(name: str) -> bool:
+    return name.startswith(TAG_PREFIX)
+
+
+def find_store(start: Path | None = None) -> Path:
+    """The store directory: ``$NSCAS_STORE`` (a store directory, a directory holding
+    ``.nscas``, or a team store's ``store.toml``), else ``.nscas`` here or in a parent."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return store_dir_of(Path(env))
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if is_store_dir(d / STORE_DIR):
+            return d / STORE_DIR
+    raise StoreError("no nscas store here or in any parent directory (run 'nscas init' or pass --store)")
+
+
+def store_dir_of(path: Path) -> Path:
+    """Accept a store directory, a directory holding ``.nscas``, or a ``store.toml``."""
+    if path.name == CONFIG_NAME and path.is_file():
+        return path.parent
+    if is_store_dir(path):
+        return path
+    if is_store_dir(path / STORE_DIR):
+        return path / STORE_DIR
+    raise StoreError(f"{path} is not an nscas store (no {DB_NAME} or {CONFIG_NAME} in it or in "
+                     f"{path / STORE_DIR})")
+
+
+def is_store_dir(path: Path) -> bool:
+    """Whether ``path`` holds an SQLite store's database or a team store's config."""
+    return (path / DB_NAME).is_file() or (path / CONFIG_NAME).is_file()
+
+
+def store_writable(root: Path) -> bool:
+    """Whether this process may write the store at ``root``: its directory (chunk files, and
+    SQLite's ``-wal`` and ``-shm`` files) and its database. False on a read-only mount, for
+    root too (``access`` reports EROFS whatever the permissions)."""
+    if (root / CONFIG_NAME).is_file():  # a team store: the database says (ReadOnlyStore on write)
+        return os.access(root, os.W_OK)
+    return os.access(root, os.W_OK) and os.access(root / DB_NAME, os.W_OK)
+
+
+def check_ref_name(name: str) -> None:
+    if not REF_NAME.fullmatch(name) or ".." in name or len(name) > 255:
+        raise InvalidInput(
+            f"invalid ref name {name!r}: use letters, digits, '.', '_', '-' in '/'-separated parts"
+        )
+    if HEXISH.fullmatch(name):
+        raise InvalidInput(f"invalid ref name {name!r}: it would read as an object ID prefix")

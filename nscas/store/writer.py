@@ -1,0 +1,512 @@
+"""The store's writes on SQLAlchemy: puts, refs by compare-and-swap, gc deletes, migrations.
+
+Its reads it inherits from nscas.store.reading; these two are the only modules with queries.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from sqlalchemy import Connection, delete, insert, select, text
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
+
+from nscas.database.engines import make_engine, make_pg_engine, upgrade
+from nscas.database.revision import database_error, known_revisions, newer_schema, refuse_newer
+from nscas.database.schema import gc_session, links, object_sha256, objects, parts, ref_log, refs
+from nscas.errors import (
+    ClosureError,
+    InvalidInput,
+    NoSpace,
+    NotFound,
+    ReadOnlyStore,
+    RefConflict,
+    StoreError,
+    TagImmutable,
+)
+from nscas.objects import canonical, kinds
+from nscas.objects.chunks import ChunkFiles, Segment, plan_segments
+from nscas.objects.digests import Digest, blake3_hex, sha256_hex
+from nscas.runs.workarea import WorkArea, WorkAreas
+from nscas.store.config import StoreConfig, chunk_backend, read_config, render_config
+from nscas.store.locating import (
+    CONFIG_NAME,
+    DB_NAME,
+    STORE_DIR,
+    check_ref_name,
+    is_tag,
+    store_writable,
+)
+from nscas.store.protocol import tree_record
+from nscas.store.putting import Leaf, Putter
+from nscas.store.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches
+
+# The reads live in nscas.store.reading, which imports no SQLAlchemy; their names stay importable here.
+# Opening a store (reader or writer) is nscas.store.opening's.
+__all__ = ["DB_NAME", "STORE_DIR", "Link", "ObjectInfo", "RefEntry", "Store", "StoreReader",
+           "check_ref_name", "init_store"]
+
+_UNSET: Any = object()
+_PUT_ATTEMPTS = 3  # a put retries when a concurrent gc removed an object it meant to reuse
+_GC_LOCK = 0x6E736361  # PostgreSQL advisory lock: writers share it, gc's deletes hold it alone
+_REF_LOCK = 0x6E737266  # with hashtext(name): one ref's compare-and-swap at a time
+
+
+class _LeavesVanished(StoreError):
+    """A concurrent ``gc`` removed objects this put found stored and meant to reuse."""
+
+    def __init__(self, ids: list[str]) -> None:
+        super().__init__(f"{len(ids)} stored object(s) this put reused were removed by a "
+                         f"concurrent gc (first: blake3:{ids[0]}); add it again")
+        self.ids = ids
+
+
+def init_store(path: Path, config: StoreConfig | None = None) -> Store:
+    """Create (or upgrade) a store at ``path/.nscas``, or at ``path`` if it ends in ``.nscas``;
+    with ``config``, a team store (PostgreSQL + object storage) whose ``store.toml`` goes there."""
+    root = path if path.name == STORE_DIR else path / STORE_DIR
+    if config is not None or (root / CONFIG_NAME).is_file():
+        return _init_team_store(root, config)
+    if (root / DB_NAME).is_file() and not store_writable(root):
+        raise ReadOnlyStore(str(root))
+    with _faults(root):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise
+            raise StoreError(f"cannot create a store at {root}: {exc.strerror}") from None
+        if (root / DB_NAME).is_file():
+            refuse_newer(root / DB_NAME, root)
+        ChunkFiles(root).ensure()
+        upgrade(root / DB_NAME)
+    return Store(root)
+
+
+def _init_team_store(root: Path, config: StoreConfig | None) -> Store:
+    """Write (or keep) ``store.toml``, check the object storage, migrate the database."""
+    from nscas.database import postgres
+    from nscas.database.engines import upgrade_pg
+
+    if (root / DB_NAME).is_file():
+        raise InvalidInput(f"{root} holds an SQLite store already; a team store needs a directory "
+                           "of its own")
+    existing = read_config(root)
+    if config is None:
+        config = existing
+    elif existing is not None and existing != config:
+        raise InvalidInput(f"{root / CONFIG_NAME} names another database or object storage; "
+                           "remove it first or use another directory")
+    assert config is not None
+    c = postgres.connect(config.database, root)  # unreachable, wrong password: one line
+    try:
+        rev = postgres.schema_revision(c)
+    except postgres.ERRORS as exc:
+        raise postgres.database_error(exc, root, config.database) from None
+    finally:
+        c.close()
+    if rev is not None and rev not in known_revisions():
+        raise newer_schema(rev, root)
+    chunk_backend(root, config).ensure()
+    with _faults(root):
+        upgrade_pg(config.database)
+        root.mkdir(parents=True, exist_ok=True)
+        if existing is None:
+            tmp = root / f".{CONFIG_NAME}.tmp"
+            tmp.write_text(render_config(config), encoding="utf-8")
+            tmp.chmod(0o600)  # it may hold a password
+            os.replace(tmp, root / CONFIG_NAME)
+    return Store(root)
+
+
+class Store(StoreReader):
+    """A content-addressed store. Thread-safe for puts; many processes may share one.
+
+    The reads (and the schema check at open) are :class:`StoreReader`'s; this class adds writes.
+    """
+
+    def __init__(self, root: Path, *, readonly: bool = False) -> None:
+        super().__init__(root)
+        self.readonly = readonly
+        if not readonly and not store_writable(root):
+            self._close_reads()
+            raise ReadOnlyStore(str(root))
+        self._lock = threading.Lock()
+        self._upsert: Callable[[Any], Any] = sqlite_insert
+        if self.config is not None:
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            self._upsert = pg_insert
+            self._writer = make_pg_engine(self.config.database)
+            try:
+                with _faults(root), self._writer.connect():
+                    pass
+            except BaseException:
+                self.close()
+                raise
+            return
+        db = root / DB_NAME
+        self._writer = make_engine(db, readonly=readonly, writer=True)
+        if not readonly:
+            try:
+                with _faults(root), self._writer.connect():  # puts the database in WAL mode
+                    pass
+            except BaseException:
+                self.close()
+                raise
+            self._share()  # a reader opened immutable (a disk full a moment ago) reads shared now
+
+    @contextmanager
+    def _begin(self, *, gc: bool = False) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE); SQLite's errors become the store's.
+
+        On PostgreSQL writers run at once: each holds the gc lock shared, and ``gc`` (its
+        deletes) holds it alone, as SQLite's one write lock would have it."""
+        with _faults(self.root), self._writer.begin() as c:
+            if self.config is not None:
+                c.execute(text(f"SELECT pg_advisory_xact_lock{'' if gc else '_shared'}(:k)"),
+                          {"k": _GC_LOCK})
+            yield c
+
+    def close(self) -> None:
+        super().close()  # read-only connections first: the writer's last close checkpoints the WAL
+        self._writer.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    # -------------------------------------------------------------------- puts
+
+    def put_bytes(self, data: bytes | bytearray | memoryview) -> Digest:
+        view = memoryview(data)
+        with _faults(self.root):
+            return _retry_vanished(lambda: self._put_leaf(view), lambda: None)
+
+    def _put_leaf(self, data: memoryview) -> Digest:
+        leaf = self._putter().leaf(data)
+        self._insert([leaf], [], [])
+        return Digest(leaf.hex)
+
+    def put_record(self, value: dict[str, Any] | bytes) -> Digest:
+        """Validate (canonical bytes, schema of the kind, closure) and store a record."""
+        return self.put_records([value])[0]
+
+    def put_records(self, values: Iterable[dict[str, Any] | bytes]) -> list[Digest]:
+        """Validate and store many records in one transaction: all of them or none.
+
+        A record may link to records earlier in the same batch (bulk imports, benchmarks).
+        """
+        leaves: list[Leaf] = []
+        link_rows: list[dict[str, Any]] = []
+        require: set[str] = set()
+        for value in values:
+            if isinstance(value, bytes | bytearray | memoryview):
+                data = bytes(value)
+                record = canonical.decode(data)
+            else:
+                record = value
+                data = canonical.encode(value)
+            kind = kinds.validate(record)
+            hex_id = blake3_hex(data)
+            leaves.append(Leaf(hex=hex_id, size=len(data), sha256=sha256_hex(data),
+                               storage="inline", stored_size=len(data), data=data, kind=kind))
+            for path, d in canonical.iter_links(record):
+                link_rows.append({"parent": hex_id, "path": path, "child": d.hex})
+                require.add(d.hex)
+        if leaves:
+            with _faults(self.root):
+                self._insert(leaves, [], link_rows, require=require)
+        return [Digest(leaf.hex) for leaf in leaves]
+
+    def put_file(self, path: Path) -> Digest:
+        """Stream a file into the store; safetensors files are cut at tensor boundaries."""
+        try:
+            st = path.stat()
+            f = path.open("rb")
+        except FileNotFoundError:
+            raise InvalidInput(f"no such file: {path}") from None
+        except IsADirectoryError:
+            raise InvalidInput(f"{path} is a directory; use put_tree") from None
+        except PermissionError:
+            raise InvalidInput(f"cannot read {path}: permission denied") from None
+        with f:
+            segments = plan_segments(path, st.st_size)
+            if segments is None:
+                data = f.read()
+                return self.put_bytes(data)
+            with _faults(self.root):
+                return _retry_vanished(lambda: self._put_segments(f, segments), lambda: f.seek(0))
+
+    def _put_segments(self, f: BinaryIO, segments: list[Segment]) -> Digest:
+        made = self._putter().segments(f, segments)
+        self._insert(made.leaves, made.part_rows, [])
+        return Digest(made.hex)
+
+    def _putter(self) -> Putter:
+        return Putter(chunks=self.chunks, lookup=self._stored_leaf)
+
+    def _stored_leaf(self, hex_id: str) -> Leaf | None:
+        """The stored object with this ID, if it can be reused as it is.
+
+        A chunk file or parts (the same bytes came in as a large file) both serve; a row of
+        storage "file" whose chunk file is gone is not reused, so the caller rewrites the file.
+        """
+        # The standard library's sqlite3, as every read: a put looks up each of its pieces from
+        # worker threads, and through SQLAlchemy a lookup took 7x the time (156 vs 21 us), all
+        # of it holding the GIL the other threads need between their hash calls.
+        with self._read() as c:
+            row = c.execute("SELECT size, sha256, storage, codec, stored_size FROM objects"
+                            " WHERE id = ?", (hex_id,)).fetchone()
+        if row is None:
+            return None
+        size, sha, storage, codec, stored_size = row
+        if storage == "file" and not self.chunks.exists(hex_id):
+            return None
+        return Leaf(hex=hex_id, size=size, sha256=sha, storage=storage, codec=codec,
+                    stored_size=stored_size, reused=True)
+
+    def sha256(self, oid: Digest) -> str:
+        """The object's SHA-256; one not known yet is computed from its bytes and recorded
+        (``object_sha256``, insert-only), unless this store was opened read-only."""
+        known = self.info(oid).sha256
+        if known is not None:
+            return known
+        sha = self._compute_sha256(oid)
+        if not self.readonly:
+            with self._begin() as c:
+                # Only while the object is still there: a gc may have removed it meanwhile.
+                if c.execute(select(objects.c.seq).where(objects.c.id == oid.hex)).first():
+                    c.execute(self._upsert(object_sha256).on_conflict_do_nothing(),
+                              [{"id": oid.hex, "sha256": sha}])
+        return sha
+
+    def _insert(self, leaves: list[Leaf], part_rows: list[dict[str, Any]],
+                link_rows: list[dict[str, Any]], require: Iterable[str] = ()) -> None:
+        if self.readonly:
+            raise StoreError("store opened read-only")
+        now = time.time()
+        rows = [{"id": lf.hex, "size": lf.size, "sha256": lf.sha256, "kind": lf.kind,
+                 "storage": lf.storage, "codec": lf.codec, "stored_size": lf.stored_size,
+                 "data": lf.data, "created": now} for lf in leaves]
+        for attempt in range(_PUT_ATTEMPTS):
+            try:
+                return self._insert_rows(rows, leaves, part_rows, link_rows, require)
+            except DBAPIError as exc:  # two PostgreSQL writers waiting on each other's rows
+                if attempt == _PUT_ATTEMPTS - 1 or type(exc.orig).__name__ != "DeadlockDetected":
+                    raise
+
+    def _insert_rows(self, rows: list[dict[str, Any]], leaves: list[Leaf],
+                     part_rows: list[dict[str, Any]], link_rows: list[dict[str, Any]],
+                     require: Iterable[str]) -> None:
+        with self._begin() as c:
+            needed = set(require) - {lf.hex for lf in leaves}
+            if needed:
+                missing = sorted(needed - _present(c, needed))
+                if missing:
+                    raise ClosureError([f"blake3:{m}" for m in missing])
+            # A reused object must still be stored now, inside this write transaction: a gc that
+            # committed since the lookup may have removed it (and its chunk file). Inserting the
+            # row again would name a chunk file that is gone.
+            reused = {lf.hex for lf in leaves if lf.reused}
+            if reused:
+                vanished = sorted(reused - _present(c, reused))
+                if vanished:
+                    raise _LeavesVanished(vanished)
+            # Parts before their parents, links after their record: insert order = dependency order.
+            if rows:
+                c.execute(self._upsert(objects).on_conflict_do_nothing(index_elements=["id"]), rows)
+            if part_rows:
+                c.execute(self._upsert(parts).on_conflict_do_nothing(), part_rows)
+            if link_rows:
+                c.execute(self._upsert(links).on_conflict_do_nothing(), link_rows)
+
+    def put_whole(self, oid: Digest, part_list: list[tuple[int, Digest]], *,
+                  sha256: str | None) -> None:
+        """An object stored as parts this store already holds (a push or pull brings one): the
+        caller has checked ``oid`` against the parts' bytes in order (nscas.remotes.transfer). The parts
+        must tile the object from offset 0, each where the one before ends."""
+        if not part_list:
+            raise InvalidInput(f"{oid}: an object of parts needs at least one part")
+        sizes = {d: self.info(d).size for _, d in part_list}  # NotFound for an absent part
+        end = 0
+        for off, d in part_list:
+            if off != end:
+                raise InvalidInput(f"{oid}: part {d} at offset {off}, expected {end}")
+            end += sizes[d]
+        leaf = Leaf(hex=oid.hex, size=end, sha256=sha256, storage="parts")
+        rows = [{"object_id": oid.hex, "idx": i, "offset": off, "part_id": d.hex}
+                for i, (off, d) in enumerate(part_list)]
+        with _faults(self.root):
+            self._insert([leaf], rows, [], require={d.hex for _, d in part_list})
+
+    def put_tree(self, path: Path) -> Digest:
+        """A directory as a tree/1 record of its regular files (links are refused)."""
+        if not path.is_dir():
+            raise InvalidInput(f"no such directory: {path}")
+        files = {file.relative_to(path).as_posix(): self.put_file(file)
+                 for file in sorted(_walk(path))}
+        return self.put_record(tree_record(self, files))
+
+    # -------------------------------------------------------------------- refs
+
+    def ref_set(self, name: str, target: Digest, *, expect: Digest | None = _UNSET,
+                message: str = "") -> None:
+        """Point ``name`` at ``target``; with ``expect``, only if it still holds that value."""
+        check_ref_name(name)
+        now = time.time()
+        with self._begin() as c:
+            if self.config is not None:  # compare-and-swap: one writer of this ref at a time
+                c.execute(text("SELECT pg_advisory_xact_lock(:k, hashtext(:n))"),
+                          {"k": _REF_LOCK, "n": name})
+            if c.execute(select(objects.c.seq).where(objects.c.id == target.hex)).first() is None:
+                raise NotFound(str(target))
+            old_hex = c.execute(select(refs.c.target).where(refs.c.name == name)).scalar()
+            old = Digest(old_hex) if old_hex else None
+            if expect is not _UNSET and expect != old:
+                raise RefConflict(name, str(expect) if expect else None, str(old) if old else None)
+            if old == target:
+                return
+            if is_tag(name) and old is not None:
+                raise TagImmutable(name, str(old))
+            if old is None:
+                c.execute(insert(refs).values(name=name, target=target.hex, updated=now))
+            else:
+                c.execute(refs.update().where(refs.c.name == name).values(target=target.hex, updated=now))
+            c.execute(insert(ref_log).values(name=name, old=old_hex, new=target.hex, at=now, message=message))
+
+    # -------------------------------------------------------------- work areas
+
+    def work_area(self, action: Digest) -> WorkArea:
+        """Hold the work area of ``action`` (``work/<hex>/``) for this process: its persistent
+        directory survives a crash, for a later run of the action to resume from; its scratch
+        directory starts empty. Raises ``WorkAreaBusy`` while a live process holds it."""
+        if self.readonly:
+            raise StoreError("store opened read-only")
+        with _faults(self.root):
+            return WorkAreas(self.root).claim(action)
+
+    def release_work_area(self, area: WorkArea, *, keep: bool) -> None:
+        """End the hold: scratch goes; the persistent directory stays only with ``keep``."""
+        WorkAreas(self.root).release(area, keep=keep)
+
+    # ------------------------------------------------------------ maintenance
+
+    def delete_objects(self, ids: list[Digest], *,
+                       files_before: float | None = None) -> list[Digest]:
+        """Remove objects, their parts and links, inside one gc transaction (triggers allow it).
+
+        The caller chose ``ids`` before this transaction began; a put that committed since may
+        have made some of them parts or children of its new objects. Those stay, with all they
+        reach. Chunk files go after the commit, only those last written before ``files_before``
+        (a put may be writing the same bytes afresh). Returns the IDs actually removed.
+        """
+        doomed = {d.hex for d in ids}
+        with self._begin(gc=True) as c:
+            doomed -= _rescued(c, doomed)
+            gone = sorted(doomed)
+            c.execute(insert(gc_session).values(token=1))
+            for batch in batches(gone, BATCH):
+                c.execute(delete(links).where(links.c.parent.in_(batch)))
+                c.execute(delete(parts).where(parts.c.object_id.in_(batch)))
+                c.execute(delete(object_sha256).where(object_sha256.c.id.in_(batch)))
+            # Parts may be shared: delete objects only once nothing still points at them.
+            for batch in batches(gone, BATCH):
+                c.execute(delete(objects).where(objects.c.id.in_(batch)))
+            c.execute(delete(gc_session))
+        for h in gone:
+            self.chunks.remove(h, before=files_before)
+        return [Digest(h) for h in gone]
+
+    def execute_raw(self, sql: str) -> None:
+        """For tests of the database's own guards only (SQLAlchemy's own errors come out)."""
+        with self._writer.begin() as c:
+            c.execute(text(sql))
+
+
+@contextmanager
+def _faults(root: Path) -> Iterator[None]:
+    """The store's own errors for a full disk, a read-only mount and SQLite's errors (a table
+    dropped by hand, a lock held too long), each one line naming the store."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if isinstance(exc.orig, sqlite3.Error):
+            raise database_error(exc.orig, root) from None
+        if type(exc.orig).__module__.startswith("psycopg") and (
+                type(exc.orig).__name__ != "DeadlockDetected"):
+            from nscas.database.postgres import database_error as pg_error
+
+            raise pg_error(exc.orig, root) from None
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise NoSpace(str(root)) from None
+        if exc.errno == errno.EROFS:
+            raise ReadOnlyStore(str(root)) from None
+        raise
+
+
+def _retry_vanished(put: Callable[[], Digest], rewind: Callable[[], object]) -> Digest:
+    """Run a put again if a concurrent gc removed objects it reused: they are gone now, so the
+    next attempt writes those bytes afresh."""
+    for _ in range(_PUT_ATTEMPTS - 1):
+        try:
+            return put()
+        except _LeavesVanished:
+            rewind()
+    return put()
+
+
+def _present(c: Connection, ids: set[str]) -> set[str]:
+    """Which of ``ids`` the objects table holds."""
+    out: set[str] = set()
+    for batch in batches(sorted(ids), BATCH):
+        out.update(c.execute(select(objects.c.id).where(objects.c.id.in_(batch))).scalars())
+    return out
+
+
+def _rescued(c: Connection, doomed: set[str]) -> set[str]:
+    """Doomed objects that an object outside ``doomed`` links to or holds as a part, and all
+    that those reach: they gained a parent after gc computed what is unreachable."""
+    rescued: set[str] = set()
+    for batch in batches(sorted(doomed), BATCH):
+        for child, parent in c.execute(select(links.c.child, links.c.parent)
+                                       .where(links.c.child.in_(batch))):
+            if parent not in doomed:
+                rescued.add(child)
+        for part, whole in c.execute(select(parts.c.part_id, parts.c.object_id)
+                                     .where(parts.c.part_id.in_(batch))):
+            if whole not in doomed:
+                rescued.add(part)
+    frontier = sorted(rescued)
+    while frontier:
+        below: set[str] = set()
+        for batch in batches(frontier, BATCH):
+            below.update(c.execute(select(links.c.child)
+                                   .where(links.c.parent.in_(batch))).scalars())
+            below.update(c.execute(select(parts.c.part_id)
+                                   .where(parts.c.object_id.in_(batch))).scalars())
+        frontier = sorted((below & doomed) - rescued)
+        rescued.update(frontier)
+    return rescued
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in dirnames:
+            if (Path(dirpath) / name).is_symlink():
+                raise InvalidInput(f"{Path(dirpath) / name} is a symbolic link; nscas stores regular files only")
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            if p.is_symlink() or not p.is_file():
+                raise InvalidInput(f"{p} is not a regular file; nscas stores regular files only")
+            yield p
