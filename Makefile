@@ -63,8 +63,12 @@ system:
 demo-system:
 	$(call install_missing,$(DEMO_PACKAGES),echo "make: for lineage pictures install: $$missing" >&2)
 
+# pytest-xdist workers: most tests wait on subprocesses, servers and the disk, so more workers
+# than cores pays; a test module sharing a
+# module-scoped fixture stays on one worker (--dist loadgroup, tests/conftest.py).
+TEST_WORKERS ?= 4
 test: lint system
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-store

@@ -19,3 +19,17 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s = init_store(tmp_path)
     yield s
     s.close()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) the tests of a module that
+    shares a module- or class-scoped fixture stay on one worker, which makes that fixture once,
+    as a serial run does; other tests go to whichever worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or item.get_closest_marker("xdist_group") is not None:
+            continue
+        if any(d.scope in ("module", "class", "package")
+               for defs in info.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -23,6 +23,7 @@ from nscas.objects.digests import Digest
 from nscas.runs.runner import StepResult
 from nscas.store.writer import Store, init_store
 from tests.pipelines import evaluate_step, run_pipeline, step, tiny_pipeline
+from tests.sharing import built_once
 from tests.waiting import GENEROUS
 
 DEMO = (tiny_pipeline(test=8, dev=4, train=16, replay=4)
@@ -57,13 +58,20 @@ class Demo:
         return self.store.get_record(oid if isinstance(oid, Digest) else Digest.parse(oid))
 
 
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+def _run_demo(root: Path) -> dict[str, StepResult]:
     import torch
 
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("ui-demo")
     store, steps = run_pipeline(root, DEMO, name="ui.toml")
+    store.close()
+    return steps
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """One run of ``DEMO`` per test run; a copy of its store for each worker."""
+    root, steps = built_once(tmp_path_factory, "ui-demo", _run_demo)
+    store = Store(root / ".nscas")
     yield Demo(root=root, store=store, steps=steps)
     store.close()
 
@@ -176,9 +184,9 @@ class Server:
 
 
 def start_ui(store: Path) -> Server:
-    """``nscas ui`` as a subprocess on a free loopback port, once it says it listens."""
-    port = free_port()
-    proc = subprocess.Popen([str(NSCAS), "--store", str(store), "ui", "--port", str(port)],
+    """``nscas ui`` as a subprocess on a loopback port the system picks (no race with another
+    worker's server), once it says it listens."""
+    proc = subprocess.Popen([str(NSCAS), "--store", str(store), "ui", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()

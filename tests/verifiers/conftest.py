@@ -23,6 +23,7 @@ from nscas.objects.digests import Digest
 from nscas.runs.runner import StepResult
 from nscas.store.writer import Store
 from tests.pipelines import evaluate_step, run_pipeline, tiny_pipeline
+from tests.sharing import built_once
 
 PIPELINE = (tiny_pipeline(test=16, dev=8, train=32, replay=8)
             + evaluate_step("eval-seed", max_new_tokens=16)
@@ -72,13 +73,20 @@ class Pipeline:
         return dest / ".nscas"
 
 
-@pytest.fixture(scope="session")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+def _run_pipeline(root: Path) -> dict[str, StepResult]:
     import torch
 
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("verify-pipeline")
     store, steps = run_pipeline(root, PIPELINE, name="eval.toml")
+    store.close()
+    return steps
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """One run of ``PIPELINE`` per test run; a copy of its store for each worker."""
+    root, steps = built_once(tmp_path_factory, "verify-pipeline", _run_pipeline)
+    store = Store(root / ".nscas")
     yield Pipeline(root=root, store=store, steps=steps)
     store.close()
 
@@ -197,32 +205,36 @@ class Demo:
 PARTS = ("serve", "train-single", "evaluate-seed", "evaluate-single")
 
 
-def build_experiment(root: Path) -> Demo:
-    """Run ``EXPERIMENT`` in a fresh store at ``root`` and export its report twice."""
+def build_experiment(root: Path) -> dict[str, StepResult]:
+    """Run ``EXPERIMENT`` in a fresh store at ``root`` and export its report twice (and the
+    single receipts of ``PARTS``); the steps' results."""
     import torch
 
     from nscas.bundle.exporting import export_bundle
 
     torch.set_num_threads(1)
     store, steps = run_pipeline(root, EXPERIMENT, name="experiment.toml")
-    report = steps["report"].receipt
-    export_bundle(store, report, root / "bundle")
-    export_bundle(store, report, root / "light", weights=False)
-    parts = {}
-    for step in PARTS:
-        parts[step] = root / f"bundle-{step}"
-        export_bundle(store, steps[step].receipt, parts[step])
-    return Demo(root=root, store=store, steps=steps, bundle=root / "bundle",
-                light=root / "light", parts=parts)
+    try:
+        report = steps["report"].receipt
+        export_bundle(store, report, root / "bundle")
+        export_bundle(store, report, root / "light", weights=False)
+        for step in PARTS:
+            export_bundle(store, steps[step].receipt, root / f"bundle-{step}")
+    finally:
+        store.close()
+    return steps
 
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    """One run of ``EXPERIMENT`` for every tamper test of the session (read-only: tests copy
-    the bundles or the store before changing anything)."""
-    built = build_experiment(tmp_path_factory.mktemp("tamper-experiment"))
-    yield built
-    built.store.close()
+    """One run of ``EXPERIMENT`` per test run, a copy for each worker, shared by every tamper
+    test of that worker (read-only: tests copy the bundles or the store before changing
+    anything)."""
+    root, steps = built_once(tmp_path_factory, "tamper-experiment", build_experiment)
+    store = Store(root / ".nscas")
+    yield Demo(root=root, store=store, steps=steps, bundle=root / "bundle",
+               light=root / "light", parts={step: root / f"bundle-{step}" for step in PARTS})
+    store.close()
 
 
 # ------------------------------------------------------------------ running verify as an auditor
