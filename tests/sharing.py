@@ -29,18 +29,19 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
                build: Callable[[Path], T], *, copy: bool = True) -> tuple[Path, T]:
     """The directory ``build(directory)`` filled, and what it returned (picklable).
 
-    Without xdist, ``build`` runs in a fresh temporary directory. Under xdist it runs once per
-    run; with ``copy`` each worker gets its own copy of the result (at the same depth, so paths
-    relative to it hold), else all share the one directory, which then must not be changed.
+    ``build`` runs once per test run: in the run's temporary directory, or under xdist in the
+    one its workers share. With ``copy`` each call gets a copy of its own (at the same depth, so
+    paths relative to it hold); without, all share the one directory, which then must not be
+    changed.
     """
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        directory = tmp_path_factory.mktemp(name)
-        return directory, build(directory)
-    shared = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        base = base.parent
+    shared = base / f"shared-{name}"
     with FileLock(f"{shared}.lock"):
         done = shared.with_name(f"{shared.name}.{BUILT}")
         if not done.is_file():
-            shutil.rmtree(shared, ignore_errors=True)  # a worker whose build failed
+            shutil.rmtree(shared, ignore_errors=True)  # a build that failed
             shared.mkdir()
             done.write_bytes(pickle.dumps(build(shared)))
         value: T = pickle.loads(done.read_bytes())

@@ -20,6 +20,7 @@ from nscas.recipes.train.exchange import (
     first_difference,
     parameter_digest,
 )
+from tests.waiting import STARTUP
 
 BROKEN = "model.layers.1.mlp.up_proj.weight"
 
@@ -54,8 +55,8 @@ def _run_pair(tmp_path: Path, *, damage: bool) -> list[dict]:
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=120)
-        assert p.exitcode == 0
+        p.join(timeout=STARTUP)  # each imports torch and joins a gloo group: slow when loaded
+        assert p.exitcode == 0, (p.exitcode, f"not done within {STARTUP:g} s")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

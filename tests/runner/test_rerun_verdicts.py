@@ -12,9 +12,8 @@ import torch
 
 from nscas.runs.runner import load_recipe, run_file
 from nscas.runs.verdicts import compare_outputs
-from nscas.store.writer import init_store
-from tests.runner.helpers import write
-from tests.verifiers.conftest import EXPERIMENT
+from nscas.store.writer import Store
+from tests.verifiers.conftest import EXPERIMENT, experiment
 
 MEASUREMENTS = {("evaluate", "timings"), ("serve", "requests"), ("report", "report")}
 """Outputs that hold measurements: the report's tree also names its input receipts, whose IDs
@@ -22,11 +21,14 @@ a rerun changes (their times differ)."""
 
 
 @pytest.mark.timeout(900)
-def test_a_rerun_of_every_demo_recipe_reproduces_each_step(tmp_path: Path) -> None:
+def test_a_rerun_of_every_demo_recipe_reproduces_each_step(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     torch.set_num_threads(1)
-    path = write(tmp_path, "experiment.toml", 'name = "demo-like"\n' + EXPERIMENT)
-    with init_store(tmp_path) as store:
-        first = {r.step: r for r in run_file(store, path)}
+    # The first run is the tamper suite's (run once per test run), in a copy of its own.
+    root, first = experiment(tmp_path_factory)
+    path = root / "experiment.toml"
+    assert path.read_text() == EXPERIMENT
+    with Store(root / ".nscas") as store:
         again = run_file(store, path, rerun=True)
         assert {r.recipe for r in again} == {"prepare", "tokenizer", "init", "train", "commit",
                                              "evaluate", "serve", "report"}
@@ -42,7 +44,7 @@ def test_a_rerun_of_every_demo_recipe_reproduces_each_step(tmp_path: Path) -> No
                 assert result.miss is not None and result.miss.previous == before.receipt
                 assert result.miss.inputs, result.step
             rec = store.get_record(result.receipt)
-            assert (rec["pipeline"], rec["step"]) == ("demo-like", result.step)
+            assert (rec["pipeline"], rec["step"]) == ("experiment", result.step)
 
         # A report whose results (not its timings) differ does not reproduce.
         report = next(r for r in again if r.recipe == "report")

@@ -225,12 +225,18 @@ def build_experiment(root: Path) -> dict[str, StepResult]:
     return steps
 
 
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, StepResult]]:
+    """A copy of its own of what ``build_experiment`` made (it runs once per test run): the
+    directory holding ``.nscas``, ``experiment.toml`` and the exports, and the steps' results."""
+    return built_once(tmp_path_factory, "tamper-experiment", build_experiment)
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     """One run of ``EXPERIMENT`` per test run, a copy for each worker, shared by every tamper
     test of that worker (read-only: tests copy the bundles or the store before changing
     anything)."""
-    root, steps = built_once(tmp_path_factory, "tamper-experiment", build_experiment)
+    root, steps = experiment(tmp_path_factory)
     store = Store(root / ".nscas")
     yield Demo(root=root, store=store, steps=steps, bundle=root / "bundle",
                light=root / "light", parts={step: root / f"bundle-{step}" for step in PARTS})
