@@ -64,11 +64,11 @@ demo-system:
 	$(call install_missing,$(DEMO_PACKAGES),echo "make: for lineage pictures install: $$missing" >&2)
 
 # pytest-xdist workers: most tests wait on subprocesses, servers and the disk, so more workers
-# than cores pays; a test module sharing a
-# module-scoped fixture stays on one worker (--dist loadgroup, tests/conftest.py).
+# than cores pays. A module sharing a module-scoped fixture stays on one worker, and the work
+# is handed out longest first, in the order tests/conftest.py sorts it (--no-loadscope-reorder).
 TEST_WORKERS ?= 4
 test: lint system
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-store

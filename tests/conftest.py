@@ -25,7 +25,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) the tests of a module that
     shares a module- or class-scoped fixture stay on one worker, which makes that fixture once,
-    as a serial run does; other tests go to whichever worker is free."""
+    as a serial run does; other tests go to whichever worker is free.
+
+    The longest work is handed out first: tests marked ``slow``, then the modules kept
+    together, then the rest, so that no long test starts when the others are nearly done.
+    """
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None or item.get_closest_marker("xdist_group") is not None:
@@ -33,3 +37,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if any(d.scope in ("module", "class", "package")
                for defs in info.name2fixturedefs.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("xdist_group") is None))

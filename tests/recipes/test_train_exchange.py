@@ -90,6 +90,7 @@ def test_first_difference_names_the_first_differing_tensor() -> None:
     assert first_difference(["x", "y", "z"], [a + b + c, a + c + a]) == "y"
 
 
+@pytest.mark.slow
 def test_ranks_agree_or_name_both_digests_and_the_tensor(tmp_path: Path) -> None:
     same = _run_pair(tmp_path, damage=False)
     assert same[0]["agreed"] == same[1]["agreed"] == same[0]["own"] == same[1]["own"]

@@ -43,6 +43,7 @@ def _processes_naming(needle: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_no_rank_outlives_a_sigkilled_launcher(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
     root, tokenizer, base = tiny
     docs = make_documents(16, seed=5, lengths=(40, 90))

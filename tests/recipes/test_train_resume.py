@@ -28,6 +28,7 @@ def _steps(journal: Path) -> list[dict]:
     return effective_steps(read_journal(journal).entries)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_parameters(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
     torch.set_num_threads(1)
     root, tokenizer, base = tiny

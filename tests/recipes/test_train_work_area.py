@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nscas.runs.runner import run_file
 from nscas.runs.workarea import read_owner
 from nscas.store.fsck import gc
@@ -33,6 +35,8 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_killed_train_run_is_collected_or_resumed(tmp_path: Path) -> None:
     store, steps = run_pipeline(tmp_path, prepare_step(train=32, replay=8)
                                 + tokenizer_step() + init_step())

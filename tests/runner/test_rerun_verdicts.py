@@ -20,6 +20,7 @@ MEASUREMENTS = {("evaluate", "timings"), ("serve", "requests"), ("report", "repo
 a rerun changes (their times differ)."""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_rerun_of_every_demo_recipe_reproduces_each_step(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -34,6 +34,7 @@ from .conftest import MAX_NEW_TOKENS, Served, start_replicas
 SERVE = [sys.executable, "-m", "nscas.cli.serve_model"]
 
 
+@pytest.mark.slow
 def test_sigterm_drains_then_exits_zero(served: Served, tmp_path: Path) -> None:
     # Six requests are held open by their clients (a body sent but for its last byte) until
     # SIGTERM has been sent and the drain is seen in the replica's own in-flight count: no

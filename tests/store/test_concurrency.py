@@ -8,6 +8,8 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
+
 from nscas.objects.digests import Digest
 from nscas.store.fsck import fsck
 from nscas.store.writer import Store
@@ -17,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 TIMES = 200  # increments per process
 
 
+@pytest.mark.slow
 def test_two_processes_share_a_store(store: Store, tmp_path: Path) -> None:
     shared = tmp_path / "shared.bin"
     data = random_bytes((16 << 20) + 5000, seed=3)  # two chunks, written by both processes
