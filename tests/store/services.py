@@ -1,6 +1,7 @@
 """The services a team store needs, started by the tests themselves: Debian's PostgreSQL in a
 temporary directory (as the unprivileged user ``nscas-test`` when the suite runs as root, as CI
-does) and moto's standalone S3 server, both on 127.0.0.1, once per test session.
+does) and moto's standalone S3 server, both on 127.0.0.1, once per test session (once per
+pytest-xdist worker).
 
 No real S3 service installs here: the S3 tests talk to moto's server over HTTP with the same
 boto3 client code a real S3 or MinIO endpoint gets. A pytest plugin (tests/conftest.py loads it):
@@ -55,8 +56,10 @@ def _as_user() -> list[str]:
     try:
         pwd.getpwnam(TEST_OS_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        TEST_OS_USER], check=True, capture_output=True)
+        done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                               "/usr/sbin/nologin", TEST_OS_USER], capture_output=True, check=False)
+        if done.returncode != 9:  # 9: the name is taken (another pytest-xdist worker's add)
+            done.check_returncode()
     return ["runuser", "-u", TEST_OS_USER, "--"]
 
 
