@@ -64,11 +64,12 @@ demo-system:
 	$(call install_missing,$(DEMO_PACKAGES),echo "make: for lineage pictures install: $$missing" >&2)
 
 # pytest-xdist workers: most tests wait on subprocesses, servers and the disk, so more workers
-# than cores pays. A module sharing a module-scoped fixture stays on one worker, and the work
-# is handed out longest first, in the order tests/conftest.py sorts it (--no-loadscope-reorder).
+# than cores pays. Each module (or class) runs on one worker, which makes its module-scoped
+# fixtures once, and the modules are handed out longest first, in the order tests/conftest.py
+# sorts them (hence --no-loadscope-reorder).
 TEST_WORKERS ?= 4
 test: lint system
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-store

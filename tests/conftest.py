@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,21 +22,18 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) the tests of a module that
-    shares a module- or class-scoped fixture stay on one worker, which makes that fixture once,
-    as a serial run does; other tests go to whichever worker is free.
+def _scope(item: pytest.Item) -> str:
+    """The unit ``--dist loadscope`` hands to one worker: a module, or a class of one."""
+    return item.nodeid.rsplit("::", 1)[0]
 
-    The longest work is handed out first: tests marked ``slow``, then the modules kept
-    together, then the rest, so that no long test starts when the others are nearly done.
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadscope``) each module, or class, runs on
+    one worker, which makes its module- and class-scoped fixtures once, as a serial run does.
+
+    The units are handed out longest first: those holding a test marked ``slow``, then the
+    others by their number of tests, so that no long one starts when the rest are nearly done.
     """
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None or item.get_closest_marker("xdist_group") is not None:
-            continue
-        if any(d.scope in ("module", "class", "package")
-               for defs in info.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                 item.get_closest_marker("xdist_group") is None))
+    sizes = Counter(_scope(item) for item in items)
+    slow = {_scope(item) for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (_scope(item) not in slow, -sizes[_scope(item)]))

@@ -20,10 +20,6 @@ import pytest
 from tests.docs.blocks import REPO, Block, blocks, doc_files, script
 from tests.docs.conftest import VENV_BIN, DemoOutput, checkout, example_recipe_path, plain_env
 
-# The demo runs once (its session fixture) on one pytest-xdist worker, and these tests use its
-# output in turn there: the last one writes a report into it and removes it again.
-pytestmark = pytest.mark.xdist_group("demo-output")
-
 RUNNABLE = [path for path in doc_files()
             if any(b.is_shell and b.not_run is None for b in blocks(path))]
 
