@@ -50,7 +50,7 @@ class CommandGroup(TyperGroup):
     """A group of commands (``nscas``, ``nscas ref``) that, given no arguments and made with
     ``no_args_is_help``, prints its help on stderr and exits 2."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         # click would raise its own error for this, a private class: said here instead.
         if not args and self.no_args_is_help and not ctx.resilient_parsing:
             typer.echo(ctx.get_help(), err=True)

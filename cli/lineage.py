@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -58,7 +58,7 @@ def lineage_(
     from nscas.store import lineage as graph
 
     hidden = graph.parse_hide(hide)
-    direction = "up" if up else "down"
+    direction: Literal["up", "down"] = "up" if up else "down"
     with open_cli_store(ctx, readonly=True) as reader:
         root = graph.lineage(reader, reader.resolve(id_), direction=direction, depth=depth,
                              hide=hidden, max_nodes=max_nodes)

@@ -112,9 +112,10 @@ class _Group(CommandGroup):
         # click's own errors (usage errors among them: exit 2) derive from typer's public
         # TyperException. They take one line here, like every other error, a usage error's
         # hint at its end, not click's three (usage, hint, error).
-        standalone = kwargs.pop("standalone_mode", True)
+        standalone = kwargs.get("standalone_mode", True)
+        kwargs["standalone_mode"] = False
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            result = super().main(*args, **kwargs)
         except typer.TyperException as exc:
             if not standalone:
                 raise
