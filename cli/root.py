@@ -144,19 +144,23 @@ class _Group(CommandGroup):
         # The one place library errors become messages and exit codes (STYLE 6).
         try:
             result = super().invoke(ctx)
+            if self._ends(ctx):
+                sys.stdout.flush()  # a closed pipe shows here, as the error below, not at the end
         except (NscasError, OSError) as exc:
             code = render.failure(exc)
             if code is None:
                 raise  # typer quietens a closed pipe (``nscas cat ID | head``)
-            self._ended(ctx, code)
+            if self._ends(ctx):
+                end(code)
             raise typer.Exit(code) from None
-        self._ended(ctx, 0)
+        if self._ends(ctx):
+            end(0)
         return result
 
-    def _ended(self, ctx: Any, code: int) -> None:
+    def _ends(self, ctx: Any) -> bool:
+        """Whether the command just run ends the process at once (:func:`end`)."""
         lazy = COMMANDS.get(ctx.invoked_subcommand or "")
-        if self.ends_process and lazy is not None and lazy.only_reads:
-            end(code)
+        return self.ends_process and lazy is not None and lazy.only_reads
 
 
 app = typer.Typer(

@@ -60,6 +60,20 @@ def test_a_closed_pipe_ends_a_read_command_quietly(tmp_path: Path) -> None:
     assert err == b""
 
 
+def test_a_pipe_closed_before_a_short_output_is_quiet_too(store: Path) -> None:
+    """What fits the buffer meets the closed pipe at the flush before the process ends."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NSCAS_STORE", "PYTHONUNBUFFERED")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        p = subprocess.run([sys.executable, "-m", "nscas.cli.main", "--store", str(store), "log"],
+                           stdout=write_end, stderr=subprocess.PIPE, env=env, timeout=120,
+                           check=False)
+    finally:
+        os.close(write_end)
+    assert (p.returncode, p.stderr) == (1, b"")
+
+
 def test_a_missing_store_is_one_line(tmp_path: Path) -> None:
     for command in (["log"], ["show", "runs/latest"], ["lineage", "runs/latest"]):
         ran = run_process("--store", str(tmp_path / "none"), *command, cwd=tmp_path)
