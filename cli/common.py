@@ -1,4 +1,5 @@
-"""What every command shares: how it opens the store, the ``--json`` flag, the app factory."""
+"""What every command shares: how it opens the store, the option types more than one command
+declares (``--json``, an ID, a listing's limit), the app factory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
 import typer
+from typer.core import TyperGroup
 
 from nscas.cli import completion
 
@@ -32,6 +34,10 @@ def finite(value: float) -> float:
     return value
 
 
+# Listing limits stop where SQLite's integers and JSON's exact ones do (2^53): a larger one is
+# refused as a usage error, not passed on to overflow.
+LIMIT_MAX = 2**53
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 IdArgument = Annotated[
     str,
@@ -40,14 +46,26 @@ IdArgument = Annotated[
 ]
 
 
+class CommandGroup(TyperGroup):
+    """A group of commands (``nscas``, ``nscas ref``) that, given no arguments and made with
+    ``no_args_is_help``, prints its help on stderr and exits 2."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        # click would raise its own error for this, a private class: said here instead.
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            typer.echo(ctx.get_help(), err=True)
+            raise typer.Exit(2)
+        return super().parse_args(ctx, args)
+
+
 def command_app(**kwargs: Any) -> typer.Typer:
     """A Typer app for one command module, with the settings the root app uses.
 
     Plain help (no rich markup) keeps ``--help`` fast and identical on and off a terminal;
     exceptions are mapped by the root group, so typer's pretty tracebacks stay off.
     """
-    return typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False,
-                       **kwargs)
+    return typer.Typer(cls=CommandGroup, rich_markup_mode=None, add_completion=False,
+                       pretty_exceptions_enable=False, **kwargs)
 
 
 def state(ctx: typer.Context) -> CliState:

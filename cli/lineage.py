@@ -1,21 +1,28 @@
-"""``nscas lineage``: the link graph around an object, as a tree, JSON or Graphviz dot. The work
-is nscas.cli.reads.lineage."""
+"""``nscas lineage``: the link graph around an object, as a tree, JSON or Graphviz dot."""
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from nscas.cli import fast, reads
-from nscas.cli.common import IdArgument, JsonFlag, command_app, state
+from nscas.cli import render
+from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
 from nscas.store.lineage import HIDE_CLASSES, MAX_NODES
+
+if TYPE_CHECKING:
+    from nscas.store.lineage import Node
 
 app = command_app()
 
+NODES_MAX = 1_000_000  # --max-nodes' ceiling
 
-Format = StrEnum("Format", {f: f for f in fast.LINEAGE_FORMATS})  # the fast parser's choices
+
+class Format(StrEnum):
+    tree = "tree"
+    json = "json"
+    dot = "dot"
 
 
 @app.command("lineage")
@@ -33,7 +40,7 @@ def lineage_(
         help="Leave out these classes of object, comma-separated: "
              + "; ".join(f"{k}: {v}" for k, v in HIDE_CLASSES.items()) + ".")] = "",
     max_nodes: Annotated[int, typer.Option(
-        "--max-nodes", min=1, max=fast.LINEAGE_MAX_NODES,
+        "--max-nodes", min=1, max=NODES_MAX,
         help="Show at most this many objects, nearest first; the rest are counted.")
     ] = MAX_NODES,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.tree,
@@ -48,5 +55,35 @@ def lineage_(
 
     Example: nscas lineage experiments/coop/clean-pair --hide blobs,code,params --format dot | dot -Tsvg
     """
-    reads.lineage(state(ctx).store, id_=id_, up=up, depth=depth, hide=hide, max_nodes=max_nodes,
-                  fmt=fmt.value, as_json=as_json)
+    from nscas.store import lineage as graph
+
+    hidden = graph.parse_hide(hide)
+    direction: Literal["up", "down"] = "up" if up else "down"
+    with open_cli_store(ctx, readonly=True) as reader:
+        root = graph.lineage(reader, reader.resolve(id_), direction=direction, depth=depth,
+                             hide=hidden, max_nodes=max_nodes)
+    if as_json or fmt is Format.json:
+        render.json_out(root.to_json())
+    elif fmt is Format.dot:
+        render.raw([graph.to_dot(root, direction=direction).encode()])
+    else:
+        render.tree(_branch(root))
+
+
+def _branch(node: Node) -> render.Branch:
+    from nscas.store.lineage import describe
+
+    words = describe(node)
+    label = " ".join([*words[:1], str(node.id)])
+    if len(words) > 1:
+        label += "  [" + ", ".join(words[1:]) + "]"
+    if node.via is not None:
+        produced = node.linked_from and node.via.startswith("$.outputs.")
+        label += f"  {'produced it as' if produced else 'via'} {node.via}"
+    if node.seen:
+        label += "  (seen)"
+    if node.more:
+        label += f"  (+{node.more} more)"
+    if node.hidden:
+        label += f"  ({node.hidden} hidden)"
+    return render.Branch(label=label, children=tuple(_branch(c) for c in node.children))

@@ -7,9 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from nscas.cli import completion, render
-from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
-from nscas.cli.fast import LIMIT_MAX
-from nscas.cli.reads import iso_time
+from nscas.cli.common import LIMIT_MAX, IdArgument, JsonFlag, command_app, open_cli_store
 
 app = command_app(
     help="Set, list and trace refs: names for IDs. Names under tags/ never move once set.\n\n"
@@ -91,7 +89,7 @@ def log_(
         entries = store.ref_log(name, limit=limit)
     rows: list[dict[str, Any]] = [
         {"name": e.name, "old": str(e.old) if e.old else None, "new": str(e.new),
-         "time": iso_time(e.at), "message": e.message} for e in entries]
+         "time": render.iso_time(e.at), "message": e.message} for e in entries]
     if as_json:
         render.json_out(rows)
     elif not rows:

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 ERROR_PREFIX = "nscas: error: "
@@ -47,6 +48,11 @@ def json_out(value: Any) -> None:
     sys.stdout.write(redact(json.dumps(value, indent=2)) + "\n")
 
 
+def iso_time(timestamp: float) -> str:
+    """Seconds since the epoch as ISO 8601 UTC, to the second (``2025-01-31T12:00:00Z``)."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def text(line: str = "") -> None:
     """A line for the reader, printed as is (no markup interpretation)."""
     sys.stdout.write(line + "\n")
@@ -63,8 +69,7 @@ def error(message: str) -> None:
 def failure(exc: BaseException) -> int | None:
     """The exit code of an error a command raised, its one line printed (STYLE 6): a library
     error or an OS error (a full disk, a missing file). None: neither, or a closed pipe
-    (``nscas cat ID | head``), which the caller quietens. The root group and nscas.cli.fast
-    both map errors here, so a command fails alike however it was parsed."""
+    (``nscas cat ID | head``), which the caller quietens."""
     from nscas.errors import NscasError
 
     if isinstance(exc, NscasError):

@@ -1,9 +1,8 @@
 """The ``nscas`` typer app: global options, the command registry, and the one error mapping.
 
 Commands are imported only when they run (or when their own ``--help`` is asked for), so
-``nscas --help`` loads neither the store (SQLAlchemy) nor any recipe (torch). The ``nscas``
-script enters through nscas.cli.main, which runs the read commands nscas.cli.fast parses
-without importing typer at all, and everything else here.
+``nscas --help`` loads neither the store (SQLAlchemy) nor any recipe (torch), and a command
+loads only its own module. Each command is declared once, in its module, for typer.
 """
 
 from __future__ import annotations
@@ -12,19 +11,17 @@ import errno
 import importlib
 import os
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
-
-# typer carries its own click; its usage errors are these classes (typer is pinned <0.29).
-from typer._click.exceptions import NoArgsIsHelpError, UsageError
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand
 
 from nscas import __version__
 from nscas.cli import render
-from nscas.cli.common import CliState
+from nscas.cli.common import CliState, CommandGroup
 from nscas.errors import NscasError
 
 
@@ -36,6 +33,9 @@ class Lazy:
     """Module name under ``nscas.cli``."""
     summary: str
     """The line ``nscas --help`` shows, so listing commands imports none of them."""
+    only_reads: bool = False
+    """Leaves nothing to finish when it returns (no file written, its store closed): run as the
+    process's own command line, it ends the process at once (:func:`end`)."""
 
 
 # One line per command; the order here is the order in ``nscas --help``.
@@ -44,10 +44,10 @@ COMMANDS: dict[str, Lazy] = {
     "add": Lazy(module="add", summary="Store files (blobs) and directories (tree/1 records)."),
     "cat": Lazy(module="cat", summary="Write an object's bytes to stdout, checked against its ID."),
     "get": Lazy(module="get", summary="Write a blob to a file, a tree/1 or checkpoint to a new directory."),
-    "show": Lazy(module="show", summary="Show an object: its metadata, record and links."),
-    "log": Lazy(module="log", summary="List records, newest first."),
+    "show": Lazy(module="show", summary="Show an object: its metadata, record and links.", only_reads=True),
+    "log": Lazy(module="log", summary="List records, newest first.", only_reads=True),
     "ref": Lazy(module="ref", summary="Set, list and trace refs (names for IDs)."),
-    "lineage": Lazy(module="lineage", summary="What an object was made from, or what was made from it."),
+    "lineage": Lazy(module="lineage", summary="What an object was made from, or what was made from it.", only_reads=True),
     "compare": Lazy(module="compare", summary="Compare runs: differing params and headline claims, one row per run."),
     "fsck": Lazy(module="fsck", summary="Check the store; exit 1 if anything is wrong."),
     "gc": Lazy(module="gc", summary="Remove objects no ref or receipt reaches."),
@@ -87,29 +87,42 @@ class _LazyCommand(TyperCommand):
         return load_command(self.name or "").make_context(info_name, args, parent=parent, **extra)
 
 
-class _Group(TyperGroup):
+def end(code: int) -> NoReturn:
+    """End the process now, its output flushed. A read command has nothing left to finish,
+    and finalizing the interpreter (tearing down every module, the exit handlers of OpenSSL
+    and the other libraries a team store's driver loads) is a large part of its time
+    (docs/benchmarks.md §9)."""
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):  # a pipe closed meanwhile: what was lost is lost
+            stream.flush()
+    os._exit(code)
+
+
+class _Group(CommandGroup):
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         for name, lazy in COMMANDS.items():
             self.commands.setdefault(name, _LazyCommand(name, lazy.summary))
+        self.ends_process = False
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        # click's own usage errors take three lines (usage, hint, error); ours take one, like
-        # every other error, with the hint at its end. Exit code 2 either way.
-        standalone = kwargs.pop("standalone_mode", True)
+    def main(self, *args: Any, ends_process: bool = False, **kwargs: Any) -> Any:
+        """click's ``main``; ``ends_process``: this is the process's own command line, and a
+        command that only reads ends it at once (:func:`end`)."""
+        self.ends_process = ends_process
+        # click's own errors (usage errors among them: exit 2) derive from typer's public
+        # TyperException. They take one line here, like every other error, a usage error's
+        # hint at its end, not click's three (usage, hint, error).
+        standalone = kwargs.get("standalone_mode", True)
+        kwargs["standalone_mode"] = False
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
-        except NoArgsIsHelpError as exc:  # plain ``nscas``: the help, on stderr, exit 2
-            if not standalone:
-                raise
-            exc.show()
-            sys.exit(exc.exit_code)
-        except UsageError as exc:
+            result = super().main(*args, **kwargs)
+        except typer.TyperException as exc:
             if not standalone:
                 raise
             hint = ""
-            if exc.ctx is not None:
-                hint = f" (try '{exc.ctx.command_path} {exc.ctx.help_option_names[0]}')"
+            context = getattr(exc, "ctx", None)  # a usage error's: the command it was for
+            if context is not None:
+                hint = f" (try '{context.command_path} {context.help_option_names[0]}')"
             render.error(" ".join(exc.format_message().split()) + hint)
             sys.exit(exc.exit_code)
         except typer.Abort:
@@ -130,12 +143,24 @@ class _Group(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         # The one place library errors become messages and exit codes (STYLE 6).
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if self._ends(ctx):
+                sys.stdout.flush()  # a closed pipe shows here, as the error below, not at the end
         except (NscasError, OSError) as exc:
             code = render.failure(exc)
             if code is None:
                 raise  # typer quietens a closed pipe (``nscas cat ID | head``)
+            if self._ends(ctx):
+                end(code)
             raise typer.Exit(code) from None
+        if self._ends(ctx):
+            end(0)
+        return result
+
+    def _ends(self, ctx: Any) -> bool:
+        """Whether the command just run ends the process at once (:func:`end`)."""
+        lazy = COMMANDS.get(ctx.invoked_subcommand or "")
+        return self.ends_process and lazy is not None and lazy.only_reads
 
 
 app = typer.Typer(

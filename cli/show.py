@@ -1,14 +1,17 @@
-"""``nscas show``: one object's metadata, its record, its links and what links to it. The work
-is nscas.cli.reads.show."""
+"""``nscas show``: one object's metadata, its record, its links and what links to it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from nscas.cli import reads
-from nscas.cli.common import IdArgument, JsonFlag, command_app, state
+from nscas.cli import render
+from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
 
 app = command_app()
+
+_LINKED_FROM_SHOWN = 10
 
 
 @app.command()
@@ -17,4 +20,40 @@ def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None
 
     Example: nscas show experiments/coop/base
     """
-    reads.show(state(ctx).store, id_=id_, as_json=as_json)
+    with open_cli_store(ctx, readonly=True) as reader:
+        oid = reader.resolve(id_)
+        info = reader.info(oid)
+        record = reader.get_record(oid) if info.kind is not None else None
+        if as_json:
+            out: dict[str, Any] = {"id": str(oid), "kind": info.kind or "blob", "size": info.size,
+                                   "sha256": info.sha256}
+            if record is not None:
+                out["record"] = record
+            render.json_out(out)
+            return
+        links = reader.links_from(oid) if record is not None else []
+        referrers = reader.links_to(oid, limit=_LINKED_FROM_SHOWN + 1)
+        kinds = reader.kinds_of([lk.child for lk in links] + [lk.parent for lk in referrers])
+    render.fields([
+        ("id", str(oid)),
+        ("kind", info.kind or "blob"),
+        ("size", f"{info.size} bytes"),
+        ("sha256", info.sha256 or "not known yet: computed on first use (docs/format.md §1.2)"),
+        ("stored", f"{info.storage}, {info.codec}, {info.stored_size} bytes"),
+        ("created", render.iso_time(info.created)),
+    ])
+    if record is not None:
+        render.text()
+        render.record(record)
+    if links:
+        render.text()
+        render.table(["path", "kind", "id"],
+                     [[lk.path, kinds.get(lk.child) or "blob", str(lk.child)] for lk in links],
+                     title=f"links ({len(links)})")
+    if referrers:
+        shown = referrers[:_LINKED_FROM_SHOWN]
+        more = " (first few)" if len(referrers) > len(shown) else ""
+        render.text()
+        render.table(["kind", "id", "path"],
+                     [[kinds.get(lk.parent) or "blob", str(lk.parent), lk.path] for lk in shown],
+                     title=f"linked from{more}")

@@ -1,4 +1,5 @@
-"""Read-only commands start fast: they open a StoreReader and never import SQLAlchemy or alembic.
+"""Read-only commands start fast: they open a StoreReader and never import SQLAlchemy or alembic,
+and a command loads its own module and no other command's (nscas.cli.root loads them lazily).
 
 Each command runs in a fresh interpreter (a real process, as a user runs it) that reports which
 modules it loaded; a writing command is the control showing that the probe sees SQLAlchemy.
@@ -27,8 +28,10 @@ try:
 except SystemExit as exc:
     code = exc.code
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("sqlalchemy", "alembic"))
+from nscas.cli.root import COMMANDS
+commands = sorted(name for name, lazy in COMMANDS.items() if f"nscas.cli.{lazy.module}" in sys.modules)
 with open(report, "w") as f:
-    json.dump({"code": code, "heavy": heavy}, f)
+    json.dump({"code": code, "heavy": heavy, "commands": commands}, f)
 """
 
 READ_ONLY = [
@@ -71,7 +74,7 @@ def _probe(store: Path, tmp_path: Path, args: list[str]) -> dict[str, object]:
 def test_read_only_commands_import_no_sqlalchemy(store: Path, tmp_path: Path,
                                                   named: dict[str, str], command: list[str]) -> None:
     result = _probe(store, tmp_path, [arg.format(**named) for arg in command])
-    assert result == {"code": 0, "heavy": []}
+    assert result == {"code": 0, "heavy": [], "commands": [command[0]]}
 
 
 def test_the_probe_sees_sqlalchemy_in_a_writing_command(store: Path, tmp_path: Path,

@@ -95,10 +95,10 @@ def test_a_mistyped_kind_is_refused_with_a_suggestion(nscas: Nscas, store: Path)
                                                         "mean 'receipt/1'?", "(kinds: tree/1, ")
     assert "did you mean" not in nscas("log", "--kind", "zzz").stderr
     assert nscas("log", "--kind", "zzz").exit_code == 2
-    # The fast path (no typer) runs the same check.
-    fast = run_process("--store", str(store), "log", "--kind", "reciept/1", cwd=store.parent)
-    assert fast.exit_code == 2 and fast.stdout == ""
-    assert fast.stderr.splitlines() == [nscas("log", "--kind", "reciept/1").stderr.strip()]
+    # Run as a process (the script's entry), the same check and the same line.
+    ran = run_process("--store", str(store), "log", "--kind", "reciept/1", cwd=store.parent)
+    assert ran.exit_code == 2 and ran.stdout == ""
+    assert ran.stderr.splitlines() == [nscas("log", "--kind", "reciept/1").stderr.strip()]
     assert nscas("log", "--kind", "receipt/1").exit_code == 0  # a known kind, none stored
 
 
