@@ -4,7 +4,7 @@ before anything runs (recipes, params, inputs, output refs, tags), so bad input 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,18 +64,18 @@ def _output_refs(spec: RunFile, step: StepConfig, recipe: Recipe, label: str,
     return tuple(refs)
 
 
-def step_label(spec: RunFile, step: StepConfig) -> str:
+def _step_label(spec: RunFile, step: StepConfig) -> str:
     """How messages about a step begin: ``step '<name>': `` in a pipeline, nothing in a recipe
     file."""
     return f"step {step.name!r}: " if spec.pipeline else ""
 
 
-def plan(store: Store, spec: RunFile, where: str, recipes: Mapping[str, Recipe],
+def plan(store: Store, spec: RunFile, where: str, load: Callable[[str], Recipe],
          variant: str | None) -> list[Planned]:
-    """The steps of ``spec`` checked, in file order; ``recipes`` by step name, ``variant`` the
-    run's variant name (None for the run without one)."""
+    """The steps of ``spec`` checked, in file order; ``load`` gives the recipe of a name,
+    ``variant`` is the run's variant name (None for the run without one)."""
     steps = spec.steps
-    labels = {s.name: step_label(spec, s) for s in steps}
+    labels = {s.name: _step_label(spec, s) for s in steps}
     if spec.refs is not None:
         try:
             check_ref_name(spec.refs)
@@ -84,6 +84,7 @@ def plan(store: Store, spec: RunFile, where: str, recipes: Mapping[str, Recipe],
         if is_tag(spec.refs):
             raise ConfigError(where, f"refs: {spec.refs!r} is under tags/, and tags never move; "
                                      "a pipeline's refs move with every run")
+    recipes = {s.name: _load_recipe_for(load, s, where, labels[s.name]) for s in steps}
     for s in steps:  # outputs named in the file, checked before the prefix refs are built
         for name in s.outputs:
             if name not in recipes[s.name].outputs:
@@ -115,6 +116,14 @@ def plan(store: Store, spec: RunFile, where: str, recipes: Mapping[str, Recipe],
                        item.label)
         planned.append(item)
     return planned
+
+
+def _load_recipe_for(load: Callable[[str], Recipe], step: StepConfig, where: str,
+                     label: str) -> Recipe:
+    try:
+        return load(step.recipe)
+    except ConfigError as exc:
+        raise ConfigError(where, f"{label}{exc.message}") from None
 
 
 def set_tags(expected: Mapping[str, Digest | None]) -> bool:

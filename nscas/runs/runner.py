@@ -33,7 +33,6 @@ from nscas.runs.planning import (
     plan,
     set_tags,
     step_inputs,
-    step_label,
 )
 from nscas.runs.previous import PreviousRuns
 from nscas.runs.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
@@ -141,7 +140,7 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     chosen = select_steps(spec, only, start)
     variant = plan_variant(spec, sets, name)
     runs = PreviousRuns(store, spec, variant)
-    planned = plan(store, spec, where, _load_recipes(spec, where), runs.variant)
+    planned = plan(store, spec, where, load_recipe, runs.variant)
     sources: dict[str, Source] = {}
     for earlier in _read_from_earlier(spec, chosen):
         found = runs.latest(earlier)
@@ -215,17 +214,6 @@ def _read_from_earlier(spec: RunFile, chosen: set[str]) -> list[str]:
     needed = {ref[0] for s in spec.steps if s.name in chosen for v in s.inputs.values()
               if (ref := step_reference(v)) is not None and ref[0] not in chosen}
     return [s.name for s in spec.steps if s.name in needed]
-
-
-def _load_recipes(spec: RunFile, where: str) -> dict[str, Recipe]:
-    """Each step's recipe, by step name; an unknown one is an error naming the step."""
-    recipes = {}
-    for step in spec.steps:
-        try:
-            recipes[step.name] = load_recipe(step.recipe)
-        except ConfigError as exc:
-            raise ConfigError(where, f"{step_label(spec, step)}{exc.message}") from None
-    return recipes
 
 
 def _names(spec: RunFile, step: StepConfig, variant: str | None) -> RunNames:
