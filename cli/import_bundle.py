@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from nscas.bundle.importing import ImportLimits, import_bundle
+from nscas.bundle.importing import import_bundle
+from nscas.bundle.unpacking import ImportLimits
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 

@@ -13,7 +13,8 @@ from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import NscasError
 
 if TYPE_CHECKING:
-    from nscas.runs.runner import CacheMiss, StepResult
+    from nscas.runs.changes import CacheMiss
+    from nscas.runs.runner import StepResult
     from nscas.runs.verdicts import Verdict
 
 app = command_app()

@@ -8,64 +8,36 @@ A bundle is hostile until checked: what it may make import read, hold or unpack 
 
 from __future__ import annotations
 
-import gzip
 import os
-import shutil
 import stat
-import tarfile
 import tempfile
-import zlib
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import rfc8785
-
-from nscas.errors import IntegrityError, InvalidInput, NscasError, StrictJSONError
-from nscas.objects import canonical, kinds
-from nscas.objects.digests import Digest, is_digest_text
-
-if TYPE_CHECKING:
-    from nscas.store.writer import Store
-
-from nscas.bundle.exporting import (
-    _SHA256,
-    _SUMS_LINE,
-    FORMAT_V1,
-    FORMATS,
+from nscas.bundle.format import (
     MANIFEST,
     RESERVED,
-    SIGNATURE,
     SUMS,
-    TARBALL,
-    ImportReport,
+    SUMS_LINE,
     InvalidBundle,
     Range,
-    _hash_stream,
+    hash_stream,
     is_model_signature,
     sha256sums,
 )
+from nscas.bundle.manifest import Manifest, parse_manifest
+from nscas.bundle.refs import bundle_refs
+from nscas.bundle.unpacking import ImportLimits, shown, unpack
+from nscas.errors import IntegrityError, InvalidInput, NscasError, StrictJSONError
+from nscas.objects import canonical, kinds
+from nscas.objects.digests import Digest
+from nscas.store.provenance import SIGNATURE
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Entry:
-    id: Digest
-    size: int
-    sha256: str
-    kind: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Manifest:
-    target: Digest
-    objects: Mapping[str, _Entry]
-    derived: Mapping[Digest, tuple[Range, str]]
-    omitted: Mapping[Digest, _Entry]
-    paths: Mapping[Digest, str]
-    """The file of each object in ``objects`` (its first path, bytewise, where a format 2
-    bundle repeats it: every copy is checked against the same entry)."""
+if TYPE_CHECKING:
+    from nscas.store.writer import Store
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,33 +45,37 @@ class _Bundle:
     """A bundle that passed every check."""
 
     root: Path
-    manifest: _Manifest
+    manifest: Manifest
     records: Mapping[Digest, bytes]
     order: tuple[Digest, ...]
     """Records, children first."""
     children: Mapping[Digest, tuple[Digest, ...]]
 
 
-MANIFEST_MAX_DEPTH = 8
-"""How deeply manifest.json may nest (an honest one nests 3 deep), checked before parsing."""
 RECORD_MAX_DEPTH = 64
 """How deeply a record may nest (as the verifiers read records), checked before parsing."""
-_CHUNK = 1 << 20  # how much of a tar member is read (and written) at once
-_MAX_READ = 4 << 20  # the most tarfile may read in one call: a PAX or GNU long-name header
-_TRAILER = 1 << 20  # what may follow the end of the tar inside the gzip stream (block padding)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ImportLimits:
-    """Absolute bounds on what a bundle can make ``nscas import`` read, hold in memory or
-    unpack (docs/bundle.md), each checked before the bytes it guards are read."""
+class ImportReport:
+    target: Digest
+    source: Path
+    imported: tuple[Digest, ...]
+    """Objects this import added to the store."""
+    present: int
+    """Objects of the bundle the store held already."""
+    omitted: tuple[Digest, ...]
+    """Objects the bundle leaves out (weights)."""
+    skipped: tuple[Digest, ...]
+    """Records not imported because they link, directly or not, to omitted objects."""
+    refs: tuple[tuple[str, Digest], ...] = ()
+    """Refs set by ``import --ref PREFIX`` (nscas.bundle.refs), in name order."""
+    refs_left: int = 0
+    """Refs ``--ref`` derived but did not set: their objects were not imported."""
 
-    manifest_bytes: int = 16 << 20
-    """manifest.json, and SHA256SUMS, each: the file's size is checked before it is read."""
-    unpacked_bytes: int = 16 << 30
-    """The regular members of a tar together, checked at each member's header."""
-    members: int = 100_000
-    """Members of a tar (directories included), or files and directories of a bundle directory."""
+    @property
+    def complete(self) -> bool:
+        return self.target not in self.skipped
 
 
 def import_bundle(store: Store, source: Path, *, limits: ImportLimits = ImportLimits(),
@@ -114,15 +90,13 @@ def import_bundle(store: Store, source: Path, *, limits: ImportLimits = ImportLi
     if not source.is_file():
         raise InvalidInput(f"no such bundle directory or tar file: {source}")
     with tempfile.TemporaryDirectory(prefix="nscas-import-") as tmp:
-        manifest = _unpack(source, Path(tmp), limits)
+        manifest = unpack(source, Path(tmp), limits)
         return _import(store, _validate(Path(tmp), str(source), limits, manifest), source,
                        ref_prefix)
 
 
 def _wanted_refs(store: Store, b: _Bundle, prefix: str) -> dict[str, Digest]:
     """The refs to restore under ``prefix``, each checked free (unset, or already the same)."""
-    from nscas.bundle.refs import bundle_refs
-
     records = {oid: canonical.decode(data) for oid, data in b.records.items()}
     wanted = bundle_refs(prefix, b.manifest.target, records, b.manifest.paths)
     for name, oid in wanted.items():
@@ -175,213 +149,8 @@ def _read_range(path: Path, r: Range) -> bytes:
         return f.read(r.size)
 
 
-class _HeaderTooLarge(Exception):
-    """tarfile asked to read more than ``_MAX_READ`` bytes at once (a PAX or GNU header)."""
-
-
-class _TarStream:
-    """The uncompressed bytes of a tar.gz, as ``tarfile`` reads them: no single read larger than
-    ``_MAX_READ`` (tarfile reads a PAX or GNU long-name header whole, whatever size it
-    claims), and forward seeks (over member data) read the gzip stream in large blocks."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        raw.seek(0)
-        self._gz = gzip.GzipFile(fileobj=raw, mode="rb")
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0 or size > _MAX_READ:
-            raise _HeaderTooLarge
-        return self._gz.read(size)
-
-    def tell(self) -> int:
-        return self._gz.tell()
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if whence != os.SEEK_SET or offset < self._gz.tell():
-            return self._gz.seek(offset, whence)  # back: re-read from the start, as gzip does
-        while (pos := self._gz.tell()) < offset and self._gz.read(min(_CHUNK, offset - pos)):
-            pass
-        return self._gz.tell()
-
-    def drain(self, where: str, most: int = _TRAILER) -> None:
-        """Read the rest of the gzip stream, at most ``most`` bytes (its CRC and length are
-        checked at its end); raises tarfile's, gzip's or zlib's error for a broken stream."""
-        end = self._gz.tell() + most
-        while self._gz.read(_CHUNK):
-            if self._gz.tell() > end:
-                raise InvalidBundle(where, None, f"more than {most} bytes follow the end "
-                                                 "of the tar in the gzip stream")
-
-
-def _shown(name: str) -> str:
-    """A name fit for a one-line message, whatever bytes it came from."""
-    return name.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _path_problem(name: str) -> str | None:
-    if (problem := kinds.relpath_problem(name)) is not None:
-        return problem
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return "path is not UTF-8 text"
-    return None
-
-
-def _members(tar: tarfile.TarFile, where: str, limits: ImportLimits) -> Iterator[tarfile.TarInfo]:
-    """The tar's members, each checked from its header alone (before its data is read): at
-    most ``limits.members`` of them, safe paths, regular files or directories only."""
-    count = 0
-    while (member := tar.next()) is not None:
-        tar.members.clear()  # tarfile keeps every header it read; nothing here needs them
-        count += 1
-        if count > limits.members:
-            raise InvalidBundle(where, None, f"holds more than {limits.members} members "
-                                             "(--max-members)")
-        problem = _path_problem(member.name)
-        if problem is None and member.issym():
-            problem = f"is a symbolic link to {_shown(member.linkname)!r}"
-        elif problem is None and member.islnk():
-            problem = f"is a hard link to {_shown(member.linkname)!r}"
-        elif problem is None and member.issparse():
-            problem = "is a sparse file; bundle tars hold plain regular files"
-        elif problem is None and not (member.isreg() or member.isdir()):
-            problem = "is a device, FIFO or other special file"
-        elif problem is None and member.name == TARBALL:
-            problem = "a bundle tar does not hold another measurements.tar.gz"
-        if problem is not None:
-            raise InvalidBundle(where, _shown(member.name), problem)
-        yield member
-
-
-def _unpack(tar_path: Path, dest: Path, limits: ImportLimits) -> _Manifest:
-    """Unpack a bundle tar into ``dest``, only after its member list and manifest passed: every
-    member a listed file of the size the manifest states (or manifest.json, SHA256SUMS), so
-    what is written is at most the manifest's total, and there is room for it."""
-    where = str(tar_path)
-    try:
-        with tar_path.open("rb") as raw:
-            sizes, manifest = _list_tar(raw, where, limits)
-            _check_listing(sizes, manifest, where)
-            total = sum(sizes.values())
-            free = shutil.disk_usage(dest).free
-            if total > free:
-                raise InvalidBundle(where, None, f"unpacks to {total} bytes, but {dest} has "
-                                                 f"only {free} bytes free")
-            _extract(raw, sizes, dest, where, limits)
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        why = str(exc) or type(exc).__name__
-        raise InvalidBundle(where, None, f"not a complete tar.gz ({why})") from None
-    except _HeaderTooLarge:
-        raise InvalidBundle(where, None, f"a tar header is larger than {_MAX_READ} bytes"
-                                         ) from None
-    return manifest
-
-
-def _list_tar(raw: BinaryIO, where: str, limits: ImportLimits) -> tuple[dict[str, int], _Manifest]:
-    """First pass, writing nothing: every member's header checked, the running total of sizes
-    checked at each header, the manifest parsed (its size checked at its header), and the gzip
-    stream read to its end."""
-    stream = _TarStream(raw)
-    sizes: dict[str, int] = {}
-    manifest: _Manifest | None = None
-    total = 0
-    with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
-        for member in _members(tar, where, limits):
-            if member.isdir():
-                continue
-            name = member.name
-            if name in sizes:
-                raise InvalidBundle(where, name, "appears twice in the tar")
-            total += member.size
-            if total > limits.unpacked_bytes:
-                raise InvalidBundle(where, name, f"takes the tar past {limits.unpacked_bytes} "
-                                                 "unpacked bytes (--max-bytes)")
-            if name in (MANIFEST, SUMS) and member.size > limits.manifest_bytes:
-                raise InvalidBundle(where, name, f"is {member.size} bytes; at most "
-                                                 f"{limits.manifest_bytes} (--max-manifest-bytes)")
-            sizes[name] = member.size
-            if name == MANIFEST:
-                data = _member_bytes(tar, member, where)
-                try:
-                    manifest = _parse_manifest(data, where)
-                except InvalidBundle as refused:
-                    try:  # a manifest that decompressed wrongly: report the broken stream
-                        stream.drain(where, limits.unpacked_bytes)
-                    except InvalidBundle:
-                        raise refused from None
-                    raise
-        stream.drain(where)
-    if manifest is None:
-        raise InvalidBundle(where, MANIFEST, "missing or not a regular file")
-    return sizes, manifest
-
-
-def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, where: str) -> bytes:
-    src = tar.extractfile(member)
-    if src is None:
-        raise InvalidBundle(where, member.name, "cannot be read")
-    with src:
-        parts = []
-        while chunk := src.read(_CHUNK):
-            parts.append(chunk)
-    return b"".join(parts)
-
-
-def _check_listing(sizes: Mapping[str, int], m: _Manifest, where: str) -> None:
-    """Every member a file the manifest lists, of the size it states; every listed file there."""
-    for name, size in sorted(sizes.items()):
-        e = m.objects.get(name)
-        if e is None and name not in (MANIFEST, SUMS):
-            raise InvalidBundle(where, _shown(name), "not listed in manifest.json")
-        if e is not None and size != e.size:
-            raise InvalidBundle(where, name, f"holds {size} bytes; manifest.json says {e.size}")
-        parent = name.rpartition("/")[0]
-        while parent:
-            if parent in sizes:
-                raise InvalidBundle(where, parent, "is both a file and a directory")
-            parent = parent.rpartition("/")[0]
-    for name in sorted(m.objects.keys() - sizes.keys()):
-        raise InvalidBundle(where, name, "listed in manifest.json but missing")
-
-
-def _extract(raw: BinaryIO, sizes: Mapping[str, int], dest: Path, where: str,
-             limits: ImportLimits) -> None:
-    """Second pass: write the files the first pass accepted, each at most its stated size
-    (a tar that changed in between is refused)."""
-    with tarfile.open(fileobj=_TarStream(raw), mode="r:") as tar:  # type: ignore[call-overload]
-        for member in _members(tar, where, limits):
-            if member.isdir() or member.name == MANIFEST:
-                continue  # the manifest was parsed in the first pass
-            if sizes.get(member.name) != member.size:
-                raise InvalidBundle(where, member.name, "changed while it was being imported")
-            _extract_one(tar, member, dest / member.name, where)
-
-
-def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, where: str) -> None:
-    src = tar.extractfile(member)
-    if src is None:
-        raise InvalidBundle(where, member.name, "cannot be read")
-    written = 0
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with src, target.open("xb") as out:
-            while chunk := src.read(_CHUNK):
-                written += len(chunk)
-                if written > member.size:
-                    raise InvalidBundle(where, member.name, f"holds more than {member.size} bytes")
-                out.write(chunk)
-    except FileExistsError:
-        raise InvalidBundle(where, member.name, "appears twice in the tar") from None
-    except (NotADirectoryError, IsADirectoryError):
-        raise InvalidBundle(where, member.name, "is both a file and a directory") from None
-    except OSError as exc:  # a full disk, say: the temporary directory goes with the error
-        raise InvalidInput(f"{where}: cannot unpack {member.name} into {target.parent}: "
-                           f"{exc.strerror or exc}") from None
-
-
 def _validate(root: Path, where: str, limits: ImportLimits,
-              manifest: _Manifest | None = None) -> _Bundle:
+              manifest: Manifest | None = None) -> _Bundle:
     """Every check of docs/bundle.md "Import", cheapest first; the first failure raises.
     ``manifest``: already read (from a tar), else read from ``root``."""
     m = manifest if manifest is not None else _read_manifest(root, where, limits)
@@ -392,7 +161,7 @@ def _validate(root: Path, where: str, limits: ImportLimits,
     for path in sorted(m.objects.keys() - on_disk):
         raise InvalidBundle(where, path, "listed in manifest.json but missing")
     for path in sorted(on_disk - m.objects.keys() - RESERVED):
-        raise InvalidBundle(where, _shown(path), "not listed in manifest.json")
+        raise InvalidBundle(where, shown(path), "not listed in manifest.json")
     if SUMS in on_disk and (size := (root / SUMS).lstat().st_size) > limits.manifest_bytes:
         raise InvalidBundle(where, SUMS, f"is {size} bytes; at most {limits.manifest_bytes} "
                                          "(--max-manifest-bytes)")
@@ -413,8 +182,8 @@ def _validate(root: Path, where: str, limits: ImportLimits,
                                              f"manifest.json says {e.size}")
         kept: list[bytes] = []  # the bytes of a file that could be a record, read once
         keep = e is not None and e.size <= canonical.MAX_RECORD_BYTES
-        with _open_plain(root / path) as f:
-            (oid, sha, _size), parts = _hash_stream(
+        with open_plain(root / path) as f:
+            (oid, sha, _size), parts = hash_stream(
                 f, ranges[e.id] if e is not None else (), sink=kept.append if keep else None)
         sums[path] = sha
         hashed.update(parts)
@@ -428,14 +197,14 @@ def _validate(root: Path, where: str, limits: ImportLimits,
             values[e.id] = _record(data, e.kind, where, path)
             records[e.id] = data
         elif keep and (value := _claimed_record(data, where, path)) is not None:
-            raise InvalidBundle(where, path, f"bytes are a {_shown(value['nscas'])} record; "
+            raise InvalidBundle(where, path, f"bytes are a {shown(value['nscas'])} record; "
                                              "manifest.json says a blob (kind null)")
     for t, (r, sha) in sorted(m.derived.items()):
         if hashed.get(r) != (t, sha):
             raise InvalidBundle(where, m.paths[r.source], f"bytes {r.offset}..+{r.size} do not "
                                                           f"hash to derived {t} (sha256 {sha})")
         if r.size <= canonical.MAX_RECORD_BYTES:
-            with _open_plain(root / m.paths[r.source]) as f:
+            with open_plain(root / m.paths[r.source]) as f:
                 f.seek(r.offset)
                 head = f.read(1)
                 data = head + f.read(r.size - 1) if head == b"{" else b""
@@ -482,7 +251,7 @@ def _claimed_record(data: bytes, where: str, path: str) -> dict[str, Any] | None
     return value if isinstance(value, dict) and isinstance(value.get("nscas"), str) else None
 
 
-def _check_closure(m: _Manifest, values: Mapping[Digest, dict[str, Any]], where: str,
+def _check_closure(m: Manifest, values: Mapping[Digest, dict[str, Any]], where: str,
                    ) -> tuple[tuple[Digest, ...], dict[Digest, tuple[Digest, ...]]]:
     """Records children first, and each record's children. Refuses links to objects the
     bundle neither holds nor omits, and objects the target does not reach."""
@@ -516,7 +285,7 @@ def _check_closure(m: _Manifest, values: Mapping[Digest, dict[str, Any]], where:
     return tuple(order), children
 
 
-def _open_plain(path: Path) -> BinaryIO:
+def open_plain(path: Path) -> BinaryIO:
     """Open a file without following a symbolic link put there after the scan."""
     return os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb")
 
@@ -536,15 +305,15 @@ def _scan(root: Path, where: str, limits: ImportLimits) -> set[str]:
             rel = path.relative_to(root).as_posix()
             st = path.lstat()
             if stat.S_ISLNK(st.st_mode):
-                raise InvalidBundle(where, _shown(rel), "is a symbolic link; "
+                raise InvalidBundle(where, shown(rel), "is a symbolic link; "
                                                         "bundles hold regular files only")
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                raise InvalidBundle(where, _shown(rel), f"is a hard link ({st.st_nlink} names); "
+                raise InvalidBundle(where, shown(rel), f"is a hard link ({st.st_nlink} names); "
                                     "bundles hold files of their own (copy it, do not link it)")
             if stat.S_ISREG(st.st_mode):
                 found.add(rel)
             elif not stat.S_ISDIR(st.st_mode):
-                raise InvalidBundle(where, _shown(rel), "is a device, FIFO or socket; "
+                raise InvalidBundle(where, shown(rel), "is a device, FIFO or socket; "
                                                         "bundles hold regular files only")
     return found
 
@@ -552,7 +321,7 @@ def _scan(root: Path, where: str, limits: ImportLimits) -> set[str]:
 def _read_bounded(path: Path, limit: int, where: str, name: str, flag: str) -> bytes:
     """A regular file's bytes, refused unread if its size is over ``limit``, and never more
     than ``limit`` + 1 bytes read (a file that grows meanwhile is refused too)."""
-    with _open_plain(path) as f:
+    with open_plain(path) as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise InvalidBundle(where, name, "missing or not a regular file")
@@ -571,7 +340,7 @@ def _check_sums(root: Path, where: str, sums: Mapping[str, str], limits: ImportL
         return
     listed: dict[str, str] = {}
     for number, line in enumerate(data.split(b"\n")[:-1] if data.endswith(b"\n") else [data], 1):
-        match = _SUMS_LINE.fullmatch(line.decode("utf-8", "replace"))
+        match = SUMS_LINE.fullmatch(line.decode("utf-8", "replace"))
         if match is None:
             raise InvalidBundle(where, SUMS, f"line {number} is not '<sha256>  <path>'")
         listed[match.group(2)] = match.group(1)
@@ -585,111 +354,9 @@ def _check_sums(root: Path, where: str, sums: Mapping[str, str], limits: ImportL
     raise InvalidBundle(where, SUMS, "lines are not sorted by path or repeat a path")
 
 
-def _read_manifest(root: Path, where: str, limits: ImportLimits) -> _Manifest:
+def _read_manifest(root: Path, where: str, limits: ImportLimits) -> Manifest:
     path = root / MANIFEST
     if path.is_symlink() or not path.is_file():
         raise InvalidBundle(where, MANIFEST, "missing or not a regular file")
-    return _parse_manifest(_read_bounded(path, limits.manifest_bytes, where, MANIFEST,
+    return parse_manifest(_read_bounded(path, limits.manifest_bytes, where, MANIFEST,
                                          "--max-manifest-bytes"), where)
-
-
-def _parse_manifest(data: bytes, where: str) -> _Manifest:
-    """manifest.json's bytes (already within their size limit) as a checked manifest."""
-    try:
-        value = canonical.loads_strict(data, max_depth=MANIFEST_MAX_DEPTH)
-    except StrictJSONError as exc:
-        raise InvalidBundle(where, MANIFEST, f"not valid JSON ({exc.reason})") from None
-    try:
-        canonical_form = isinstance(value, dict) and rfc8785.dumps(value) == data
-    except (rfc8785.CanonicalizationError, TypeError, ValueError):  # lone surrogates, say
-        canonical_form = False
-    if not canonical_form:
-        raise InvalidBundle(where, MANIFEST, "not a JSON object in RFC 8785 canonical form")
-    return _ManifestReader(where).read(value)
-
-
-class _ManifestReader:
-    """The shape of manifest.json (docs/bundle.md); every problem names the member."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fail(self, at: str, problem: str) -> Any:
-        raise InvalidBundle(self.where, MANIFEST, f"{at}: {problem}")
-
-    def exactly(self, value: Any, at: str, names: set[str]) -> dict[str, Any]:
-        if not isinstance(value, dict) or value.keys() != names:
-            self.fail(at, f"expected an object with exactly the members {', '.join(sorted(names))}")
-        return value
-
-    def mapping(self, value: Any, at: str) -> dict[str, Any]:
-        return value if isinstance(value, dict) else self.fail(at, "expected an object")
-
-    def digest(self, value: Any, at: str) -> Digest:
-        return Digest.parse(value) if is_digest_text(value) else self.fail(at, "expected an ID")
-
-    def count(self, value: Any, at: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            self.fail(at, "expected an integer >= 0")
-        return value
-
-    def sha(self, value: Any, at: str) -> str:
-        if not isinstance(value, str) or not _SHA256.fullmatch(value):
-            self.fail(at, "expected 64 lowercase hex digits")
-        return value
-
-    def read(self, value: dict[str, Any]) -> _Manifest:
-        top = self.exactly(value, "$", {"format", "target", "objects", "derived", "omitted"})
-        if top["format"] not in FORMATS:
-            self.fail("format", f"expected one of {', '.join(map(repr, FORMATS))}")
-        objects = {path: self.entry(path, e)
-                   for path, e in self.mapping(top["objects"], "objects").items()}
-        derived: dict[Digest, tuple[Range, str]] = {}
-        for key, e in self.mapping(top["derived"], "derived").items():
-            at = f"derived[{key!r}]"
-            e = self.exactly(e, at, {"from", "offset", "size", "sha256"})
-            r = Range(source=self.digest(e["from"], f"{at}.from"),
-                      offset=self.count(e["offset"], f"{at}.offset"),
-                      size=self.count(e["size"], f"{at}.size"))
-            derived[self.digest(key, at)] = (r, self.sha(e["sha256"], f"{at}.sha256"))
-        omitted: dict[Digest, _Entry] = {}
-        for key, e in self.mapping(top["omitted"], "omitted").items():
-            at = f"omitted[{key!r}]"
-            e = self.exactly(e, at, {"size", "sha256", "reason"})
-            if not isinstance(e["reason"], str) or not e["reason"]:
-                self.fail(f"{at}.reason", "expected a non-empty string")
-            oid = self.digest(key, at)
-            omitted[oid] = _Entry(id=oid, size=self.count(e["size"], f"{at}.size"),
-                                  sha256=self.sha(e["sha256"], f"{at}.sha256"), kind=None)
-        files: dict[Digest, list[str]] = defaultdict(list)
-        for path in sorted(objects, key=str.encode):
-            files[objects[path].id].append(path)
-        if top["format"] == FORMAT_V1:  # version 2 may repeat a file, never a section
-            ids = Counter([e.id for e in objects.values()] + [*derived] + [*omitted])
-        else:
-            ids = Counter([*files, *derived, *omitted])
-            for oid, where in sorted(files.items()):
-                for other in (p for p in where[1:] if objects[p] != objects[where[0]]):
-                    self.fail(f"objects[{other!r}]", f"describes {oid} otherwise than "
-                                                     f"objects[{where[0]!r}]")
-        for oid in sorted(d for d, n in ids.items() if n > 1):
-            self.fail(str(oid), "is in more than one place (a file, derived, omitted)")
-        paths = {oid: where[0] for oid, where in files.items()}
-        target = self.digest(top["target"], "target")
-        if target not in paths:
-            self.fail("target", f"{target} is not a file of the bundle")
-        return _Manifest(target=target, objects=objects, derived=derived, omitted=omitted,
-                         paths=paths)
-
-    def entry(self, path: str, e: Any) -> _Entry:
-        at = f"objects[{path!r}]"
-        if (problem := kinds.relpath_problem(path) or ("reserved name" if path in RESERVED else None)):
-            raise InvalidBundle(self.where, path, problem)
-        e = self.exactly(e, at, {"id", "size", "sha256", "kind"})
-        if e["kind"] is not None and not isinstance(e["kind"], str):
-            self.fail(f"{at}.kind", "expected a record kind or null")
-        size = self.count(e["size"], f"{at}.size")
-        if e["kind"] is not None and size > canonical.MAX_RECORD_BYTES:
-            self.fail(f"{at}.size", f"records stay under {canonical.MAX_RECORD_BYTES} bytes")
-        return _Entry(id=self.digest(e["id"], f"{at}.id"), size=size,
-                      sha256=self.sha(e["sha256"], f"{at}.sha256"), kind=e["kind"])

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from nscas.objects.digests import Digest
 from nscas.runs.codetree import CodeChanges, code_changes
-from nscas.runs.side_by_side import flatten
 
 if TYPE_CHECKING:
     from nscas.store.protocol import ObjectReader
@@ -103,3 +102,15 @@ def difference(store: ObjectReader, receipt: Digest, old: Mapping[str, Any],
         inputs=tuple(c.name for c in changes if c.what == "input"),
         params=tuple(c.name for c in changes if c.what == "param"),
         changes=changes, code=code_changes(before, after))
+
+
+def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested objects as dotted names (``{"counts": {"test": 8}}`` -> ``counts.test``)."""
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        name = f"{prefix}{key}"
+        if isinstance(item, Mapping) and item:
+            out.update(flatten(item, f"{name}."))
+        else:
+            out[name] = item
+    return out

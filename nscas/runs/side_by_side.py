@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nscas.errors import InvalidInput
 from nscas.objects.digests import Digest
+from nscas.runs.changes import Change, changes_between, flatten
 from nscas.store.provenance import producers
 from nscas.suggestions import did_you_mean as _did_you_mean
 
 if TYPE_CHECKING:
-    from nscas.runs.changes import Change
     from nscas.store.reading import StoreReader
 
 FIXED_COLUMNS = ("receipt", "pipeline", "step", "variant", "recipe", "arm", "status", "started",
@@ -212,8 +212,6 @@ def compare(store: StoreReader, named: Iterable[tuple[str, Digest]], *,
 
 def _changes(runs: Sequence[Run]) -> tuple[RunChanges, ...]:
     """Each run against the first run of its step (or recipe, where it records no step)."""
-    from nscas.runs.changes import changes_between  # here: `nscas log` reads headline_claims only
-
     first: dict[tuple[str, str], Run] = {}
     out = []
     for run in runs:
@@ -250,18 +248,6 @@ def headline_claims(claims: Mapping[str, Any]) -> dict[str, int | float]:
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[key] = value
     return dict(sorted(out.items()))
-
-
-def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested objects as dotted names (``{"counts": {"test": 8}}`` -> ``counts.test``)."""
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        name = f"{prefix}{key}"
-        if isinstance(item, Mapping) and item:
-            out.update(flatten(item, f"{name}."))
-        else:
-            out[name] = item
-    return out
 
 
 def _run(store: StoreReader, text: str, receipt: Digest, arms: Mapping[Digest, str]) -> Run:

@@ -16,31 +16,23 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from nscas.errors import DamagedStore, InvalidInput, NotFound, NscasError, StoreError
+from nscas.errors import DamagedStore, NotFound, NscasError, StoreError
 from nscas.httpserver import HttpLimits, listen
 from nscas.redacting import redact
-from nscas.ui import render
+from nscas.ui import render, routes
+from nscas.ui.headers import security_headers
+from nscas.ui.settings import LOOPBACK_NAMES, SETTINGS, VERIFY_SLOTS, VERIFY_SLOTS_DEFAULT, Settings
 
 if TYPE_CHECKING:
     from nscas.store.reading import StoreReader
 
 STATIC = Path(__file__).with_name("static")
-PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            "frame-src 'self'; connect-src 'self'; font-src 'self'; base-uri 'none'; "
-            "form-action 'self'; frame-ancestors 'none'")
-RAW_CSP = ("sandbox; default-src 'none'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-           "font-src 'self' data:; frame-ancestors 'self'")
-"""For a blob's own bytes: no script at all (``sandbox`` without ``allow-scripts``), an opaque
-origin, and framed only by the UI's own pages."""
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 ALLOWED_METHODS = frozenset({"GET", "HEAD"})
-VERIFY_SLOTS_DEFAULT = 2
 LIMITS = HttpLimits(max_connections=128, header_timeout=10.0, body_timeout=10.0)
 """What one client may hold of the UI (docs/ui.md); the same bounds as a replica's."""
 RETRY_AFTER = 5
@@ -48,28 +40,6 @@ RETRY_AFTER = 5
 log = logging.getLogger("nscas.ui")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Settings:
-    store: StoreReader
-    loopback_only: bool
-    """Refuse requests whose Host header names none of ``host_names``."""
-    host_names: frozenset[str] = LOOPBACK_NAMES
-    """What a Host header may name on loopback: the loopback names, the address the server is
-    bound to, and that address's names (lower case, IPv6 in brackets)."""
-    verify_slots: int = VERIFY_SLOTS_DEFAULT
-    """Verifications that may run at once (one UI serves one store); one more waits for a slot,
-    and one whose page closes stops waiting or is ended."""
-
-
-STORE = web.AppKey("store", object)
-SETTINGS = web.AppKey("settings", Settings)
-VERIFY_SLOTS = web.AppKey("verify_slots", asyncio.Semaphore)
-
-
-class BadQuery(InvalidInput):
-    """A query parameter the page cannot use (400)."""
 
 
 def error_page(status: int, message: str) -> web.Response:
@@ -163,22 +133,10 @@ def _secure(response: web.StreamResponse, *, raw: bool) -> None:
     response.headers.update(security_headers(raw=raw))
 
 
-def security_headers(*, raw: bool = False) -> dict[str, str]:
-    return {"Content-Security-Policy": RAW_CSP if raw else PAGE_CSP,
-            "X-Content-Type-Options": "nosniff",
-            "X-Frame-Options": "SAMEORIGIN" if raw else "DENY",
-            "Referrer-Policy": "no-referrer",
-            "Cross-Origin-Opener-Policy": "same-origin",
-            "Cross-Origin-Resource-Policy": "same-origin",
-            "Cache-Control": "no-store"}
-
-
 def make_app(store: StoreReader, *, loopback_only: bool = True,
              host_names: frozenset[str] = LOOPBACK_NAMES,
              verify_slots: int = VERIFY_SLOTS_DEFAULT) -> web.Application:
     """The application over an open read-only store (the caller closes it)."""
-    from nscas.ui import routes
-
     app = web.Application(middlewares=[guard], client_max_size=1024)
     app[SETTINGS] = Settings(store=store, loopback_only=loopback_only, host_names=host_names,
                              verify_slots=verify_slots)

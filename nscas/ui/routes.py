@@ -23,20 +23,26 @@ from typing import Any
 from aiohttp import web
 from aiohttp.helpers import content_disposition_header
 
+from nscas.errors import InvalidInput
 from nscas.objects.digests import Digest
 from nscas.store.lineage import HIDE_CLASSES, MAX_NODES, lineage, parse_hide, to_dot
-from nscas.ui import views
-from nscas.ui.app import SETTINGS, VERIFY_SLOTS, BadQuery, security_headers
+from nscas.ui import comparison, views
 from nscas.ui.files import END, FOLDER_KINDS, folder, padding
 from nscas.ui.graph import BOX_W, drawn_edges
+from nscas.ui.headers import security_headers
 from nscas.ui.preview import PageOutOfRange, sniff
 from nscas.ui.render import page
+from nscas.ui.settings import SETTINGS, VERIFY_SLOTS
 
 CHUNK = 1 << 20
 MAX_PAGE = 1_000_000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@/+-]{0,199}")
 _PATH = re.compile(r"[^\x00-\x1f\x7f]{1,4096}")
 """A file's path in a tree: only looked up among the tree's entries, never opened."""
+
+
+class BadQuery(InvalidInput):
+    """A query parameter the page cannot use (400)."""
 
 
 class Query:
@@ -183,12 +189,12 @@ async def compare_page(request: web.Request) -> web.StreamResponse:
         raise web.HTTPFound("/?recipe=evaluate")
     if len(runs) > 12:
         raise BadQuery("compare shows at most 12 runs")
-    f = views.CompareFilter(family=q.text("family"), variant=q.text("variant"),
-                            verdict=q.choice("verdict", views.VERDICTS),
+    f = comparison.CompareFilter(family=q.text("family"), variant=q.text("variant"),
+                            verdict=q.choice("verdict", comparison.VERDICTS),
                             page=q.integer("page", default=1, low=1, high=MAX_PAGE) or 1)
     store = _store(request)
-    view = await asyncio.to_thread(views.compare_view, store, runs, f)
-    return html(page("compare.jinja", view=view, f=f, verdicts=views.VERDICTS, nav="compare",
+    view = await asyncio.to_thread(comparison.compare_view, store, runs, f)
+    return html(page("compare.jinja", view=view, f=f, verdicts=comparison.VERDICTS, nav="compare",
                      store=str(store.root)))
 
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from nscas.errors import InvalidInput
+from nscas.recipes.common.kvcache import roomy_cache
+from nscas.recipes.common.next_token import Chooser, TokenSink, fp32_logits
 
 if TYPE_CHECKING:
     from .static_decode import StaticDecoder
@@ -54,12 +53,6 @@ class Generation:
     """The row produced ``max_new_tokens`` tokens without an end-of-turn token."""
 
 
-Chooser = Callable[[torch.Tensor, Sequence[int]], torch.Tensor]
-"""(FP32 logits of the live rows [live, vocab], the prompt index of each) -> their next tokens.
-A server's sampling; without one, the next token is the argmax."""
-TokenSink = Callable[[int, int], bool]
-"""(prompt index, the token just chosen for it) -> False to end that row now. Called as each
-token is chosen, so that a server can stream it and stop at a stop string."""
 
 
 def stop_ids(tokenizer: Any) -> set[int]:
@@ -162,7 +155,7 @@ def _decode_batch(
 
     decoder = model.get_decoder()
     head = model.get_output_embeddings()
-    cache = _cache(model.config, room=width + max_new_tokens)
+    cache = roomy_cache(model.config, room=width + max_new_tokens)
     # transformers 5.2x renamed ``past_key_values`` to ``cache``; the device image has 5.17.
     named = inspect.signature(decoder.forward).parameters
     cache_keyword = "cache" if "cache" in named else "past_key_values"
@@ -201,76 +194,6 @@ def _decode_batch(
         positions = last_position[:, None]
         mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
     return [(generated[row], seconds[row]) for row in range(n)]
-
-
-class _RoomyLayer(DynamicLayer):
-    """A ``DynamicLayer`` that writes into room reserved up front.
-
-    The stock layer concatenates at every step, copying the whole cache each time: for a batch
-    that copying, not arithmetic, dominated decoding on CPU. Here the keys and values handed to
-    attention are views of the reserved room, so a step copies only its own states.
-    """
-
-    def __init__(self, room: int) -> None:
-        super().__init__()
-        self.room = room
-        self.length = 0
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.key_room = reserve(key_states, self.room)
-        self.value_room = reserve(value_states, self.room)
-        self.length = 0
-        self._expose()
-        self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if end > self.room:
-            raise InvalidInput(f"the cache has room for {self.room} positions, not {end}")
-        self.key_room[:, :, self.length : end] = key_states
-        self.value_room[:, :, self.length : end] = value_states
-        self.length = end
-        self._expose()
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
-            self.key_room = self.key_room[indices]
-            self.value_room = self.value_room[indices]
-            self._expose()
-
-    def _expose(self) -> None:
-        self.keys = self.key_room[:, :, : self.length]
-        self.values = self.value_room[:, :, : self.length]
-
-
-def reserve(states: torch.Tensor, room: int, *, zeroed: bool = False) -> torch.Tensor:
-    """Cache storage for ``room`` positions of ``states`` ([batch, heads, length, dim]); zeroed
-    where slots that were never written may still be read (behind a mask)."""
-    batch, heads, _, dim = states.shape
-    make = states.new_zeros if zeroed else states.new_empty
-    return make((batch, heads, room, dim))
-
-
-def _cache(config: Any, *, room: int) -> DynamicCache:
-    """A dynamic cache whose full-attention layers reserve ``room`` positions up front."""
-    cache = DynamicCache(config=config)
-    cache.layers = [
-        _RoomyLayer(room) if type(layer) is DynamicLayer else layer for layer in cache.layers
-    ]
-    return cache
-
-
-def fp32_logits(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    """FP32 logits even under BF16 autocast: BF16 logits tie far more often."""
-    with torch.autocast(hidden.device.type, enabled=False):
-        bias = None if head.bias is None else head.bias.float()
-        return F.linear(hidden.float(), head.weight.float(), bias)
 
 
 def _generation(

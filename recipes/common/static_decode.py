@@ -33,7 +33,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .generate import TokenSink, fp32_logits, reserve
+from nscas.recipes.common.kvcache import reserve
+from nscas.recipes.common.next_token import TokenSink, fp32_logits
 
 ROOM_STEP = 64
 """Reserved cache lengths are rounded up to a multiple of this, so that prompts of nearby

@@ -114,9 +114,9 @@ def _baseline(ctx: RunContext, ids: list[str], probe_ids: list[str] | None) -> B
 def run(ctx: RunContext) -> RecipeResult:
     import torch
 
+    from nscas.models.paired import contract, paired, retention
     from nscas.recipes.common.checker import check
     from nscas.recipes.common.generate import generate_greedy, stop_ids
-    from nscas.recipes.common.stats import contract, paired, retention
     from nscas.recipes.common.tokenise import encode_document, encode_prompt, retention_loss
     from nscas.recipes.init.presets import load_hf_dir
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nscas.errors import RecipeError
+from nscas.models.paired import Paired, Retention, contract, paired, retention
 from nscas.objects.digests import Digest
 from nscas.recipes.common.checker import CheckResult, check
-from nscas.recipes.common.stats import Paired, Retention, contract, paired, retention
 from nscas.recipes.common.tasks import FAMILIES
 
 from .audit import Audit

@@ -31,7 +31,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,32 +40,30 @@ from jinja2 import TemplateError
 
 from nscas.httpserver import HttpLimits, listen
 
-from .batching import Batcher, BatchStats, RequestConflict, RetryCache
-from .decoding import Completion, NonFiniteLogits, RowControl
-from .protocol import (
-    SSE_DONE,
-    AnswerHead,
-    ChatRequest,
-    RequestRejected,
+from .answers import (
+    FAILED,
     Served,
-    TextRequest,
-    check_request_id,
     completion_answer,
-    error_body,
-    finish_chunk,
     infer_answer,
     model_entry,
     models_list,
     new_head,
+)
+from .batching import Batcher, BatchStats, RequestConflict, RetryCache
+from .decoding import Completion, NonFiniteLogits, RowControl
+from .protocol import (
+    ChatRequest,
+    RequestRejected,
+    TextRequest,
+    check_request_id,
+    error_body,
     parse_chat,
     parse_infer,
     parse_json_body,
     parse_text_completion,
-    piece_chunk,
-    sse,
-    usage_chunk,
 )
 from .replica import MAX_TOKENS_LIMIT, Replica
+from .streaming import retrieved, stream_answer
 
 log = logging.getLogger("nscas.serve")
 
@@ -147,7 +145,6 @@ class _State:
 
 STATE = web.AppKey("nscas_state", _State)
 LINGER_SECONDS = 2.0
-FAILED = "the replica failed to answer this request"
 
 
 def build_app(instances: Sequence[Replica], config: ServerConfig) -> web.Application:
@@ -356,15 +353,15 @@ async def _complete(request: web.Request, kind: str) -> web.StreamResponse:
         return await state.cache.run(key, fingerprint, compute)
 
     task = asyncio.ensure_future(outcome())
-    task.add_done_callback(_retrieved)
+    task.add_done_callback(retrieved)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     head = new_head(kind, f"{prefix}-{key or uuid.uuid4().hex}", state.served)
     if not params.stream:
         completion, cached = await task
         return web.json_response(completion_answer(head, completion, request_id=key,
                                                    cached=cached))
-    return await _stream(request, head, events, task, control, request_id=key,
-                         include_usage=params.include_usage)
+    return await stream_answer(request, head, events, task, control, request_id=key,
+                               include_usage=params.include_usage)
 
 
 def _encode(replica: Replica, body: ChatRequest | TextRequest) -> list[int]:
@@ -379,82 +376,6 @@ def _encode(replica: Replica, body: ChatRequest | TextRequest) -> list[int]:
     except TemplateError as exc:  # the chat template refuses what it cannot render
         raise RequestRejected(400, f"the chat template cannot render these messages: {exc}",
                               code="invalid_value", param="messages") from None
-
-
-async def _stream(request: web.Request, head: AnswerHead, events: asyncio.Queue[str],
-                  task: asyncio.Future[tuple[Completion, bool]], control: RowControl, *,
-                  request_id: str | None, include_usage: bool) -> web.StreamResponse:
-    """Server-sent events: a chunk per piece of text as it is generated, then the finish
-    reason, the usage if asked, ``[DONE]``. Nothing is sent before the first piece (or the
-    answer), so that a refusal still gets its own status."""
-    pieces = _live_pieces(events, task)
-    first = await anext(pieces, None)
-    if first is None:
-        completion, cached = await task  # a refusal or a failure raises here: its own status
-        replay: tuple[str, ...] = completion.pieces  # a retry's cached answer, or no text
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    try:
-        if first is not None:
-            await response.write(sse(piece_chunk(head, first, first=True)))
-            async for piece in pieces:
-                await response.write(sse(piece_chunk(head, piece)))
-            try:
-                completion, cached = await task
-            except NonFiniteLogits as exc:  # the status is sent: the last event says so
-                log.warning("request %s %s failed while streaming: %s", request.method,
-                            request.path, exc.message)
-                await response.write(sse(error_body(500, exc.message, code="non_finite_logits")))
-                await response.write_eof()
-                return response
-            except Exception:  # the status is sent: the stream's last event says what failed
-                log.exception("request %s %s failed while streaming", request.method,
-                              request.path)
-                await response.write(sse(error_body(500, FAILED, code="internal_error")))
-                await response.write_eof()
-                return response
-        else:
-            if head.kind == "chat" and not replay:
-                replay = ("",)  # a chat stream names the role even for an empty answer
-            for index, piece in enumerate(replay):
-                await response.write(sse(piece_chunk(head, piece, first=index == 0)))
-        await response.write(sse(finish_chunk(head, completion, request_id=request_id,
-                                              cached=cached)))
-        if include_usage:
-            await response.write(sse(usage_chunk(head, completion)))
-        await response.write(SSE_DONE)
-        await response.write_eof()
-    except ConnectionResetError:  # the client left: stop its row unless a retry may want it
-        if request_id is None:
-            control.cancel()
-    return response
-
-
-async def _live_pieces(events: asyncio.Queue[str], task: asyncio.Future[Any]
-                       ) -> AsyncIterator[str]:
-    """The pieces queued for a stream until its work is done (every piece is queued before
-    the work's result is set, so none is lost)."""
-    while True:
-        if not events.empty():
-            yield events.get_nowait()
-            continue
-        if task.done():
-            return
-        getter = asyncio.ensure_future(events.get())
-        try:
-            await asyncio.wait((getter, task), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            yield getter.result()
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """Mark a request's outcome as seen: a client that left must not leave a loose error."""
-    if not task.cancelled():
-        task.exception()
 
 
 _HTTP_CODES = {414: "request_line_too_long", 431: "headers_too_large",

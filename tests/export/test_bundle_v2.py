@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 import rfc8785
 
-from nscas.bundle.exporting import (
-    FORMAT,
-    FORMAT_V1,
-    InvalidBundle,
-    _write_tar,
-    export_bundle,
-    sha256sums,
-)
+from nscas.bundle.exporting import _write_tar, export_bundle
+from nscas.bundle.format import FORMAT, FORMAT_V1, InvalidBundle, sha256sums
 from nscas.bundle.importing import import_bundle
 from nscas.cli.import_hf import import_hf
 from nscas.objects.digests import Digest

@@ -13,7 +13,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-from nscas.bundle.exporting import FORMAT_V1, export_bundle
+from nscas.bundle.exporting import export_bundle
+from nscas.bundle.format import FORMAT_V1
 from nscas.errors import DestinationExists, IntegrityError
 from tests.export.conftest import Published, read_tree
 

@@ -19,7 +19,8 @@ import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nscas.bundle.exporting import InvalidBundle, export_bundle
+from nscas.bundle.exporting import export_bundle
+from nscas.bundle.format import InvalidBundle
 from nscas.bundle.importing import import_bundle
 from nscas.errors import InvalidInput
 from nscas.store.writer import Store

@@ -23,8 +23,10 @@ import pytest
 import rfc8785
 from typer.testing import CliRunner
 
-from nscas.bundle.exporting import InvalidBundle, export_bundle
-from nscas.bundle.importing import ImportLimits, import_bundle
+from nscas.bundle.exporting import export_bundle
+from nscas.bundle.format import InvalidBundle
+from nscas.bundle.importing import import_bundle
+from nscas.bundle.unpacking import ImportLimits
 from nscas.cli import root as main
 from nscas.store.writer import Store
 from tests.cli.conftest import snapshot
@@ -228,7 +230,7 @@ def test_a_tar_inside_the_tar_is_refused(bundle: Path, fresh_store: Store, tmp_p
 _PROBE = """
 import json, resource, sys
 from pathlib import Path
-from nscas.bundle.exporting import InvalidBundle
+from nscas.bundle.format import InvalidBundle
 from nscas.bundle.importing import import_bundle
 from nscas.store.writer import Store
 store = Store(Path(sys.argv[1]))

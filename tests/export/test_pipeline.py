@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nscas.bundle.exporting import FORMAT_V1, export_bundle
+from nscas.bundle.exporting import export_bundle
+from nscas.bundle.format import FORMAT_V1
 from nscas.bundle.importing import import_bundle
 from nscas.store.fsck import fsck
 from nscas.store.writer import init_store

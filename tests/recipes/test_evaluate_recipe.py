@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from nscas.models.checkpoints import put_checkpoint
+from nscas.models.paired import paired
 from nscas.objects.digests import Digest
 from nscas.recipes.common.checker import check
-from nscas.recipes.common.stats import paired
 from nscas.runs.runner import StepFailed, StepResult, run_file
 from nscas.store.writer import Store
 from tests.pipelines import evaluate_step, run_pipeline, tiny_pipeline

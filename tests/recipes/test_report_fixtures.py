@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from nscas.models.paired import contract, paired, retention
 from nscas.objects.digests import Digest
 from nscas.recipes.commit.recipe import RECIPE as COMMIT
 from nscas.recipes.common.checker import check
-from nscas.recipes.common.stats import contract, paired, retention
 from nscas.recipes.prepare.recipe import RECIPE as PREPARE
 from nscas.recipes.report.recipe import RECIPE as REPORT
 from nscas.recipes.serve.metrics import serving_claims

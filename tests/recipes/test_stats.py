@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from nscas.errors import InvalidInput
-from nscas.recipes.common.stats import contract, mcnemar_one_sided, paired, retention
+from nscas.models.paired import contract, mcnemar_one_sided, paired, retention
 
 
 def test_mcnemar_worked_example() -> None:

@@ -22,6 +22,7 @@ from typer.testing import Result
 from nscas.runs import runner
 from nscas.runs.codetree import module_files, recipe_files
 from nscas.runs.recipe import Recipe
+from nscas.runs.registry import available_recipes
 from nscas.runs.runner import StepResult, run_file
 from nscas.store.writer import Store, init_store
 from tests.runner.helpers import write
@@ -210,6 +211,6 @@ def test_the_shipped_recipes_closures() -> None:
     assert "nscas/recipes/common/default_wordings.json" in prepare  # read at run time
     train = module_files("nscas.recipes.train.recipe")
     assert {"nscas/recipes/train/worker.py", "nscas/recipes/train/loop.py"} <= set(train)
-    for recipe in runner.available_recipes():
+    for recipe in available_recipes():
         files = recipe_files(runner.load_recipe(recipe))
         assert not [k for k in files if k.startswith(("nscas/cli/", "nscas/verifiers/"))], recipe

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nscas.errors import ConfigError
-from nscas.runs import runner
+from nscas.runs import planning, runner
 from nscas.runs.recipe import Recipe, RecipeResult, RunContext
 from nscas.store.writer import Store
 from tests.runner import probe_recipe
@@ -34,7 +34,7 @@ def handed(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
     """(params objects the runner parsed, params objects recipes were handed), in run order."""
     parsed: list[Any] = []
     seen: list[Any] = []
-    real_parse = runner.parse_params
+    real_parse = planning.parse_params
 
     def parse(*args: Any, **kwargs: Any) -> Any:
         parsed.append(real_parse(*args, **kwargs))
@@ -50,7 +50,7 @@ def handed(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
     def load(name: str) -> Recipe:
         return recipe if name == "probe" else real_load(name)
 
-    monkeypatch.setattr(runner, "parse_params", parse)
+    monkeypatch.setattr(planning, "parse_params", parse)
     monkeypatch.setattr(runner, "load_recipe", load)
     return parsed, seen
 

@@ -11,8 +11,9 @@ import torch
 
 from nscas.errors import NscasError, RecipeError
 from nscas.objects.digests import Digest
+from nscas.runs.actions import find_receipt
 from nscas.runs.recipe import NullProgress, Recipe
-from nscas.runs.runner import OutputRefConflict, StepFailed, StepResult, find_receipt, run_file
+from nscas.runs.runner import OutputRefConflict, StepFailed, StepResult, run_file
 from nscas.store.writer import Store
 from tests.runner.helpers import (
     INIT_STEP,

@@ -175,8 +175,8 @@ def test_the_verifiers_take_instances_on_trust_and_refuse_impossible_counts() ->
 
 
 def test_the_runner_can_hash_the_code_and_parse_params(store) -> None:
+    from nscas.runs.codetree import code_tree
     from nscas.runs.config import parse_params
-    from nscas.runs.runner import code_tree
 
     entries = store.get_record(code_tree(store, RECIPE))["entries"]
     # The replica process is started with python -m, not imported: its module is named in a

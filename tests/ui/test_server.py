@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nscas.ui.app import LIMITS, VERIFY_SLOTS_DEFAULT
+from nscas.ui.app import LIMITS
+from nscas.ui.settings import VERIFY_SLOTS_DEFAULT
 from tests.serve.servers import Running, get_head, read_until_closed, request, ui_server
 from tests.ui.conftest import Hostile, build_hostile
 from tests.waiting import GENEROUS, wait_until

@@ -22,7 +22,8 @@ import blake3
 import pytest
 import rfc8785
 
-from nscas.bundle.exporting import _write_tar, export_bundle, sha256sums
+from nscas.bundle.exporting import _write_tar, export_bundle
+from nscas.bundle.format import sha256sums
 from nscas.objects.digests import Digest
 from nscas.runs.runner import StepResult, run_file
 from nscas.store.writer import Store

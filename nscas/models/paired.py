@@ -1,4 +1,5 @@
-"""Paired statistics of docs/experiment.md §4: exact McNemar (sign) test, accuracy gain, retention.
+"""Paired statistics of two models' outcomes on the same items (docs/experiment.md §4): exact
+McNemar (sign) test, accuracy gain, retention. The evaluate and report recipes and the UI share them.
 
 P-values and gains are exact ``Fraction``s, computed with integer arithmetic, so a contract
 decision at a boundary (a gain of exactly 0.05) never depends on floating-point rounding.
