@@ -39,9 +39,9 @@ def test_deep_hashes_every_stored_leaf_exactly_once(store: Store, tmp_path: Path
     verified: list[str] = []
     real_verify = store.chunks.verify
 
-    def spy(hex_id: str, codec: str, size: int) -> tuple[str, int]:
-        verified.append(hex_id)
-        return real_verify(hex_id, codec, size)
+    def spy(oid: Digest, codec: str, size: int) -> tuple[Digest, int]:
+        verified.append(oid.hex)
+        return real_verify(oid, codec, size)
 
     monkeypatch.setattr(store.chunks, "verify", spy)
     report = fsck(store, deep=True)

@@ -117,7 +117,7 @@ def test_bomb_in_a_local_chunk_file_fails_in_bounded_memory(tmp_path: Path) -> N
     store = init_store(tmp_path)
     oid = store.put_bytes(_leaf())
     store.ref_set("leaf", oid)
-    chunk = store.chunks.path(oid.hex)  # type: ignore[attr-defined]
+    chunk = store.chunks.path(oid)  # type: ignore[attr-defined]
     store.close()
     where = tmp_path / ".nscas"
     honest = _run("get", "leaf", str(tmp_path / "out0"), store=where, tmp=tmp_path)
