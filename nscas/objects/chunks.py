@@ -317,7 +317,7 @@ def decode_stream(src: Readable, codec: str, oid: Digest, size: int, *, where: s
                              f"undecodable zstd data in {where} ({exc})") from None
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     if len(data) > limit:
-        raise DecodeBoundExceeded(oid.hex, limit, where)
+        raise DecodeBoundExceeded(oid, limit, where)
     return data
 
 
@@ -368,7 +368,7 @@ def plain_blocks(src: Readable, codec: str, oid: Digest, size: int, *,
                 return
             produced += n
             if produced > limit:
-                raise DecodeBoundExceeded(oid.hex, limit, where)
+                raise DecodeBoundExceeded(oid, limit, where)
             yield view[:n]
     except zstandard.ZstdError as exc:
         raise IntegrityError(f"object {oid}", str(oid),
