@@ -40,6 +40,19 @@ lint: $(VENV)/.installed
 	cp -r cli $(IMPORTGRAPH)/nscas/cli && cp -r recipes $(IMPORTGRAPH)/nscas/recipes
 	cp -r verifiers $(IMPORTGRAPH)/nscas/verifiers && cp -r migrations $(IMPORTGRAPH)/nscas/migrations
 	cd $(IMPORTGRAPH) && PYTHONPATH=. $(CURDIR)/$(VENV)/bin/lint-imports --config $(CURDIR)/pyproject.toml
+	@# TODO(issue 39): drop the "||" once the files other branches restructure are clean.
+	$(MAKE) --no-print-directory mypy || echo "make lint: mypy found errors (above); not yet fatal" >&2
+
+# mypy on the same copy, its paths written back as they are in the tree (nscas/cli/x.py is
+# cli/x.py). Strict for nscas/ and verifiers/, [tool.mypy] in pyproject.toml says what else.
+MYPY_PATHS := sed -e 's|^nscas/cli/|cli/|' -e 's|^nscas/recipes/|recipes/|' \
+	-e 's|^nscas/verifiers/|verifiers/|' -e 's|^nscas/migrations/|migrations/|'
+.PHONY: mypy
+mypy: $(VENV)/.installed
+	@test -d $(IMPORTGRAPH)/nscas/cli || { echo "make mypy: run make lint (it lays out $(IMPORTGRAPH))" >&2; exit 2; }
+	cd $(IMPORTGRAPH) && { $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml \
+	  --cache-dir $(CURDIR)/build/mypy-cache nscas; echo $$? > mypy.rc; } | $(MYPY_PATHS); \
+	  exit $$(cat mypy.rc)
 
 # Debian packages beside the Python ones, installed when missing (CI runs as root on Debian;
 # elsewhere this says which to install). graphviz's `dot` draws the lineage picture of the

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from nscas.redacting import redact
+
+if TYPE_CHECKING:
+    from nscas.objects.digests import Digest
 
 
 class NscasError(Exception):
@@ -87,10 +92,10 @@ class IntegrityError(NscasError):
 class DecodeBoundExceeded(IntegrityError):
     """A stored leaf decodes to more bytes than its record says: a corrupt or hostile chunk."""
 
-    def __init__(self, hex_id: str, size: int, where: str) -> None:
-        super().__init__(f"object blake3:{hex_id}", f"at most {size} bytes, as its record says",
+    def __init__(self, oid: Digest, size: int, where: str) -> None:
+        super().__init__(f"object {oid}", f"at most {size} bytes, as its record says",
                          f"more from {where}")
-        self.hex_id = hex_id
+        self.oid = oid
         self.size = size
         self.where = where
 

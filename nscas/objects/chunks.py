@@ -15,11 +15,12 @@ import os
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import blake3
 
 from nscas.errors import DecodeBoundExceeded, IntegrityError, StoreError
+from nscas.objects.digests import Digest, Readable, is_hex_id
 from nscas.objects.durable import fsync_dir
 
 CHUNK_SIZE = 16 << 20  # fixed-size chunks of large ordinary files
@@ -108,20 +109,21 @@ class ChunkBackend(Protocol):
     """Where leaf objects' bytes live: :class:`ChunkFiles` (a directory, local or shared) or
     :class:`nscas.store.s3.S3Chunks` (an S3 prefix). Every write goes to a temporary name, is
     verified, then published; every read is checked against the ID. ``size`` is the plain size
-    the leaf's row records: no read or check decodes more than that (:func:`plain_blocks`)."""
+    the leaf's row records: no read or check decodes more than that (:func:`plain_blocks`).
+    Leaves are named by their :class:`Digest`; hex appears only in file names and keys."""
 
     def ensure(self) -> None: ...
-    def exists(self, hex_id: str) -> bool: ...
+    def exists(self, oid: Digest) -> bool: ...
     def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]: ...
-    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
+    def write(self, oid: Digest, stored: bytes | memoryview, codec: str, *, size: int,
               written: Callable[[], object] = ..., sha256: bool = True) -> str | None: ...
-    def read(self, hex_id: str, codec: str, size: int) -> bytes: ...
-    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]: ...
-    def stored_size(self, hex_id: str) -> int | None: ...
-    def location(self, hex_id: str) -> str: ...
-    def remove(self, hex_id: str, *, before: float | None = None) -> bool: ...
-    def iter_ids(self) -> Iterator[str]: ...
-    def chunk_written_before(self, hex_id: str, before: float) -> bool: ...
+    def read(self, oid: Digest, codec: str, size: int) -> bytes: ...
+    def verify(self, oid: Digest, codec: str, size: int) -> tuple[Digest, int]: ...
+    def stored_size(self, oid: Digest) -> int | None: ...
+    def location(self, oid: Digest) -> str: ...
+    def remove(self, oid: Digest, *, before: float | None = None) -> bool: ...
+    def iter_ids(self) -> Iterator[Digest]: ...
+    def chunk_written_before(self, oid: Digest, before: float) -> bool: ...
     def temporary_files(self) -> list[Path]: ...
     def written_before(self, path: Path, before: float) -> bool: ...
     def remove_temporary(self, path: Path, *, before: float | None = None) -> bool: ...
@@ -138,27 +140,27 @@ class ChunkFiles:
         self.data.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
 
-    def path(self, hex_id: str) -> Path:
-        return self.data / hex_id[:2] / hex_id[2:]
+    def path(self, oid: Digest) -> Path:
+        return self.data / oid.hex[:2] / oid.hex[2:]
 
-    def exists(self, hex_id: str) -> bool:
-        return self.path(hex_id).is_file()
+    def exists(self, oid: Digest) -> bool:
+        return self.path(oid).is_file()
 
     def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
         return encode(data)
 
-    def stored_size(self, hex_id: str) -> int | None:
+    def stored_size(self, oid: Digest) -> int | None:
         """The size of the chunk file, or None if there is none."""
-        path = self.path(hex_id)
+        path = self.path(oid)
         return path.stat().st_size if path.is_file() else None
 
-    def location(self, hex_id: str) -> str:
-        return f"chunk file {self.path(hex_id)}"
+    def location(self, oid: Digest) -> str:
+        return f"chunk file {self.path(oid)}"
 
-    def chunk_written_before(self, hex_id: str, before: float) -> bool:
-        return _written_before(self.path(hex_id), before)
+    def chunk_written_before(self, oid: Digest, before: float) -> bool:
+        return _written_before(self.path(oid), before)
 
-    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
+    def write(self, oid: Digest, stored: bytes | memoryview, codec: str, *, size: int,
               written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
         """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir.
 
@@ -168,9 +170,9 @@ class ChunkFiles:
         """
         import tempfile  # here, not at the top: read commands (log, lineage) never write
 
-        final = self.path(hex_id)
+        final = self.path(oid)
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=hex_id[:16] + ".", dir=self.tmp)
+        fd, tmp_name = tempfile.mkstemp(prefix=oid.hex[:16] + ".", dir=self.tmp)
         tmp = Path(tmp_name)
         try:
             try:
@@ -180,9 +182,9 @@ class ChunkFiles:
             finally:
                 os.close(fd)
             sha = _new_sha256() if sha256 else None
-            got = self._rehash_file(tmp, codec, hex_id, size, sha)
-            if got != hex_id:
-                raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+            got = self._rehash_file(tmp, codec, oid, size, sha)
+            if got != oid:
+                raise IntegrityError(f"chunk written for {oid}", str(oid), str(got))
             os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -190,55 +192,57 @@ class ChunkFiles:
         fsync_dir(final.parent)
         return sha.hexdigest() if sha is not None else None
 
-    def _rehash_file(self, path: Path, codec: str, hex_id: str, size: int, also: Any) -> str:
+    def _rehash_file(self, path: Path, codec: str, oid: Digest, size: int, also: Any) -> Digest:
         """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
         try:
-            return self._digest(path, codec, hex_id, size, also)[0]
+            return self._digest(path, codec, oid, size, also)[0]
         except IntegrityError as exc:
-            raise IntegrityError(f"chunk written for {hex_id}", exc.expected, exc.actual) from None
+            raise IntegrityError(f"chunk written for {oid}", exc.expected, exc.actual) from None
 
-    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]:
-        """(BLAKE3 hex, size) of a stored leaf's plain bytes, streamed in bounded memory.
+    def verify(self, oid: Digest, codec: str, size: int) -> tuple[Digest, int]:
+        """(BLAKE3 ID, size) of a stored leaf's plain bytes, streamed in bounded memory.
 
         Raises ``IntegrityError`` if the chunk file is missing, its zstd data does not decode,
         or it decodes to more than ``size`` bytes.
         """
-        return self._digest(self.path(hex_id), codec, hex_id, size)
+        return self._digest(self.path(oid), codec, oid, size)
 
-    def _digest(self, path: Path, codec: str, hex_id: str, size: int,
-                also: Any = None) -> tuple[str, int]:
-        with self._open(path, hex_id) as f:
-            return plain_digest(f, codec, hex_id, size, where=f"chunk file {path}", also=also)
+    def _digest(self, path: Path, codec: str, oid: Digest, size: int,
+                also: Any = None) -> tuple[Digest, int]:
+        with self._open(path, oid) as f:
+            return plain_digest(f, codec, oid, size, where=f"chunk file {path}", also=also)
 
     @staticmethod
-    def _open(path: Path, hex_id: str) -> BinaryIO:
+    def _open(path: Path, oid: Digest) -> io.BufferedReader:
         try:
             return path.open("rb")
         except FileNotFoundError:
-            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+            raise IntegrityError(f"object {oid}", str(oid),
                                  f"no chunk file at {path}") from None
 
-    def read(self, hex_id: str, codec: str, size: int) -> bytes:
+    def read(self, oid: Digest, codec: str, size: int) -> bytes:
         """The plain bytes of a leaf, at most ``size`` of them, checked against its ID."""
-        path = self.path(hex_id)
-        with self._open(path, hex_id) as f:
-            data = decode_stream(f, codec, hex_id, size, where=f"chunk file {path}")
+        path = self.path(oid)
+        with self._open(path, oid) as f:
+            data = decode_stream(f, codec, oid, size, where=f"chunk file {path}")
         got = _hash_hex(data)
-        if got != hex_id:
-            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+        if got != oid.hex:
+            raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
         return data
 
-    def remove(self, hex_id: str, *, before: float | None = None) -> bool:
+    def remove(self, oid: Digest, *, before: float | None = None) -> bool:
         """Delete a chunk file (only if last written at or before ``before``); True if deleted."""
-        return _unlink(self.path(hex_id), before)
+        return _unlink(self.path(oid), before)
 
-    def iter_ids(self) -> Iterator[str]:
+    def iter_ids(self) -> Iterator[Digest]:
+        """The IDs chunk files are named by; a file named otherwise is no chunk (left alone)."""
         if not self.data.is_dir():
             return
         for sub in sorted(self.data.iterdir()):
             if sub.is_dir() and len(sub.name) == 2:
                 for f in sorted(sub.iterdir()):
-                    yield sub.name + f.name
+                    if is_hex_id(sub.name + f.name):
+                        yield Digest(sub.name + f.name)
 
     def temporary_files(self) -> list[Path]:
         """Files in ``tmp/``: a write in progress, or one a crash interrupted."""
@@ -278,14 +282,14 @@ def encode(data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
     return "raw", data
 
 
-def decode(stored: bytes | memoryview, codec: str, hex_id: str, size: int, *,
+def decode(stored: bytes | memoryview, codec: str, oid: Digest, size: int, *,
            where: str = "") -> bytes:
     """The plain bytes of a stored leaf held in memory, at most ``size`` (checked against its
     ID by the caller)."""
-    return decode_stream(io.BytesIO(stored), codec, hex_id, size, where=where)
+    return decode_stream(io.BytesIO(stored), codec, oid, size, where=where)
 
 
-def decode_stream(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "") -> bytes:
+def decode_stream(src: Readable, codec: str, oid: Digest, size: int, *, where: str = "") -> bytes:
     """The plain bytes a stream of stored bytes decodes to, at most ``size`` of them.
 
     Read in one request of ``size + 1`` bytes, so that the leaf is allocated once (a file's or
@@ -294,11 +298,11 @@ def decode_stream(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: s
     """
     import zstandard
 
-    where = where or f"the chunk of blake3:{hex_id}"
+    where = where or f"the chunk of {oid}"
     limit = min(max(size, 0), LEAF_MAX)
     # Raw stored bytes are the plain bytes: reading one past the bound caps both at once.
     reader = src if codec == "raw" else _decoder(
-        _Capped(src, stored_max(limit), hex_id, where), codec, hex_id)
+        _Capped(src, stored_max(limit), oid, where), codec, oid)
     parts: list[bytes] = []
     want = limit + 1
     try:
@@ -309,27 +313,27 @@ def decode_stream(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: s
             parts.append(block)
             want -= len(block)
     except zstandard.ZstdError as exc:
-        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+        raise IntegrityError(f"object {oid}", str(oid),
                              f"undecodable zstd data in {where} ({exc})") from None
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     if len(data) > limit:
-        raise DecodeBoundExceeded(hex_id, limit, where)
+        raise DecodeBoundExceeded(oid, limit, where)
     return data
 
 
-def plain_digest(src: BinaryIO, codec: str, hex_id: str, size: int, *, where: str = "",
-                 also: Any = None) -> tuple[str, int]:
-    """(BLAKE3 hex, size) of the plain bytes a stream decodes to, at most ``size``; ``also``
+def plain_digest(src: Readable, codec: str, oid: Digest, size: int, *, where: str = "",
+                 also: Any = None) -> tuple[Digest, int]:
+    """(BLAKE3 ID, size) of the plain bytes a stream decodes to, at most ``size``; ``also``
     (a hashlib object) is fed the same blocks."""
     # One thread per leaf: callers hash several at once (fsck) or run in a pool (put).
     h = blake3.blake3()
     got = 0
-    for block in plain_blocks(src, codec, hex_id, size, where=where):
+    for block in plain_blocks(src, codec, oid, size, where=where):
         h.update(block)
         if also is not None:
             also.update(block)
         got += len(block)
-    return h.hexdigest(), got
+    return Digest(h.hexdigest()), got
 
 
 def stored_max(size: int) -> int:
@@ -338,7 +342,7 @@ def stored_max(size: int) -> int:
     return size + (size >> 7) + (64 << 10)
 
 
-def plain_blocks(src: BinaryIO, codec: str, hex_id: str, size: int, *,
+def plain_blocks(src: Readable, codec: str, oid: Digest, size: int, *,
                  where: str = "") -> Iterator[memoryview]:
     """The plain bytes of a stored leaf, in blocks of one reused buffer, bounded by its record.
 
@@ -350,9 +354,9 @@ def plain_blocks(src: BinaryIO, codec: str, hex_id: str, size: int, *,
     """
     import zstandard
 
-    where = where or f"the chunk of blake3:{hex_id}"
+    where = where or f"the chunk of {oid}"
     limit = min(max(size, 0), LEAF_MAX)
-    reader = _decoder(_Capped(src, stored_max(limit), hex_id, where), codec, hex_id)
+    reader = _decoder(_Capped(src, stored_max(limit), oid, where), codec, oid)
     buf = bytearray(max(1, min(_VERIFY_BLOCK, limit + 1)))
     view = memoryview(buf)
     produced = 0
@@ -364,14 +368,14 @@ def plain_blocks(src: BinaryIO, codec: str, hex_id: str, size: int, *,
                 return
             produced += n
             if produced > limit:
-                raise DecodeBoundExceeded(hex_id, limit, where)
+                raise DecodeBoundExceeded(oid, limit, where)
             yield view[:n]
     except zstandard.ZstdError as exc:
-        raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
+        raise IntegrityError(f"object {oid}", str(oid),
                              f"undecodable zstd data in {where} ({exc})") from None
 
 
-def _decoder(src: BinaryIO, codec: str, hex_id: str) -> BinaryIO:
+def _decoder(src: Readable, codec: str, oid: Digest) -> Readable:
     """A reader of the plain bytes of stored bytes in ``codec``."""
     if codec == "raw":
         return src
@@ -382,15 +386,17 @@ def _decoder(src: BinaryIO, codec: str, hex_id: str) -> BinaryIO:
         # whatever size the frame header claims. Across frames, so that bytes after the frame
         # are decoded too (and fail) rather than ignored.
         dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_MAX)
-        return dctx.stream_reader(src, read_size=1 << 20, read_across_frames=True)  # type: ignore[return-value]
-    raise StoreError(f"unknown codec {codec!r} for object {hex_id}")
+        # zstandard's stubs ask for IO[bytes]; it calls only read(), which _Capped has.
+        return dctx.stream_reader(src, read_size=1 << 20,  # type: ignore[arg-type]
+                                  read_across_frames=True)
+    raise StoreError(f"unknown codec {codec!r} for object {oid}")
 
 
 class _Capped(io.RawIOBase):
     """A stored-bytes stream that refuses to be read past ``cap`` bytes."""
 
-    def __init__(self, src: BinaryIO, cap: int, hex_id: str, where: str) -> None:
-        self._src, self._left, self._hex, self._where = src, cap, hex_id, where
+    def __init__(self, src: Readable, cap: int, oid: Digest, where: str) -> None:
+        self._src, self._left, self._oid, self._where = src, cap, oid, where
 
     def readable(self) -> bool:
         return True
@@ -400,7 +406,7 @@ class _Capped(io.RawIOBase):
         want = min(len(view), self._left + 1)
         data = self._src.read(want)
         if len(data) > self._left:
-            raise IntegrityError(f"object blake3:{self._hex}", "stored bytes its size allows",
+            raise IntegrityError(f"object {self._oid}", "stored bytes its size allows",
                                  f"more in {self._where}")
         view[:len(data)] = data
         self._left -= len(data)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import BinaryIO
+from typing import Protocol
 
 import blake3
 
@@ -15,6 +15,14 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"(?:blake3:)?([0-9a-f]{8,64})")
 # Above this size BLAKE3 uses its own thread pool; below it threads cost more than they save.
 _PARALLEL_BYTES = 1 << 20
+
+
+class Readable(Protocol):
+    """A stream of bytes that fills a caller's buffer: a file opened ``rb``, a zstd reader, an
+    S3 body (``typing.BinaryIO`` has no ``readinto``)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+    def readinto(self, b: bytearray | memoryview, /) -> int: ...
 
 
 class Digest:
@@ -92,6 +100,11 @@ def is_digest_text(text: object) -> bool:
     return isinstance(text, str) and len(text) == 71 and _FULL.fullmatch(text) is not None
 
 
+def is_hex_id(text: str) -> bool:
+    """True if ``text`` is the 64 lowercase hex digits of an ID (a chunk file's or key's name)."""
+    return _HEX.fullmatch(text) is not None
+
+
 def parse_prefix(text: str) -> str:
     """The hex part of a CLI ID prefix (at least 8 hex digits, optional ``blake3:``)."""
     m = _PREFIX.fullmatch(text.strip()) if isinstance(text, str) else None
@@ -139,7 +152,7 @@ class DualHasher:
         return self._sha.hexdigest()
 
 
-def hash_stream(stream: BinaryIO, block: int = 8 << 20) -> tuple[Digest, str, int]:
+def hash_stream(stream: Readable, block: int = 8 << 20) -> tuple[Digest, str, int]:
     """(BLAKE3 ID, SHA-256 hex, size) of everything left in ``stream``."""
     h = DualHasher()
     buf = bytearray(block)
@@ -149,7 +162,7 @@ def hash_stream(stream: BinaryIO, block: int = 8 << 20) -> tuple[Digest, str, in
     return h.digest(), h.sha256(), h.size
 
 
-def hash_slice(stream: BinaryIO, length: int, block: int = 8 << 20) -> Digest:
+def hash_slice(stream: Readable, length: int, block: int = 8 << 20) -> Digest:
     """BLAKE3 ID of the next ``length`` bytes of ``stream``; short streams are an error."""
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     left = length

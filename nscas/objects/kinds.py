@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from nscas.errors import RecordError
 from nscas.objects.digests import is_digest_text
@@ -24,7 +24,7 @@ class _Check:
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
-    def fail(self, path: str, message: str) -> None:
+    def fail(self, path: str, message: str) -> NoReturn:
         raise RecordError(message, kind=self.kind, path=path)
 
     def members(self, rec: dict[str, Any], required: set[str], *, exact: bool = False,

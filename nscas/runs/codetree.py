@@ -142,7 +142,8 @@ def _find(name: str, path: list[str]) -> ModuleSpec | None:
     # search path given instead (the editable-install finder maps nscas.cli -> cli/ here).
     for finder in sys.meta_path:
         find_spec = getattr(finder, "find_spec", None)
-        if find_spec is not None and (spec := find_spec(name, path)) is not None:
+        spec: ModuleSpec | None = find_spec(name, path) if find_spec is not None else None
+        if spec is not None:
             return spec
     return None
 

@@ -297,7 +297,7 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
         if value not in args:
             raise ConfigError(where, f"{key} must be one of {', '.join(map(repr, args))}, got {value!r}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return parse_params(tp, value, where, key)
     if origin in (list, tuple):
         if not isinstance(value, list):

@@ -152,7 +152,8 @@ def pipeline_receipts(store: StoreReader, pipeline: str) -> list[tuple[str, Dige
         names.add(name)
         if name != pipeline or rec.get("status") != "succeeded":
             continue
-        variant = rec.get("variant") if isinstance(rec.get("variant"), str) else ""
+        named = rec.get("variant")
+        variant = named if isinstance(named, str) else ""
         mark = (str(rec["finished"]), str(info.id), info.id, str(rec["started"]))
         if (step, variant) not in latest or mark > latest[(step, variant)]:
             latest[(step, variant)] = mark
@@ -161,7 +162,7 @@ def pipeline_receipts(store: StoreReader, pipeline: str) -> list[tuple[str, Dige
         known = f" (pipelines recorded: {', '.join(sorted(names))})" if names and not hint else ""
         raise InvalidInput(f"no succeeded receipt records pipeline {pipeline!r}{hint}{known}; "
                            "runs of a pipeline file record its name")
-    first = {}
+    first: dict[str, str] = {}
     for (step, _), mark in latest.items():
         first[step] = min(first.get(step, mark[3]), mark[3])
     order = sorted(latest.items(), key=lambda item: (first[item[0][0]], item[0][0], item[0][1]))

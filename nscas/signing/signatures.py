@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from nscas.objects.digests import Digest
-    from nscas.store.writer import Store
+    from nscas.store.protocol import ObjectStore
 
 KIND = "signature/1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -77,7 +77,7 @@ class KeyFiles:
 class ReceiptSigner(Protocol):
     """What ``nscas run`` signs each receipt it writes with."""
 
-    def sign(self, store: Store, receipt: Digest) -> Digest:
+    def sign(self, store: ObjectStore, receipt: Digest) -> Digest:
         """Store the signature record of ``receipt``; its ID."""
 
 
@@ -216,7 +216,7 @@ class KeySigner:
 
     key: SigningKey
 
-    def sign(self, store: Store, receipt: Digest) -> Digest:
+    def sign(self, store: ObjectStore, receipt: Digest) -> Digest:
         info = store.info(receipt)
         if info.kind != "receipt/1":
             raise InvalidInput(f"{receipt} is {'a ' + info.kind if info.kind else 'a blob'}, "

@@ -89,7 +89,7 @@ class GcReport:
     objects: tuple[Digest, ...]
     bytes: int
     temporary_files: tuple[Path, ...]
-    orphan_chunks: tuple[str, ...] = field(default=())
+    orphan_chunks: tuple[Digest, ...] = field(default=())
     young_objects: int = 0  # unreachable, but kept (with all they reach): younger than min_age
     young_files: int = 0  # temporary and orphan chunk files kept: younger than min_age
     work_areas: tuple[AreaVerdict, ...] = ()  # every work area seen, removed or kept, and why
@@ -119,14 +119,14 @@ def fsck(store: StoreReader, *, deep: bool = False, full: bool = False, sample: 
 
     rng = random.Random(seed)
     infos: dict[str, ObjectInfo] = {}
-    file_leaves: set[str] = set()
+    file_leaves: set[Digest] = set()
     checked = checked_bytes = 0
     complete = True
     objects_ok = not unusable("objects, records and links", _OBJECT_TABLES)
     for info in store.iter_objects() if objects_ok else ():
         infos[info.id.hex] = info
         if info.storage == "file":
-            file_leaves.add(info.id.hex)
+            file_leaves.add(info.id)
         findings.extend(_check_row(store, info))
         if info.kind is not None:
             findings.extend(_check_record(store, info))
@@ -246,10 +246,10 @@ def _check_row(store: StoreReader, info: ObjectInfo) -> list[Finding]:
         if data is None or len(data) != info.size:
             out.append(Finding(object=oid, problem="inline-size", detail="inline bytes missing or of the wrong size"))
     elif info.storage == "file":
-        held = store.chunks.stored_size(info.id.hex)
+        held = store.chunks.stored_size(info.id)
         if held is None:
             out.append(Finding(object=oid, problem="missing-chunk",
-                               detail=f"{store.chunks.location(info.id.hex)} is missing"))
+                               detail=f"{store.chunks.location(info.id)} is missing"))
         elif held != info.stored_size:
             out.append(Finding(object=oid, problem="chunk-size",
                                detail=f"chunk file holds {held} bytes, expected {info.stored_size}"))
@@ -323,16 +323,16 @@ def _check_leaf(store: StoreReader, info: ObjectInfo) -> list[Finding]:
             data = store.inline_data(info.id)
             if data is None:
                 return []  # reported by the row check
-            got, size = blake3_hex(data), len(data)
+            got, size = Digest(blake3_hex(data)), len(data)
         else:
-            got, size = store.chunks.verify(info.id.hex, info.codec, info.size)
+            got, size = store.chunks.verify(info.id, info.codec, info.size)
     except DecodeBoundExceeded as exc:
         return [Finding(object=oid, problem="size-mismatch", detail=exc.message)]
     except NscasError as exc:
         return [Finding(object=oid, problem="hash-mismatch", detail=exc.message)]
-    if got != info.id.hex:
+    if got != info.id:
         return [Finding(object=oid, problem="hash-mismatch",
-                        detail=IntegrityError(f"object {oid}", oid, f"blake3:{got}").message)]
+                        detail=IntegrityError(f"object {oid}", oid, str(got)).message)]
     if size != info.size:
         return [Finding(object=oid, problem="size-mismatch",
                         detail=f"recorded {info.size}, bytes give {size}")]
@@ -426,8 +426,8 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE,
     spared = {d.hex for d in store.closure(young, with_parts=True)} - named
     keep = named | spared
     doomed = {info.id.hex: info for info in infos if info.id.hex not in keep}
-    file_ids = {info.id.hex for info in infos if info.storage == "file" and info.id.hex in keep}
-    unused = [h for h in store.chunks.iter_ids() if h not in file_ids and h not in doomed]
+    file_ids = {info.id for info in infos if info.storage == "file" and info.id.hex in keep}
+    unused = [d for d in store.chunks.iter_ids() if d not in file_ids and d.hex not in doomed]
     orphans = tuple(h for h in unused if store.chunks.chunk_written_before(h, cutoff))
     every_temp = store.chunks.temporary_files()
     temps = tuple(p for p in every_temp if store.chunks.written_before(p, cutoff))

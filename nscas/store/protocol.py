@@ -1,31 +1,68 @@
-"""The seams of the store: what the layers above it (the checkpoint layer, the runner, recipes)
-may ask of it. :class:`nscas.store.reading.StoreReader` is an :class:`ObjectReader`;
-:class:`nscas.store.writer.Store` is both, an :class:`ObjectStore`.
+"""The seams of the store: everything the layers above it (the checkpoint layer, runs, recipes,
+bundle, remotes, signing, the UI) may ask of it. :class:`nscas.store.reading.StoreReader` is an
+:class:`ObjectReader`; :class:`nscas.store.writer.Store` is both, an :class:`ObjectStore`.
+
+Code above the store names these, not the classes, so that another implementation (a view of
+some closures, a remote store) can stand in for them; mypy checks that the classes conform
+wherever one is handed over (``RunContext(store=...)``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
-    from nscas.store.reading import ObjectInfo
+    from nscas.store.reading import Link, ObjectInfo, RefEntry
 
 
-class ObjectReader(Protocol):
-    """The read side of the store."""
+class ObjectFacts(Protocol):
+    """What a tree/1 entry needs of each object: its row and its SHA-256 (a store, or bytes
+    about to be stored)."""
 
-    def has(self, oid: Digest) -> bool: ...
     def info(self, oid: Digest) -> ObjectInfo: ...
     def sha256(self, oid: Digest) -> str: ...
+
+
+class ObjectReader(ObjectFacts, Protocol):
+    """The read side of the store."""
+
+    @property
+    def root(self) -> Path:
+        """The store's directory (a team store's holds its store.toml)."""
+        ...
+
+    # Objects
+    def has(self, oid: Digest) -> bool: ...
+    def resolve(self, text_: str) -> Digest:
+        """An ID from a full ID, a unique prefix or a ref name (a CLI argument)."""
+        ...
     def get_bytes(self, oid: Digest) -> bytes: ...
     def get_record(self, oid: Digest) -> dict[str, Any]: ...
+    def get_records(self, ids: Iterable[Digest]) -> dict[Digest, dict[str, Any]]: ...
     def open(self, oid: Digest) -> BinaryIO: ...
-    def part_ids(self, oid: Digest) -> list[tuple[int, Digest]]: ...
     def materialise(self, oid: Digest, dest: Path) -> None: ...
+    def part_ids(self, oid: Digest) -> list[tuple[int, Digest]]: ...
+    def leaves(self, oid: Digest) -> Iterator[tuple[Digest, str, bytes | None, int]]:
+        """(ID, codec, inline bytes or None, recorded size) of each leaf, in order."""
+        ...
+    def read_leaf(self, oid: Digest, codec: str, inline: bytes | None, size: int) -> bytes: ...
+    def kinds_of(self, ids: Iterable[Digest]) -> dict[Digest, str | None]: ...
+    def log(self, *, kind: str | None = None, limit: int = 20,
+            before: int | None = None) -> list[ObjectInfo]: ...
+
+    # Links
+    def links_from(self, oid: Digest) -> list[Link]: ...
+    def links_to(self, oid: Digest, limit: int | None = None) -> list[Link]: ...
+    def closure(self, roots: Iterable[Digest], *, with_parts: bool = False) -> set[Digest]: ...
+
+    # Refs
+    def ref_get(self, name: str) -> Digest | None: ...
+    def ref_list(self, prefix: str = "") -> list[tuple[str, Digest]]: ...
+    def ref_log(self, name: str | None = None, limit: int | None = None) -> list[RefEntry]: ...
 
 
 class ObjectWriter(Protocol):
@@ -35,13 +72,22 @@ class ObjectWriter(Protocol):
     def put_file(self, path: Path) -> Digest: ...
     def put_tree(self, path: Path) -> Digest: ...
     def put_record(self, value: dict[str, Any]) -> Digest: ...
+    def put_records(self, values: Iterable[dict[str, Any]]) -> list[Digest]: ...
+    def put_whole(self, oid: Digest, part_list: list[tuple[int, Digest]], *,
+                  sha256: str | None) -> None:
+        """An object of parts the store holds, ``oid`` checked by the caller (a push, a pull)."""
+        ...
+    def ref_set(self, name: str, target: Digest, *, expect: Digest | None = ...,
+                message: str = "") -> None:
+        """Point ``name`` at ``target``; with ``expect``, only if it still holds that value."""
+        ...
 
 
 class ObjectStore(ObjectReader, ObjectWriter, Protocol):
     """Both sides: what a recipe is handed (``RunContext.store``)."""
 
 
-def tree_record(store: ObjectReader, files: Mapping[str, Digest]) -> dict[str, Any]:
+def tree_record(store: ObjectFacts, files: Mapping[str, Digest]) -> dict[str, Any]:
     """The tree/1 record value (docs/format.md §3.1) of stored objects by relative path: the
     one builder of tree/1 entries."""
     entries: dict[str, dict[str, Any]] = {}

@@ -13,13 +13,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import blake3
 
 from nscas.errors import StoreError
 from nscas.objects.chunks import INLINE_MAX, ChunkBackend, Segment, split_ranges
-from nscas.objects.digests import sha256_hex
+from nscas.objects.digests import Digest, Readable, sha256_hex
 
 # Pieces whose read buffers are in flight, each up to TENSOR_SPLIT bytes: this bounds memory.
 WINDOW = 3
@@ -61,7 +61,7 @@ class Putter:
         """Hash, look up, and only for new bytes compute SHA-256, compress and write durably."""
         return self._leaf(data)
 
-    def segments(self, f: BinaryIO, segments: list[Segment]) -> Assembly:
+    def segments(self, f: Readable, segments: list[Segment]) -> Assembly:
         """Stream ``f`` (at offset 0) cut into ``segments``: every piece a leaf, every tensor
         stored as several pieces and the file itself a whole of parts."""
         return _Pipeline(self, f).run(segments)
@@ -85,7 +85,7 @@ class Putter:
             # Once its bytes are in the temporary file the read buffer may take the next piece:
             # fsync and the re-read do not hold it up. The SHA-256, where wanted, comes from that
             # re-read (which checks the bytes against the ID).
-            sha = self.chunks.write(hex_id, stored, codec, size=len(data), written=release,
+            sha = self.chunks.write(Digest(hex_id), stored, codec, size=len(data), written=release,
                                     sha256=not lazy_sha256)
         finally:
             release()
@@ -175,7 +175,7 @@ class _Pipeline:
     # in the temporary file, to whichever piece is next. Keeping a core for the chain (a gate
     # on the other threads' steps) was tried and measured slower than the OS's own scheduling.
 
-    def __init__(self, putter: Putter, f: BinaryIO) -> None:
+    def __init__(self, putter: Putter, f: Readable) -> None:
         self.putter = putter
         self.f = f
         self.cores = _cores()
@@ -267,7 +267,7 @@ class _Pipeline:
         return Assembly(hex=whole_hex, leaves=leaves, part_rows=part_rows)
 
 
-def _read_exactly(f: BinaryIO, buf: memoryview) -> int:
+def _read_exactly(f: Readable, buf: memoryview) -> int:
     """Fill ``buf`` from ``f``; fewer bytes only at end of file."""
     got = 0
     while got < len(buf):

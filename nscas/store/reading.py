@@ -390,7 +390,7 @@ class StoreReader:
 
     def _record(self, hex_id: str, storage: str, data: bytes | None) -> dict[str, Any]:
         if storage == "inline" and data is not None:
-            return canonical.parse(self.read_leaf(hex_id, "raw", bytes(data), len(data)))
+            return canonical.parse(self.read_leaf(Digest(hex_id), "raw", bytes(data), len(data)))
         return canonical.parse(self.get_bytes(Digest(hex_id)))
 
     def open(self, oid: Digest) -> BinaryIO:
@@ -399,20 +399,20 @@ class StoreReader:
             raise NotFound(str(oid))
         return io.BufferedReader(_LeafReader(self, oid), buffer_size=1 << 20)
 
-    def leaves(self, oid: Digest) -> Iterator[tuple[str, str, bytes | None, int]]:
-        """(hex, codec, inline data or None, recorded size) of an object's leaves in order."""
+    def leaves(self, oid: Digest) -> Iterator[tuple[Digest, str, bytes | None, int]]:
+        """(ID, codec, inline data or None, recorded size) of an object's leaves in order."""
         with self._read() as c:
             yield from _leaves(c, oid.hex)
 
-    def read_leaf(self, hex_id: str, codec: str, inline: bytes | None, size: int) -> bytes:
+    def read_leaf(self, oid: Digest, codec: str, inline: bytes | None, size: int) -> bytes:
         """A leaf's plain bytes, checked against its ID; a chunk decodes to at most ``size``
         (its row's) bytes, whatever its stored bytes claim."""
         if inline is not None:
             got = blake3_hex(inline)
-            if got != hex_id:
-                raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+            if got != oid.hex:
+                raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
             return inline
-        return self.chunks.read(hex_id, codec, size)
+        return self.chunks.read(oid, codec, size)
 
     def materialise(self, oid: Digest, dest: Path) -> None:
         """Write a blob to a new file, or a tree/1 to a new (or empty) directory; never
@@ -726,16 +726,16 @@ def _immutable_open(root: Path, exc: sqlite3.Error) -> bool:
     return True
 
 
-def _leaves(c: sqlite3.Connection, hex_id: str) -> Iterator[tuple[str, str, bytes | None, int]]:
+def _leaves(c: sqlite3.Connection, hex_id: str) -> Iterator[tuple[Digest, str, bytes | None, int]]:
     row = c.execute("SELECT storage, codec, data, size FROM objects WHERE id = ?",
                     (hex_id,)).fetchone()
     if row is None:
         raise NotFound(f"blake3:{hex_id}")
     storage, codec, data, size = row
     if storage == "inline":
-        yield hex_id, codec, bytes(data), size
+        yield Digest(hex_id), codec, bytes(data), size
     elif storage == "file":
-        yield hex_id, codec, None, size
+        yield Digest(hex_id), codec, None, size
     else:
         subs = [r[0] for r in c.execute(
             "SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx", (hex_id,))]

@@ -14,21 +14,23 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import blake3
 
 from nscas.errors import IntegrityError, StoreError
 from nscas.objects.chunks import decode, decode_stream, encode, plain_digest
+from nscas.objects.digests import Digest, is_hex_id
 from nscas.store.config import S3Settings
 
 _T = TypeVar("_T")
 _POOL = 16  # connections: the put pipeline writes from several threads
 
 
-def client(settings: S3Settings):  # type: ignore[no-untyped-def]
-    """A boto3 S3 client for ``settings`` (fields left out: the AWS environment variables)."""
+def client(settings: S3Settings) -> Any:
+    """A boto3 S3 client for ``settings`` (fields left out: the AWS environment variables);
+    Any, because boto3 ships no types."""
     import boto3
     from botocore.config import Config
 
@@ -48,12 +50,12 @@ class S3Chunks:
         self.bucket = parts.netloc
         self.prefix = parts.path.strip("/")
         self._settings = settings
-        self._made: object = None  # the boto3 client, made on first use (see _client)
+        self._made: Any = None  # the boto3 client, made on first use (see _client)
         self._mtimes: dict[str, float] = {}  # last listing's LastModified by key
         self._lock = threading.Lock()
 
     @property
-    def _client(self):  # type: ignore[no-untyped-def]
+    def _client(self) -> Any:
         """The boto3 client, made when first needed: importing boto3 and building a client
         takes about 0.5 s, which a command that reads only metadata (log, lineage) never pays."""
         if self._made is None:
@@ -65,10 +67,10 @@ class S3Chunks:
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
 
-    def key(self, hex_id: str) -> str:
-        return self._key("data", hex_id[:2], hex_id[2:])
+    def key(self, oid: Digest) -> str:
+        return self._key("data", oid.hex[:2], oid.hex[2:])
 
-    def _call(self, what: str, fn: Callable[[], object]) -> object:
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -87,24 +89,24 @@ class S3Chunks:
         except _S3Missing:
             raise StoreError(f"object storage {self.url}: no bucket {self.bucket!r}") from None
 
-    def exists(self, hex_id: str) -> bool:
-        return self.stored_size(hex_id) is not None
+    def exists(self, oid: Digest) -> bool:
+        return self.stored_size(oid) is not None
 
-    def stored_size(self, hex_id: str) -> int | None:
+    def stored_size(self, oid: Digest) -> int | None:
         try:
             head = self._call("a lookup", lambda: self._client.head_object(
-                Bucket=self.bucket, Key=self.key(hex_id)))
+                Bucket=self.bucket, Key=self.key(oid)))
         except _S3Missing:
             return None
-        return int(head["ContentLength"])  # type: ignore[index]
+        return int(head["ContentLength"])
 
-    def location(self, hex_id: str) -> str:
-        return f"chunk object s3://{self.bucket}/{self.key(hex_id)}"
+    def location(self, oid: Digest) -> str:
+        return f"chunk object s3://{self.bucket}/{self.key(oid)}"
 
     def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
         return encode(data)
 
-    def write(self, hex_id: str, stored: bytes | memoryview, codec: str, *, size: int,
+    def write(self, oid: Digest, stored: bytes | memoryview, codec: str, *, size: int,
               written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
         """Check, upload to a temporary key (MD5-verified), copy to the final key, delete the
         temporary one. Returns the plain bytes' SHA-256 (None without ``sha256``)."""
@@ -113,22 +115,22 @@ class S3Chunks:
 
         body = bytes(stored)
         written()
-        plain = decode(body, codec, hex_id, size)
+        plain = decode(body, codec, oid, size)
         got = blake3.blake3(plain).hexdigest()
-        if got != hex_id:
-            raise IntegrityError(f"chunk written for {hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+        if got != oid.hex:
+            raise IntegrityError(f"chunk written for {oid}", str(oid), f"blake3:{got}")
         sha = hashlib.sha256(plain).hexdigest() if sha256 else None
         md5 = hashlib.md5(body, usedforsecurity=False)
-        tmp = self._key("tmp", f"{hex_id[:16]}.{uuid.uuid4().hex}")
+        tmp = self._key("tmp", f"{oid.hex[:16]}.{uuid.uuid4().hex}")
         try:
             put = self._call("an upload", lambda: self._client.put_object(
                 Bucket=self.bucket, Key=tmp, Body=body,
                 ContentMD5=base64.b64encode(md5.digest()).decode()))
-            if put["ETag"].strip('"') != md5.hexdigest():  # type: ignore[index]
-                raise IntegrityError(f"chunk uploaded for {hex_id}", md5.hexdigest(),
-                                     put["ETag"])  # type: ignore[index]
+            if put["ETag"].strip('"') != md5.hexdigest():
+                raise IntegrityError(f"chunk uploaded for {oid}", md5.hexdigest(),
+                                     put["ETag"])
             self._call("a copy", lambda: self._client.copy_object(
-                Bucket=self.bucket, Key=self.key(hex_id),
+                Bucket=self.bucket, Key=self.key(oid),
                 CopySource={"Bucket": self.bucket, "Key": tmp}))
         finally:
             # Should the delete fail, gc removes temporary keys older than its minimum age.
@@ -136,29 +138,29 @@ class S3Chunks:
                 self._call("a delete", lambda: self._client.delete_object(Bucket=self.bucket, Key=tmp))
         return sha
 
-    def _get(self, hex_id: str):  # type: ignore[no-untyped-def]
+    def _get(self, oid: Digest) -> Any:
         """The chunk object's body, a stream: its bytes are read as they are decoded."""
         try:
             got = self._call("a read", lambda: self._client.get_object(
-                Bucket=self.bucket, Key=self.key(hex_id)))
+                Bucket=self.bucket, Key=self.key(oid)))
         except _S3Missing:
-            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}",
-                                 f"no {self.location(hex_id)}") from None
-        return got["Body"]  # type: ignore[index]
+            raise IntegrityError(f"object {oid}", str(oid),
+                                 f"no {self.location(oid)}") from None
+        return got["Body"]
 
-    def read(self, hex_id: str, codec: str, size: int) -> bytes:
-        with contextlib.closing(self._get(hex_id)) as body:
-            data = self._reading(lambda: decode_stream(body, codec, hex_id, size,
-                                                       where=self.location(hex_id)))
+    def read(self, oid: Digest, codec: str, size: int) -> bytes:
+        with contextlib.closing(self._get(oid)) as body:
+            data = self._reading(lambda: decode_stream(body, codec, oid, size,
+                                                       where=self.location(oid)))
         got = blake3.blake3(data).hexdigest()
-        if got != hex_id:
-            raise IntegrityError(f"object blake3:{hex_id}", f"blake3:{hex_id}", f"blake3:{got}")
+        if got != oid.hex:
+            raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
         return data
 
-    def verify(self, hex_id: str, codec: str, size: int) -> tuple[str, int]:
-        with contextlib.closing(self._get(hex_id)) as body:
-            return self._reading(lambda: plain_digest(body, codec, hex_id, size,
-                                                      where=self.location(hex_id)))
+    def verify(self, oid: Digest, codec: str, size: int) -> tuple[Digest, int]:
+        with contextlib.closing(self._get(oid)) as body:
+            return self._reading(lambda: plain_digest(body, codec, oid, size,
+                                                      where=self.location(oid)))
 
     def _reading(self, fn: Callable[[], _T]) -> _T:
         """``fn``, which reads a body: a connection lost part-way is the store's one-line error."""
@@ -177,18 +179,19 @@ class S3Chunks:
             page = self._call("a listing", lambda: next(it, None))
             if page is None:
                 return
-            for item in page.get("Contents", []):  # type: ignore[attr-defined]
+            for item in page.get("Contents", []):
                 mtime = item["LastModified"].timestamp()
                 with self._lock:
                     self._mtimes[item["Key"]] = mtime
                 yield item["Key"], mtime
 
-    def iter_ids(self) -> Iterator[str]:
+    def iter_ids(self) -> Iterator[Digest]:
+        """The IDs chunk keys are named by; a key named otherwise is no chunk (left alone)."""
         base = self._key("data") + "/"
         for key, _ in self._list("data"):
             rest = key[len(base):]
-            if len(rest) == 65 and rest[2] == "/":
-                yield rest[:2] + rest[3:]
+            if len(rest) == 65 and rest[2] == "/" and is_hex_id(rest[:2] + rest[3:]):
+                yield Digest(rest[:2] + rest[3:])
 
     def _modified(self, key: str) -> float | None:
         with self._lock:
@@ -198,10 +201,11 @@ class S3Chunks:
             head = self._call("a lookup", lambda: self._client.head_object(Bucket=self.bucket, Key=key))
         except _S3Missing:
             return None
-        return head["LastModified"].timestamp()  # type: ignore[index]
+        modified: float = head["LastModified"].timestamp()
+        return modified
 
-    def chunk_written_before(self, hex_id: str, before: float) -> bool:
-        mtime = self._modified(self.key(hex_id))
+    def chunk_written_before(self, oid: Digest, before: float) -> bool:
+        mtime = self._modified(self.key(oid))
         return mtime is not None and mtime <= before
 
     def temporary_files(self) -> list[Path]:
@@ -212,8 +216,8 @@ class S3Chunks:
         mtime = self._modified(PurePosixPath(path).as_posix())
         return mtime is not None and mtime <= before
 
-    def remove(self, hex_id: str, *, before: float | None = None) -> bool:
-        return self._remove(self.key(hex_id), before)
+    def remove(self, oid: Digest, *, before: float | None = None) -> bool:
+        return self._remove(self.key(oid), before)
 
     def remove_temporary(self, path: Path, *, before: float | None = None) -> bool:
         key = PurePosixPath(path).as_posix()

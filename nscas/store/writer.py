@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -34,7 +34,7 @@ from nscas.errors import (
 )
 from nscas.objects import canonical, kinds
 from nscas.objects.chunks import ChunkFiles, Segment, plan_segments
-from nscas.objects.digests import Digest, blake3_hex, sha256_hex
+from nscas.objects.digests import Digest, Readable, blake3_hex, sha256_hex
 from nscas.runs.workarea import WorkArea, WorkAreas
 from nscas.store.config import StoreConfig, chunk_backend, read_config, render_config
 from nscas.store.locating import (
@@ -245,7 +245,7 @@ class Store(StoreReader):
             with _faults(self.root):
                 return _retry_vanished(lambda: self._put_segments(f, segments), lambda: f.seek(0))
 
-    def _put_segments(self, f: BinaryIO, segments: list[Segment]) -> Digest:
+    def _put_segments(self, f: Readable, segments: list[Segment]) -> Digest:
         made = self._putter().segments(f, segments)
         self._insert(made.leaves, made.part_rows, [])
         return Digest(made.hex)
@@ -268,7 +268,7 @@ class Store(StoreReader):
         if row is None:
             return None
         size, sha, storage, codec, stored_size = row
-        if storage == "file" and not self.chunks.exists(hex_id):
+        if storage == "file" and not self.chunks.exists(Digest(hex_id)):
             return None
         return Leaf(hex=hex_id, size=size, sha256=sha, storage=storage, codec=codec,
                     stored_size=stored_size, reused=True)
@@ -421,9 +421,10 @@ class Store(StoreReader):
             for batch in batches(gone, BATCH):
                 c.execute(delete(objects).where(objects.c.id.in_(batch)))
             c.execute(delete(gc_session))
-        for h in gone:
-            self.chunks.remove(h, before=files_before)
-        return [Digest(h) for h in gone]
+        removed = [Digest(h) for h in gone]
+        for d in removed:
+            self.chunks.remove(d, before=files_before)
+        return removed
 
     def execute_raw(self, sql: str) -> None:
         """For tests of the database's own guards only (SQLAlchemy's own errors come out)."""

@@ -20,7 +20,7 @@ from nscas.errors import InvalidInput, NotFound
 from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
-    from nscas.store.reading import StoreReader
+    from nscas.store.protocol import ObjectReader
 
 BLOCK = tarfile.BLOCKSIZE
 END = b"\0" * (2 * BLOCK)
@@ -74,7 +74,7 @@ class Folder:
         return sum(len(h) + _padded(e.size) for h, e in self.headers()) + len(END)
 
 
-def folder(store: StoreReader, oid: Digest) -> Folder:
+def folder(store: ObjectReader, oid: Digest) -> Folder:
     """The files of ``oid``: a checkpoint's ``files`` tree, or a tree itself. Every entry must
     be held by the store and have a safe relative path (a hostile store's ``../x`` is refused,
     not written into anyone's archive)."""

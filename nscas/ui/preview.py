@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
-    from nscas.store.reading import StoreReader
+    from nscas.store.protocol import ObjectReader
 
 SNIFF_BYTES = 64 << 10
 """What is read to tell the type of a blob (and the text shown of a text blob)."""
@@ -58,14 +58,14 @@ class Sniffed:
         return "application/octet-stream"
 
 
-def sniff(store: StoreReader, oid: Digest) -> Sniffed:
+def sniff(store: ObjectReader, oid: Digest) -> Sniffed:
     """What a blob holds, judged from its first bytes and the names trees give it."""
     name = _tree_name(store, oid)
     head = _head(store, oid, SNIFF_BYTES)
     return Sniffed(kind=_kind(head, name, store.info(oid).size), name=name)
 
 
-def _tree_name(store: StoreReader, oid: Digest) -> str | None:
+def _tree_name(store: ObjectReader, oid: Digest) -> str | None:
     for link in store.links_to(oid, limit=20):
         # tree/1 entries link as $.entries["<path>"].id
         inner = link.path.removeprefix("$.entries[").removesuffix("].id")
@@ -79,7 +79,7 @@ def _tree_name(store: StoreReader, oid: Digest) -> str | None:
     return None
 
 
-def _head(store: StoreReader, oid: Digest, n: int) -> bytes:
+def _head(store: ObjectReader, oid: Digest, n: int) -> bytes:
     out = bytearray()
     for leaf in store.leaves(oid):
         out += store.read_leaf(*leaf)
@@ -144,7 +144,7 @@ def _jsonl(text: str, *, complete: bool) -> bool:
 def _safetensors_header_size(head: bytes, size: int) -> int | None:
     if len(head) < 10:
         return None
-    (n,) = struct.unpack("<Q", head[:8])
+    n: int = struct.unpack("<Q", head[:8])[0]
     if n < 2 or 8 + n > size or n > HEADER_MAX or head[8:9] != b"{":
         return None
     return n
@@ -159,7 +159,7 @@ class TextPreview:
     truncated: bool
 
 
-def text_preview(store: StoreReader, oid: Digest) -> TextPreview:
+def text_preview(store: ObjectReader, oid: Digest) -> TextPreview:
     size = store.info(oid).size
     head = _head(store, oid, TEXT_BYTES)
     text = _text(head, complete=len(head) == size) or head.decode("utf-8", "replace")
@@ -173,7 +173,7 @@ class HexPreview:
     truncated: bool
 
 
-def hex_preview(store: StoreReader, oid: Digest, n: int = 1024) -> HexPreview:
+def hex_preview(store: ObjectReader, oid: Digest, n: int = 1024) -> HexPreview:
     head = _head(store, oid, n)
     rows = tuple((f"{i:08x}", head[i:i + 16].hex(" "),
                   "".join(chr(b) if 32 <= b < 127 else "." for b in head[i:i + 16]))
@@ -203,7 +203,7 @@ class PageOutOfRange(Exception):
         self.why = why
 
 
-def jsonl_page(store: StoreReader, oid: Digest, page: int) -> TablePage:
+def jsonl_page(store: ObjectReader, oid: Digest, page: int) -> TablePage:
     """Lines ``(page-1)*PAGE_LINES + 1`` onwards, as a table of their members."""
     start = (page - 1) * PAGE_LINES
     lines: list[bytes] = []
@@ -247,7 +247,7 @@ def cell(value: Any) -> str:
     return text if len(text) <= CELL_CHARS else text[:CELL_CHARS] + f"… ({len(text)} chars)"
 
 
-def _lines(store: StoreReader, oid: Digest) -> Iterator[bytes]:
+def _lines(store: ObjectReader, oid: Digest) -> Iterator[bytes]:
     with store.open(oid) as f:
         yield from f
 
@@ -269,7 +269,7 @@ class TensorTable:
     """Why the header could not be read, if it could not."""
 
 
-def safetensors_header(store: StoreReader, oid: Digest) -> TensorTable:
+def safetensors_header(store: ObjectReader, oid: Digest) -> TensorTable:
     size = store.info(oid).size
     head = _head(store, oid, 8)
     if len(head) < 8:

@@ -18,7 +18,7 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.helpers import content_disposition_header
@@ -33,6 +33,10 @@ from nscas.ui.headers import security_headers
 from nscas.ui.preview import PageOutOfRange, sniff
 from nscas.ui.render import page
 from nscas.ui.settings import SETTINGS, VERIFY_SLOTS
+
+if TYPE_CHECKING:
+    from nscas.store.protocol import ObjectReader
+    from nscas.store.reading import StoreReader
 
 CHUNK = 1 << 20
 MAX_PAGE = 1_000_000
@@ -88,7 +92,7 @@ def html(text: str, status: int = 200) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
 
 
-def _store(request: web.Request) -> Any:
+def _store(request: web.Request) -> StoreReader:
     return request.app[SETTINGS].store
 
 
@@ -201,7 +205,7 @@ async def compare_page(request: web.Request) -> web.StreamResponse:
 # ------------------------------------------------------------------ bytes
 
 
-async def _send_object(response: web.StreamResponse, store: Any, oid: Digest,
+async def _send_object(response: web.StreamResponse, store: ObjectReader, oid: Digest,
                        size: int | None = None) -> None:
     """An object's bytes, a block at a time; with ``size``, exactly that many or the
     connection is broken off (a tar entry whose object changed length must not shift the

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from nscas.errors import RecipeError
 from nscas.objects.digests import Digest
 from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.store.protocol import ObjectReader
 
 PURPOSE = "candidates fixed before final-test scoring"
 
@@ -18,7 +18,7 @@ class CommitParams:
     """Name of the experiment; earlier commitments of it over the same prepared inputs are chained."""
 
 
-def provenance(store: Any, roots: list[Digest]) -> set[Digest]:
+def provenance(store: ObjectReader, roots: list[Digest]) -> set[Digest]:
     """Everything a candidate came from: its links, the receipts that produced any of those, and
     their actions' inputs, transitively."""
     seen: set[Digest] = set()
@@ -36,7 +36,7 @@ def provenance(store: Any, roots: list[Digest]) -> set[Digest]:
     return seen
 
 
-def test_evaluations(store: Any, objects: set[Digest]) -> list[Digest]:
+def test_evaluations(store: ObjectReader, objects: set[Digest]) -> list[Digest]:
     """Evaluation receipts of the ``test`` role among ``objects``."""
     found = []
     for oid in sorted(objects):
@@ -50,7 +50,7 @@ def test_evaluations(store: Any, objects: set[Digest]) -> list[Digest]:
     return found
 
 
-def previous_commitment(store: Any, prepared: Digest, experiment: str) -> Digest | None:
+def previous_commitment(store: ObjectReader, prepared: Digest, experiment: str) -> Digest | None:
     """The latest earlier candidate commitment of this experiment over the same prepared inputs."""
     latest = None
     for link in store.links_to(prepared):

@@ -49,7 +49,7 @@ _WRONG = CheckResult(correct=False, valid_json_object=True, reason="wrong_schema
 _CORRECT = CheckResult(correct=True, valid_json_object=True, reason="correct")
 
 
-def parse_strict(text: str) -> dict[str, Any] | None:
+def parse_strict(text: object) -> dict[str, Any] | None:
     """The answer as a JSON object, or ``None`` if it is not one under the strict rules."""
     if not isinstance(text, str):
         return None

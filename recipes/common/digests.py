@@ -36,4 +36,4 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     raw = flat.view(torch.uint8)
     if sys.byteorder == "big" and flat.element_size() > 1:
         raw = raw.reshape(-1, flat.element_size()).flip(1).reshape(-1)
-    return memoryview(raw.numpy())
+    return raw.numpy().data

@@ -45,7 +45,9 @@ class _RoomyLayer(DynamicLayer):
         self.value_room[:, :, self.length : end] = value_states
         self.length = end
         self._expose()
-        return self.keys, self.values
+        keys, values = self.keys, self.values
+        assert keys is not None and values is not None  # _expose set them
+        return keys, values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:

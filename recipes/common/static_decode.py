@@ -65,10 +65,12 @@ class _StaticLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        keys, values = self.keys, self.values
+        assert keys is not None and values is not None  # lazy_initialization made them
         slots = torch.arange(key_states.shape[-2], device=self.device) + self.position
-        self.keys.index_copy_(2, slots, key_states)
-        self.values.index_copy_(2, slots, value_states)
-        return self.keys, self.values
+        keys.index_copy_(2, slots, key_states)
+        values.index_copy_(2, slots, value_states)
+        return keys, values
 
     def get_seq_length(self) -> int:
         return self.room

@@ -25,6 +25,13 @@ SKIP_REASONS = ("not_object", "bad_id", "duplicate_id", "bad_turns", "other_role
                 "not_alternating", "too_few_turns")
 """Why an element is not eligible, checked in this order (the first that applies counts)."""
 _WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    """The position after the JSON whitespace at ``pos`` (the pattern matches the empty string)."""
+    m = _WS.match(text, pos)
+    assert m is not None
+    return m.end()
 _THREAD = re.compile(r"(.+)_(\d+)")
 
 
@@ -77,7 +84,7 @@ def read_corpus(data: bytes, *, min_turns: int) -> Corpus:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"corpus: not UTF-8 (byte {exc.start})") from None
-    pos = _WS.match(text, 0).end()
+    pos = _skip_ws(text, 0)
     if text[pos:pos + 1] != "[":
         raise InvalidInput("corpus: not a JSON array of conversations")
     pos += 1
@@ -85,7 +92,7 @@ def read_corpus(data: bytes, *, min_turns: int) -> Corpus:
     complete = False
     first = True
     while True:
-        pos = _WS.match(text, pos).end()
+        pos = _skip_ws(text, pos)
         if first and text[pos:pos + 1] == "]":
             complete, pos = True, pos + 1
             break
@@ -93,7 +100,7 @@ def read_corpus(data: bytes, *, min_turns: int) -> Corpus:
             value, end = _DECODER.raw_decode(text, pos)
         except (ValueError, RecursionError):
             break
-        after = _WS.match(text, end).end()
+        after = _skip_ws(text, end)
         if text[after:after + 1] not in (",", "]"):
             break
         elements.append(value)
@@ -102,7 +109,7 @@ def read_corpus(data: bytes, *, min_turns: int) -> Corpus:
         if text[after] == "]":
             complete = True
             break
-    if complete and _WS.match(text, pos).end() != len(text):
+    if complete and _skip_ws(text, pos) != len(text):
         raise InvalidInput("corpus: data follows the closing ']' of the array")
     unread = 0 if complete else len(text[pos:].encode("utf-8"))
     return _classify(elements, complete=complete, unread=unread, min_turns=min_turns)

@@ -7,10 +7,11 @@ takes for its inputs of the same names (docs/experiment.md §2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from nscas.errors import InvalidInput, RecipeError
+from nscas.objects.digests import Digest
 from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.store.protocol import ObjectReader
 
 VERSION = "1"
 
@@ -38,10 +39,8 @@ class ConversationsParams:
         return None
 
 
-def tokenizer_tree(store: Any, oid: Any) -> Any:
+def tokenizer_tree(store: ObjectReader, oid: Digest) -> Digest:
     """The tokenizer files of a tokenizer ``tree/1`` or of a ``checkpoint/1``."""
-    from nscas.objects.digests import Digest
-
     try:
         record = store.get_record(oid)
     except InvalidInput:

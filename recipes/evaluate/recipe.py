@@ -26,6 +26,7 @@ from nscas.runs.recipe import (
     RunContext,
     blob_part,
 )
+from nscas.store.protocol import ObjectReader
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,11 +48,11 @@ class EvaluateParams:
         return None
 
 
-def _jsonl(store: Any, oid: Digest) -> list[dict[str, Any]]:
+def _jsonl(store: ObjectReader, oid: Digest) -> list[dict[str, Any]]:
     return [json.loads(line) for line in store.get_bytes(oid).decode("utf-8").splitlines()]
 
 
-def _records(store: Any, tasks_id: Digest) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _records(store: ObjectReader, tasks_id: Digest) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rec = store.get_record(tasks_id)
     return rec, _jsonl(store, Digest.parse(rec["records"]))
 

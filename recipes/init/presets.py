@@ -70,7 +70,9 @@ class Preset:
                 f"preset {self.name} has a fixed vocabulary of {self.vocab_size} entries; "
                 f"a tokenizer of {vocab_size} entries does not fit"
             )
-        return LlamaConfig(
+        # transformers 5 takes rope_theta as a legacy key (into rope_parameters), 4.x as an
+        # argument: 5's signature lacks it.
+        return LlamaConfig(  # type: ignore[call-arg]
             vocab_size=self.vocab_size if self.vocab_size is not None else vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
@@ -154,7 +156,8 @@ def build_model(
     # and the same seed must give the same weights on every machine.
     torch.manual_seed(seed)
     with torch.device("cpu"):
-        model = LlamaForCausalLM(config).to(torch.float32)
+        # transformers' stubs type PreTrainedModel.to through a decorator that wants the model.
+        model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
     return model.to(device)
 
 
@@ -235,7 +238,7 @@ def load_hf_dir(
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype if dtype is not None else "auto"
         )
-    return model.to(device), _load_tokenizer(path)
+    return model.to(device), _load_tokenizer(path)  # type: ignore[arg-type]  # as above
 
 
 def _load_tokenizer(path: Path) -> Any:

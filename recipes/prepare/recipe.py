@@ -7,14 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nscas.errors import InvalidInput
+from nscas.objects.digests import Digest
 from nscas.recipes.common import tasks as T
 from nscas.recipes.common.checker import check
 from nscas.recipes.common.conversations import (
+    Kind,
     conversations_jsonl,
     standin_conversations,
     validate_conversations,
 )
 from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.store.protocol import ObjectReader, ObjectStore
 
 VERSION = "1"
 
@@ -85,7 +88,9 @@ def run(ctx: RunContext) -> RecipeResult:
         weight = p.grounded_weight if role == "train" else 1
         outputs[role] = _tasks(store, role, roles[role], weight, common)
     outputs["damaged"] = _tasks(store, "train", damaged, p.grounded_weight, {**common, "control": "damaged"})
-    for kind, count in (("replay", p.replay_count), ("retention", p.retention_count)):
+    wanted: tuple[tuple[Kind, int], ...] = (("replay", p.replay_count),
+                                           ("retention", p.retention_count))
+    for kind, count in wanted:
         outputs[kind] = _conversations(ctx, kind, count, p)
     outputs["prepared"] = store.put_record({
         "nscas": "commitment/1", "purpose": "prepared inputs of the cooperative-learning experiment",
@@ -107,13 +112,14 @@ def run(ctx: RunContext) -> RecipeResult:
     return RecipeResult(outputs=outputs, claims=claims)
 
 
-def _tasks(store: Any, role: str, tasks: list[T.Task], weight: int, extra: dict[str, Any]):
+def _tasks(store: ObjectStore, role: str, tasks: list[T.Task], weight: int,
+           extra: dict[str, Any]) -> Digest:
     records = store.put_bytes(T.records_jsonl(tasks, weight))
     return store.put_record({"nscas": "tasks/1", "role": role, "records": str(records),
                              "count": len(tasks), "ids": [t.id for t in tasks], **extra})
 
 
-def _conversations(ctx: RunContext, kind: str, count: int, p: PrepareParams):
+def _conversations(ctx: RunContext, kind: Kind, count: int, p: PrepareParams) -> Digest:
     store = ctx.store
     weight = p.replay_weight if kind == "replay" else 1
     if kind in ctx.inputs:
@@ -158,9 +164,7 @@ def _target_counts(ctx: RunContext, roles: dict[str, list[T.Task]], damaged: lis
     return claims
 
 
-def _records_id(store: Any, tasks_id: Any):
-    from nscas.objects.digests import Digest
-
+def _records_id(store: ObjectReader, tasks_id: Digest) -> Digest:
     return Digest.parse(store.get_record(tasks_id)["records"])
 
 

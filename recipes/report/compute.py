@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nscas.objects.digests import Digest
+from nscas.store.protocol import ObjectReader
 
 from .audit import Audit
 from .evidence import BASELINE, Evidence, jsonl, load_evidence
@@ -124,7 +125,7 @@ class Computed:
     """Rescored answers by arm, in report order (the baseline first)."""
 
 
-def compute(store: Any, inputs: Mapping[str, Digest], *, title: str, action: Digest,
+def compute(store: ObjectReader, inputs: Mapping[str, Digest], *, title: str, action: Digest,
             price_per_host_hour: float, scratch: Path) -> Computed:
     """The report of the experiment whose receipts are ``inputs`` (names as in ``evidence``)."""
     audit = Audit()
@@ -161,7 +162,7 @@ def compute(store: Any, inputs: Mapping[str, Digest], *, title: str, action: Dig
     return Computed(report=report, tests=tests, scored=scored)
 
 
-def prepared_section(store: Any, ev: Evidence, audit: Audit) -> Prepared:
+def prepared_section(store: ObjectReader, ev: Evidence, audit: Audit) -> Prepared:
     """Sizes of the prepared sets and the damaged-target count, from their records."""
     prepare = ev.prepare
     records = {}

@@ -17,6 +17,7 @@ from typing import Any
 
 from nscas.errors import RecipeError
 from nscas.objects.digests import Digest
+from nscas.store.protocol import ObjectReader
 
 BASELINE = "seed"
 """The arm every other arm is compared with (input ``evaluate.seed``)."""
@@ -90,7 +91,7 @@ class Evidence:
         return runs + ([self.serve] if self.serve is not None else [])
 
 
-def load_run(store: Any, name: str, receipt: Digest, recipe: str) -> Run:
+def load_run(store: ObjectReader, name: str, receipt: Digest, recipe: str) -> Run:
     """The receipt named ``name``, refused unless it is a succeeded run of ``recipe``."""
     record = store.get_record(receipt)
     if record.get("nscas") != "receipt/1":
@@ -107,7 +108,7 @@ def load_run(store: Any, name: str, receipt: Digest, recipe: str) -> Run:
                environment=store.get_record(Digest.parse(record["environment"])))
 
 
-def load_evidence(store: Any, inputs: Mapping[str, Digest]) -> Evidence:
+def load_evidence(store: ObjectReader, inputs: Mapping[str, Digest]) -> Evidence:
     """Load and cross-check every input receipt."""
     single: dict[str, Run] = {}
     arms: dict[str, dict[str, Run]] = {prefix: {} for prefix in ARM_PREFIXES}
@@ -136,7 +137,7 @@ def load_evidence(store: Any, inputs: Mapping[str, Digest]) -> Evidence:
     return evidence
 
 
-def arm_order(store: Any, prepare: Run, train: Mapping[str, Run],
+def arm_order(store: ObjectReader, prepare: Run, train: Mapping[str, Run],
               evaluate: Mapping[str, Run]) -> list[str]:
     """The baseline first, then trained arms by (world, clean before damaged, name), then the
     rest by name: the published table's order (seed, clean single, damaged single, pair)."""
@@ -162,7 +163,7 @@ def documents_kind(prepare: Run, train: Run) -> str:
     return "other"
 
 
-def _check_links(store: Any, ev: Evidence) -> None:
+def _check_links(store: ObjectReader, ev: Evidence) -> None:
     prepared = ev.prepare.output("prepared")
     if ev.commit.input("prepared") != prepared:
         raise RecipeError(f"the commit receipt {ev.commit.receipt} fixed prepared inputs "
@@ -195,7 +196,7 @@ def _check_links(store: Any, ev: Evidence) -> None:
                               f"prepared dev set {ev.prepare.output('dev')}")
 
 
-def committed_name(store: Any, ev: Evidence, model: Digest) -> str | None:
+def committed_name(store: ObjectReader, ev: Evidence, model: Digest) -> str | None:
     """The name under which the commitment fixed ``model``."""
     subjects = store.get_record(ev.commit.output("commitment"))["subjects"]
     return next((name for name, oid in sorted(subjects.items()) if oid == str(model)), None)

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
     from .learning import Learning
     from .parameters import Parameters
     from .serving import Serving
@@ -38,7 +40,7 @@ FIGURE_FORMAT = "nscas-figure/2"
 """Version 2: ``corner`` per figure, ``ylim`` and ``note`` per panel, a fixed arm colour map."""
 FORMATS = ("svg", "png", "pdf")
 PNG_KEY = "nscas-figure"
-RC = {"svg.hashsalt": "nscas-report", "svg.fonttype": "path", "font.size": 9,
+RC: dict[RcKeyType, object] = {"svg.hashsalt": "nscas-report", "svg.fonttype": "path", "font.size": 9,
       "axes.spines.top": False, "axes.spines.right": False}
 ARM_COLOURS = {"seed": "#6b7280", "clean-single": "#2563eb", "damaged-single": "#dc2626",
                "clean-pair": "#059669"}

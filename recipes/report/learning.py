@@ -17,6 +17,7 @@ from nscas.models.paired import Paired, Retention, contract, paired, retention
 from nscas.objects.digests import Digest
 from nscas.recipes.common.checker import CheckResult, check
 from nscas.recipes.common.tasks import FAMILIES
+from nscas.store.protocol import ObjectReader
 
 from .audit import Audit
 from .evidence import BASELINE, Evidence, Run, committed_name, documents_kind, jsonl
@@ -53,7 +54,7 @@ class Scored:
         return [(i, r.correct) for i, r in zip(tests.ids, self.results, strict=True)]
 
 
-def load_final_test(store: Any, ev: Evidence) -> FinalTest:
+def load_final_test(store: ObjectReader, ev: Evidence) -> FinalTest:
     def records(output: str) -> list[dict[str, Any]]:
         tasks = store.get_record(ev.prepare.output(output))
         return jsonl(store.get_bytes(Digest.parse(tasks["records"])), f"prepared {output} records")
@@ -66,7 +67,7 @@ def load_final_test(store: Any, ev: Evidence) -> FinalTest:
     return FinalTest(records=tuple(test), held_out=tuple(held_out))
 
 
-def score(store: Any, arm: str, run: Run, tests: FinalTest, audit: Audit) -> Scored:
+def score(store: ObjectReader, arm: str, run: Run, tests: FinalTest, audit: Audit) -> Scored:
     """Rescore ``run``'s retained generations; its ``checks`` blob is audited line by line."""
     generations = jsonl(store.get_bytes(run.output("generations")), f"{run.name} generations")
     ids = [g["id"] for g in generations]
@@ -195,7 +196,7 @@ def _tally(tests: FinalTest, results: Sequence[CheckResult], key: str) -> dict[s
                           documents=values.count(v)) for v in order}
 
 
-def arm_summary(store: Any, ev: Evidence, scored: Scored, tests: FinalTest,
+def arm_summary(store: ObjectReader, ev: Evidence, scored: Scored, tests: FinalTest,
                 audit: Audit) -> ArmSummary:
     """Per-arm totals; the evaluation's own score claims are audited against them."""
     results = scored.results

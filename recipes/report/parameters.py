@@ -16,6 +16,7 @@ from typing import Any
 from nscas.errors import RecipeError
 from nscas.models.distance import Incomparable, ParamsDiff, Sums, compare_params
 from nscas.objects.digests import Digest
+from nscas.store.protocol import ObjectReader
 
 from .learning import ArmSummary, Comparison
 
@@ -63,7 +64,7 @@ class Parameters:
         return {"note": NOTE, "pairs": [p.to_json() for p in self.pairs]}
 
 
-def parameters_section(store: Any, arms: Mapping[str, ArmSummary],
+def parameters_section(store: ObjectReader, arms: Mapping[str, ArmSummary],
                        comparisons: tuple[Comparison, ...]) -> Parameters:
     """The distance of every compared pair's parameters; an architecture mismatch is a
     ``RecipeError`` naming both arms."""

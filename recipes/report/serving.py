@@ -14,6 +14,7 @@ from typing import Any
 from nscas.objects.digests import Digest
 from nscas.recipes.serve.client import PHASES
 from nscas.recipes.serve.metrics import read_log, serving_claims
+from nscas.store.protocol import ObjectReader
 
 from .audit import Audit
 from .evidence import Evidence
@@ -68,7 +69,7 @@ class Serving:
                 "identical_outputs": self.identical_outputs, "cache_hits": self.cache_hits}
 
 
-def serving_section(store: Any, ev: Evidence, audit: Audit) -> Serving | None:
+def serving_section(store: ObjectReader, ev: Evidence, audit: Audit) -> Serving | None:
     run = ev.serve
     if run is None:
         return None

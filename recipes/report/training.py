@@ -21,6 +21,7 @@ from typing import Any
 from nscas.errors import RecipeError
 from nscas.objects.digests import Digest
 from nscas.recipes.train.journal import LOSS_CLAIMS, effective_steps, loss_claims, read_journal
+from nscas.store.protocol import ObjectReader
 
 from .audit import Audit
 from .evidence import BASELINE, Evidence, Run, documents_kind
@@ -32,7 +33,7 @@ SERIES = {"loss_by_step": "loss", "lr_by_step": "lr", "grad_norm_by_step": "grad
 """Per-rank series by effective step, from these journal entry members."""
 
 
-def _rank_steps(store: Any, run: Run, journal_id: Digest, scratch: Path
+def _rank_steps(store: ObjectReader, run: Run, journal_id: Digest, scratch: Path
                 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """(journal record, its effective step entries, all its entries), chain checked."""
     record = store.get_record(journal_id)
@@ -174,7 +175,7 @@ class TrainArm:
         }
 
 
-def train_arm(store: Any, ev: Evidence, arm: str, run: Run, scratch: Path,
+def train_arm(store: ObjectReader, ev: Evidence, arm: str, run: Run, scratch: Path,
               audit: Audit) -> TrainArm:
     world = int(run.params.get("world", 1))
     ranks: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
@@ -280,7 +281,7 @@ class Training:
                 "ratios": [r.to_json() for r in self.ratios]}
 
 
-def training_section(store: Any, ev: Evidence, scratch: Path,
+def training_section(store: ObjectReader, ev: Evidence, scratch: Path,
                      audit: Audit) -> Training | None:
     if not ev.train:
         return None

@@ -182,7 +182,7 @@ class RowControl:
 
     def __init__(self, *, tokenizer: Any, eos: frozenset[int], prompt_tokens: int,
                  stop: Sequence[str], sampling: Sampling,
-                 emit: Callable[[str], None] | None) -> None:
+                 emit: Callable[[str], object] | None) -> None:
         self._eos = eos
         self._text = TextStream(tokenizer, stop)
         self._emit = emit

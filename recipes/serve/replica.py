@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from nscas.errors import IntegrityError, InvalidInput, RecipeError
 from nscas.objects.digests import Digest
+from nscas.store.protocol import ObjectReader
 
 if TYPE_CHECKING:
     from .decoding import RowControl
@@ -182,7 +183,7 @@ def pin_to_cpus(spec: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
-def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device: str,
+def load_replica(store: ObjectReader, checkpoint: Digest, tasks: Digest | None, *, device: str,
                  workdir: Path, threads: int, precision: str = "bf16",
                  cuda_graphs: bool = True, instances: int = 1) -> tuple[Replica, ...]:
     """Materialise ``checkpoint`` into ``workdir``, check its parameter digest, load it, and
@@ -260,7 +261,7 @@ def load_replica(store: Any, checkpoint: Digest, tasks: Digest | None, *, device
     return tuple(loaded)
 
 
-def _task_prompts(store: Any, tasks: Digest, tokenizer: Any) -> dict[str, tuple[int, ...]]:
+def _task_prompts(store: ObjectReader, tasks: Digest, tokenizer: Any) -> dict[str, tuple[int, ...]]:
     from nscas.recipes.common.tasks import read_records
     from nscas.recipes.common.tokenise import encode_prompt
 
@@ -271,7 +272,7 @@ def _task_prompts(store: Any, tasks: Digest, tokenizer: Any) -> dict[str, tuple[
     return {r["id"]: tuple(encode_prompt(tokenizer, r["prompt"])) for r in records}
 
 
-def _record_of_kind(store: Any, oid: Digest, kind: str) -> dict[str, Any]:
+def _record_of_kind(store: ObjectReader, oid: Digest, kind: str) -> dict[str, Any]:
     got = store.info(oid).kind
     if got != kind:
         raise ReplicaLoadError(str(oid), f"it is a {got or 'blob'}, not a {kind}")

@@ -22,7 +22,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rfc8785
 import torch
@@ -30,6 +30,9 @@ import torch
 from nscas.errors import DestinationExists, RecipeError
 from nscas.objects.durable import fsync_dir, fsync_file, fsync_tree
 from nscas.recipes.init.presets import save_hf_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STATE_FORMAT = "train-state/1"
 PUBLISHED_FORMAT = "nscas-train-state/1"
@@ -83,7 +86,7 @@ def write_checkpoint(
     output_dir: Path,
     step: int,
     *,
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer_dir: Path,
     state: dict[str, Any],
     published: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import blake3
@@ -59,7 +60,7 @@ class HostStaging:
         total = sum(p.numel() * p.element_size() for p in params)
         return cls(min(total, STAGING_BYTES), pin=True)
 
-    def hash_into(self, hasher: Any, tensors: list[torch.Tensor]) -> None:
+    def hash_into(self, hasher: Any, tensors: Sequence[torch.Tensor]) -> None:
         """``hasher.update`` with the raw bytes of ``tensors``, in order (little-endian hosts)."""
         room, filled = self.buffer.numel(), 0
         stream = None
@@ -81,7 +82,7 @@ class HostStaging:
     def _drain(self, hasher: Any, filled: int, stream: Any) -> None:
         if stream is not None:
             stream.synchronize()  # the enqueued copies have landed
-        hasher.update(memoryview(self.buffer[:filled].numpy()))
+        hasher.update(self.buffer[:filled].numpy().data)
 
 
 def _hasher() -> Any:

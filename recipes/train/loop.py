@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -249,7 +249,8 @@ def run_loop(
     net = wrap_ddp(model, params, place=place) if place.world > 1 and not diloco else model
     shape = None
     if params.compile:
-        net = torch.compile(net, dynamic=False)
+        # torch.compile of a Module returns an OptimizedModule (a Module); its stubs say Callable.
+        net = cast(torch.nn.Module, torch.compile(net, dynamic=False))
         shape = (params.micro_batch, compiled_length(docs))
     model.train()
     # One pinned host buffer for every per-update digest of a GPU model (none on the CPU).
@@ -366,8 +367,8 @@ def _update(
     local_weighted = sum(docs[i].weight * targets[i] for i in local)
     scale_world, normaliser = (1, local_weighted) if local_objective else (world, weighted_targets)
     lr = learning_rate(index, lr=params.lr, warmup=params.warmup, steps=params.steps)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = lr
 
     _synchronise(device)
     started = time.perf_counter()
@@ -378,7 +379,7 @@ def _update(
     for position, group in enumerate(passes):
         last = position == len(passes) - 1
         sync = (contextlib.nullcontext() if last or world == 1 or local_objective
-                else net.no_sync())
+                else net.no_sync())  # type: ignore[operator]  # DDP's, maybe through compile's wrapper
         with sync:
             if len(group) == 1 and shape is None:  # docs/experiment.md §3's method, bit for bit
                 doc = docs[group[0]]

@@ -19,18 +19,18 @@ from nscas.objects.digests import Digest
 from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.journal import LOSS_CLAIMS
 from nscas.runs.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult, RunContext
-from nscas.store.protocol import tree_record
+from nscas.store.protocol import ObjectReader, ObjectStore, tree_record
 
 _MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json"})
 STATE_REF = "states/train-{action}/step-{step:06d}"
 
 
-def _records(store: Any, tasks: dict[str, Any]) -> list[dict[str, Any]]:
+def _records(store: ObjectReader, tasks: dict[str, Any]) -> list[dict[str, Any]]:
     data = store.get_bytes(Digest.parse(tasks["records"]))
     return [json.loads(line) for line in data.decode("utf-8").splitlines()]
 
 
-def check_base(store: Any, base: Digest) -> dict[str, Any]:
+def check_base(store: ObjectStore, base: Digest) -> dict[str, Any]:
     """The base checkpoint, after recomputing its parameter digest from its weight files."""
     from nscas.models.checkpoints import params_record
 
@@ -87,6 +87,7 @@ def run(ctx: RunContext) -> RecipeResult:
     write_documents(docs_file, docs)
     if ctx.action is None or ctx.work_area is None:
         raise RecipeError("train runs through the runner, which gives it an action and a work area")
+    action = ctx.action
     run_dir = ctx.work_area / "run"
     spec = WorkerSpec(base_dir=str(base_dir), documents=(str(docs_file),), output_dir=str(run_dir),
                       tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action))
@@ -106,7 +107,7 @@ def run(ctx: RunContext) -> RecipeResult:
         # Optimizer and RNG state as torch.save wrote it: for resuming, not for publication,
         # so no record links it; a ref keeps it from garbage collection.
         state = store.put_file(ready.state_file)
-        store.ref_set(STATE_REF.format(action=ctx.action.hex[:16], step=ready.step), state)
+        store.ref_set(STATE_REF.format(action=action.hex[:16], step=ready.step), state)
 
     ctx.progress.start(p.steps, f"training ({p.world} rank{'s' if p.world > 1 else ''}, {p.device})")
     # The ranks' and torch's launcher's temporary files go to the scratch directory too, so a

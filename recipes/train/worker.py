@@ -138,7 +138,8 @@ def train_rank(spec: WorkerSpec) -> None:
     if device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
         # After loading, so that everything computed on the CPU is computed as before.
         torch.set_num_threads(min(torch.get_num_threads(), CUDA_RANK_THREADS))
-    _check_vocabulary(docs, model.get_input_embeddings().num_embeddings)
+    # nn.Module's __getattr__ types every attribute Tensor | Module; this one is an int.
+    _check_vocabulary(docs, model.get_input_embeddings().num_embeddings)  # type: ignore[arg-type]
     if params.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -155,9 +156,9 @@ def train_rank(spec: WorkerSpec) -> None:
             optimizer.load_state_dict(state["optimizer"])
         restore_rng_state(state["rng"][rank], device)
     if rank == 0:
-        for done in ckpt.completed_checkpoints(output_dir):
-            _emit(CheckpointReady(step=done.step, hf_dir=done.hf_dir,
-                                  state_file=done.state_file, resumed=True))
+        for completed in ckpt.completed_checkpoints(output_dir):
+            _emit(CheckpointReady(step=completed.step, hf_dir=completed.hf_dir,
+                                  state_file=completed.state_file, resumed=True))
 
     def write(step: int, rng: list[dict[str, Any]], inner: list[Any] | None
               ) -> ckpt.CheckpointPaths:

@@ -178,11 +178,11 @@ def test_existing_non_empty_destination_is_refused(published: Published, tmp_pat
 
 def test_failed_export_leaves_nothing(published: Published, tmp_path: Path) -> None:
     store = published.store
-    chunk = store.chunks.path(published.weight_files[1].hex)
+    chunk = store.chunks.path(published.weight_files[1])
     parts = store.part_ids(published.weight_files[1])
     assert not chunk.exists() and parts  # stored as tensor parts: corrupt the big tensor's chunk
     big = max(parts, key=lambda p: store.info(p[1]).size)[1]
-    path = store.chunks.path(big.hex)
+    path = store.chunks.path(big)
     data = bytearray(path.read_bytes())
     data[100] ^= 1
     path.write_bytes(bytes(data))

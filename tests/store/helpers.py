@@ -96,7 +96,7 @@ def chunk_files(store: Store) -> dict[str, tuple[Any, Any]]:
 
 def chunk_path(store: Store, oid: Digest) -> Any:
     if isinstance(store.chunks, S3Chunks):
-        return S3Key(store.chunks, store.chunks.key(oid.hex))
+        return S3Key(store.chunks, store.chunks.key(oid))
     return store.root / "data" / oid.hex[:2] / oid.hex[2:]
 
 

@@ -162,7 +162,7 @@ class TestMaintenanceContract:
         report = gc(any_store, min_age=0)
         assert set(report.objects) == lost
         assert report.temporary_files == (_reported(interrupted),)
-        assert report.orphan_chunks == ("f" * 64,)
+        assert report.orphan_chunks == (Digest("f" * 64),)
         assert not any(any_store.has(oid) for oid in lost)
         assert not chunk_path(any_store, lost_blob).exists() and not orphan.exists()
         assert any_store.chunks.temporary_files() == [] and not interrupted.exists()
@@ -185,7 +185,7 @@ class TestMaintenanceContract:
         # Two hours on, the orphan goes; the temporary file is written afresh, so young again.
         temp.unlink()
         report = gc(any_store, now=time.time() + 2 * HOUR)
-        assert (report.temporary_files, report.orphan_chunks, report.young_files) == ((), ("e" * 64,), 0)
+        assert (report.temporary_files, report.orphan_chunks, report.young_files) == ((), (Digest("e" * 64),), 0)
         assert not orphan.exists()
         temp.write_bytes(b"a put is writing me")
         assert gc(any_store).young_files == 1

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from nscas.errors import DecodeBoundExceeded, IntegrityError
 from nscas.objects.chunks import ZSTD_WINDOW_MAX, decode, plain_digest, stored_max
+from nscas.objects.digests import Digest
 
 
 @settings(max_examples=60, deadline=None)
@@ -24,12 +25,12 @@ def test_exactly_the_recorded_size_decodes_and_one_byte_less_is_refused(
         stored = cobj.compress(data) + cobj.flush()
     else:
         stored = data
-    assert decode(stored, codec, "ab" * 32, len(data)) == data
-    assert plain_digest(io.BytesIO(stored), codec, "ab" * 32, len(data))[1] == len(data)
-    assert decode(stored, codec, "ab" * 32, len(data) + 5) == data  # short: the hash judges it
+    assert decode(stored, codec, Digest("ab" * 32), len(data)) == data
+    assert plain_digest(io.BytesIO(stored), codec, Digest("ab" * 32), len(data))[1] == len(data)
+    assert decode(stored, codec, Digest("ab" * 32), len(data) + 5) == data  # short: the hash judges it
     if data:
         with pytest.raises(DecodeBoundExceeded, match=f"at most {len(data) - 1} bytes"):
-            decode(stored, codec, "ab" * 32, len(data) - 1, where="chunk file X")
+            decode(stored, codec, Digest("ab" * 32), len(data) - 1, where="chunk file X")
 
 
 def test_a_frame_asking_for_a_huge_window_is_refused() -> None:
@@ -39,16 +40,16 @@ def test_a_frame_asking_for_a_huge_window_is_refused() -> None:
     stored = cobj.compress(big) + cobj.flush()
     assert ZSTD_WINDOW_MAX < 1 << 27
     with pytest.raises(IntegrityError, match="undecodable zstd data"):
-        decode(stored, "zstd", "cd" * 32, len(big))
+        decode(stored, "zstd", Digest("cd" * 32), len(big))
 
 
 def test_stored_bytes_past_what_the_size_allows_are_refused_unread() -> None:
     size = 1000
     padded = zstandard.ZstdCompressor().compress(b"x" * size) + bytes(stored_max(size))
     with pytest.raises(IntegrityError, match="stored bytes its size allows"):
-        decode(padded, "zstd", "ef" * 32, size)
+        decode(padded, "zstd", Digest("ef" * 32), size)
 
 
 def test_an_unknown_codec_is_refused() -> None:
     with pytest.raises(Exception, match="unknown codec 'xor'"):
-        decode(b"abc", "xor", "01" * 32, 3)
+        decode(b"abc", "xor", Digest("01" * 32), 3)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck
+from nscas.store.fsck import fsck, gc
 from nscas.store.writer import Store
 from tests.store.helpers import b3, random_f32, raw_update, write_safetensors
 
@@ -39,9 +39,9 @@ def test_deep_hashes_every_stored_leaf_exactly_once(store: Store, tmp_path: Path
     verified: list[str] = []
     real_verify = store.chunks.verify
 
-    def spy(hex_id: str, codec: str, size: int) -> tuple[str, int]:
-        verified.append(hex_id)
-        return real_verify(hex_id, codec, size)
+    def spy(oid: Digest, codec: str, size: int) -> tuple[Digest, int]:
+        verified.append(oid.hex)
+        return real_verify(oid, codec, size)
 
     monkeypatch.setattr(store.chunks, "verify", spy)
     report = fsck(store, deep=True)
@@ -119,3 +119,19 @@ def test_deep_report_is_the_same_on_every_run(store: Store, tmp_path: Path) -> N
     assert len(set(reports)) == 1 and len(json.loads(reports[0])) == 4
     files = [i.id.hex for i in store.iter_objects() if i.storage == "file"]
     assert json.loads(reports[0]) == [f"blake3:{h}" for h in files]
+
+
+def test_a_file_not_named_by_an_id_is_no_chunk(store: Store) -> None:
+    """Chunk files are named by IDs (ChunkBackend.iter_ids yields Digests): a file in data/
+    named otherwise is left alone, neither an orphan for fsck nor removed by gc."""
+    stray = store.root / "data" / "ab" / "notes.txt"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"not a chunk")
+    orphan = store.root / "data" / "ff" / ("f" * 62)
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"no row uses me")
+    assert list(store.chunks.iter_ids()) == [Digest("f" * 64)]
+    assert [f.problem for f in fsck(store).findings] == ["orphan-chunks"]
+    report = gc(store, min_age=0)
+    assert report.orphan_chunks == (Digest("f" * 64),)
+    assert stray.exists() and not orphan.exists()

@@ -99,7 +99,7 @@ def test_bomb_in_s3_fails_get_fsck_pull_in_bounded_memory(
     chunks = S3Chunks(config.objects, config.s3)
     body = bomb(declared=declared)
     assert len(body) < LEAF
-    client(config.s3).put_object(Bucket=chunks.bucket, Key=chunks.key(oid.hex), Body=body)
+    client(config.s3).put_object(Bucket=chunks.bucket, Key=chunks.key(oid), Body=body)
     local_again = tmp_path / "laptop2"  # a pull into a store that lacks the leaf
     init_store(local_again).close()
     (local_again / ".nscas" / "remotes.toml").write_bytes(
@@ -117,7 +117,7 @@ def test_bomb_in_a_local_chunk_file_fails_in_bounded_memory(tmp_path: Path) -> N
     store = init_store(tmp_path)
     oid = store.put_bytes(_leaf())
     store.ref_set("leaf", oid)
-    chunk = store.chunks.path(oid.hex)  # type: ignore[attr-defined]
+    chunk = store.chunks.path(oid)  # type: ignore[attr-defined]
     store.close()
     where = tmp_path / ".nscas"
     honest = _run("get", "leaf", str(tmp_path / "out0"), store=where, tmp=tmp_path)

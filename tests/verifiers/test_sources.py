@@ -147,7 +147,7 @@ def test_the_store_reader_never_inflates_a_chunk_past_its_record(tmp_path: Path,
     store = init_store(tmp_path)
     oid = store.put_bytes(bytes(range(16)) * 4096)
     assert store.info(oid).codec == "zstd"
-    chunk = store.chunks.path(oid.hex)  # type: ignore[attr-defined]
+    chunk = store.chunks.path(oid)  # type: ignore[attr-defined]
     store.close()
     if frame == "bomb":
         cobj = zstandard.ZstdCompressor().compressobj()
