@@ -42,6 +42,9 @@ class RunFile:
     name: str | None = None
     refs: str | None = None
     step_named: bool = False
+    jobs: int | None = None
+    """How many steps may run at once (``jobs`` of a pipeline file); None: one at a time, in
+    this process, unless ``--jobs`` says otherwise (nscas.runs.scheduler)."""
 
     def receipt_names(self) -> tuple[str | None, bool]:
         """(the pipeline name to record, whether to record the step name)."""
@@ -60,7 +63,8 @@ class Override:
 
 
 _STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs"}
-_PIPELINE_KEYS = {"step", "name", "refs"}
+_PIPELINE_KEYS = {"step", "name", "refs", "jobs"}
+JOBS_MAX = 1024
 
 
 # A recipe or pipeline file is a few kilobytes; anything near this is not one.
@@ -101,6 +105,11 @@ def load_run_file(path: Path) -> RunFile:
         for key in ("name", "refs"):
             if key in raw and (not isinstance(raw[key], str) or not raw[key]):
                 raise ConfigError(where, f"'{key}' of a pipeline file must be a non-empty string")
+        jobs = raw.get("jobs")
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int)
+                                 or not 1 <= jobs <= JOBS_MAX):
+            raise ConfigError(where, f"'jobs' of a pipeline file must be an integer from 1 to "
+                                     f"{JOBS_MAX}, got {jobs!r}")
         if not isinstance(raw["step"], list) or not raw["step"]:
             raise ConfigError(where, "'step' must be one or more [[step]] tables")
         steps = tuple(_step(s, where, i) for i, s in enumerate(raw["step"]))
@@ -109,7 +118,8 @@ def load_run_file(path: Path) -> RunFile:
         if dupes:
             raise ConfigError(where, f"step name(s) used twice: {', '.join(dupes)}")
         return RunFile(path=path, steps=_ordered(steps, where), pipeline=True,
-                       name=raw.get("name") or raw.get("refs") or path.stem, refs=raw.get("refs"))
+                       name=raw.get("name") or raw.get("refs") or path.stem, refs=raw.get("refs"),
+                       jobs=jobs)
     step = _step({"name": raw.get("recipe", "step"), **raw}, where, None)
     return RunFile(path=path, steps=(step,), pipeline=False, step_named="name" in raw)
 

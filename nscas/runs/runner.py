@@ -32,6 +32,7 @@ from nscas.runs.recipe import NullProgress, Progress, Recipe, RecipeResult, RunC
 from nscas.runs.registry import available_recipes, registered_recipe, unknown_recipe
 from nscas.runs.variants import Variant, plan_variant, step_refs, variant_prefix
 from nscas.runs.verdicts import Verdict, compare_outputs
+from nscas.store.claims import claim_action
 from nscas.store.locating import is_tag
 from nscas.store.protocol import tree_record
 from nscas.store.reading import ObjectInfo
@@ -140,7 +141,8 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
              on_step: Callable[[StepResult], None] | None = None,
              sets: tuple[str, ...] = (), only: tuple[str, ...] = (),
              start: str | None = None, signer: ReceiptSigner | None = None,
-             name: str | None = None) -> list[StepResult]:
+             name: str | None = None,
+             upstream: Mapping[str, Digest] | None = None) -> list[StepResult]:
     """Run a recipe or pipeline file; step results in run order.
 
     ``sets`` are ``STEP.PARAM=VALUE`` overrides, written into the params as if the file said
@@ -154,33 +156,12 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     move by compare-and-swap against their values then. A failed step raises ``StepFailed``
     after ``on_step`` has seen its result. With a ``signer``, each receipt a step writes
     (succeeded or failed; a cached one is not signed again) is signed as the step ends.
+    ``upstream`` names receipts to take the outputs of steps not run here from, before their
+    previous runs (how a scheduler hands one job what other jobs of its run gave).
     """
-    spec = load_plan_file(path, sets)
+    _, chosen, runs, plan, sources = _prepare(store, path, sets, only, start, name,
+                                              upstream or {})
     where = str(path)
-    chosen = select_steps(spec, only, start)
-    variant = plan_variant(spec, sets, name)
-    runs = _StepRuns(store, spec, variant)
-    plan = _plan(store, spec, where, runs)
-    sources: dict[str, _Source] = {}
-    for earlier in _read_from_earlier(spec, chosen):
-        found = runs.latest(earlier)
-        if found is None:
-            within = f" of variant {variant.name!r}" if variant is not None else ""
-            raise ConfigError(where, f"step {earlier!r} is not run here and has no earlier "
-                                     f"succeeded run in pipeline {spec.name!r}{within} to take "
-                                     "its outputs from (run it too)")
-        record = store.get_record(found)
-        sources[earlier] = _Source(receipt=found, outputs={
-            k: Digest.parse(v) for k, v in record["outputs"].items()})
-    for item in plan:
-        if item.step.name not in chosen:
-            continue
-        for value in item.step.inputs.values():
-            ref = step_reference(value)
-            if (ref is not None and ref[0] in sources and ref[1] != "receipt"
-                    and ref[1] not in sources[ref[0]].outputs):
-                raise ConfigError(where, f"{item.label}the earlier run of step {ref[0]!r} "
-                                         f"({sources[ref[0]].receipt}) has no output {ref[1]!r}")
     results: dict[str, StepResult] = {}
     for item in plan:
         if item.step.name not in chosen:
@@ -202,6 +183,48 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
             raise StepFailed(step=result.step, recipe=result.recipe, receipt=result.receipt,
                              error=result.error or "unknown error")
     return list(results.values())
+
+
+def check_file(store: Store, path: Path, *, sets: tuple[str, ...] = (),
+               only: tuple[str, ...] = (), start: str | None = None,
+               name: str | None = None) -> list[str]:
+    """Check a run file as ``run_file`` does before it runs anything (writing nothing); the
+    names of the steps it would run, in run order."""
+    _, chosen, _, plan, _ = _prepare(store, path, sets, only, start, name, {})
+    return [item.step.name for item in plan if item.step.name in chosen]
+
+
+def _prepare(store: Store, path: Path, sets: tuple[str, ...], only: tuple[str, ...],
+             start: str | None, name: str | None, upstream: Mapping[str, Digest],
+             ) -> tuple[RunFile, set[str], _StepRuns, list[_Planned], dict[str, _Source]]:
+    """The checked plan of a run, and the results of the steps it reads but does not run."""
+    spec = load_plan_file(path, sets)
+    where = str(path)
+    chosen = select_steps(spec, only, start)
+    variant = plan_variant(spec, sets, name)
+    runs = _StepRuns(store, spec, variant)
+    plan = _plan(store, spec, where, runs)
+    sources: dict[str, _Source] = {}
+    for earlier in _read_from_earlier(spec, chosen):
+        found = upstream.get(earlier) or runs.latest(earlier)
+        if found is None:
+            within = f" of variant {variant.name!r}" if variant is not None else ""
+            raise ConfigError(where, f"step {earlier!r} is not run here and has no earlier "
+                                     f"succeeded run in pipeline {spec.name!r}{within} to take "
+                                     "its outputs from (run it too)")
+        record = store.get_record(found)
+        sources[earlier] = _Source(receipt=found, outputs={
+            k: Digest.parse(v) for k, v in record["outputs"].items()})
+    for item in plan:
+        if item.step.name not in chosen:
+            continue
+        for value in item.step.inputs.values():
+            ref = step_reference(value)
+            if (ref is not None and ref[0] in sources and ref[1] != "receipt"
+                    and ref[1] not in sources[ref[0]].outputs):
+                raise ConfigError(where, f"{item.label}the earlier run of step {ref[0]!r} "
+                                         f"({sources[ref[0]].receipt}) has no output {ref[1]!r}")
+    return spec, chosen, runs, plan, sources
 
 
 def load_plan_file(path: Path, sets: tuple[str, ...] = ()) -> RunFile:
@@ -567,6 +590,21 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
         _check_tags(store, refs, expected_refs, find_receipt(store, action), where, "")
     code = code_tree(store, recipe)
     action = store.put_record(_action(recipe, code, inputs, params))
+    with claim_action(store, action):  # two runs of one action at once: the later one waits
+        return _run_claimed(store, recipe, step, inputs, action, where=where, rerun=rerun,
+                            params=params, progress=progress, expected_refs=expected_refs,
+                            refs=refs, names=names, previous_run=previous_run,
+                            last_run=last_run)
+
+
+def _run_claimed(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str, Digest],
+                 action: Digest, *, where: str, rerun: bool, params: Any,
+                 progress: Progress | None, expected_refs: Mapping[str, Digest | None],
+                 refs: tuple[tuple[str, str], ...], names: RunNames | None,
+                 previous_run: Digest | None,
+                 last_run: Callable[[], Digest | None] | None) -> StepResult:
+    """``run_step`` once this process holds the claim on ``action``: the cache is asked only
+    now, so a run that waited for another run of the action reuses its receipt."""
     previous = find_receipt(store, action)
     if previous is not None and not rerun:
         rec = store.get_record(previous)
@@ -766,6 +804,7 @@ __all__ = [
     "StepFailed",
     "StepResult",
     "available_recipes",
+    "check_file",
     "code_tree",
     "explain_miss",
     "find_receipt",
