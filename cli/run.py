@@ -85,14 +85,14 @@ def run(
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
-    from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps
-    from nscas.runs.variants import plan_variant, variant_prefix
+    from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps, variant_of
+    from nscas.runs.variants import variant_prefix
     from nscas.signing.signatures import KeySigner, configured_key
 
     set_texts, only_steps = tuple(sets or ()), tuple(only or ())
     spec = load_plan_file(file, set_texts)  # checked before the store is opened
     chosen = select_steps(spec, only_steps, start)
-    variant = plan_variant(spec, set_texts, name)
+    variant = variant_of(file, set_texts, name)
     key = configured_key(sign_key)  # a bad or exposed key file: one line, nothing run
     signer = KeySigner(key) if key is not None else None
     pipeline = spec.pipeline

@@ -17,11 +17,13 @@ from nscas.redacting import redact
 from nscas.runs.changes import CacheMiss, difference, since
 from nscas.runs.codetree import code_tree, recipe_files
 from nscas.runs.config import (
+    Override,
     RunFile,
     StepConfig,
     apply_overrides,
     downstream,
     load_run_file,
+    param_takes_array,
     params_to_json,
     parse_override,
     parse_params,
@@ -30,6 +32,7 @@ from nscas.runs.config import (
 from nscas.runs.environment import environment
 from nscas.runs.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
 from nscas.runs.registry import available_recipes, registered_recipe, unknown_recipe
+from nscas.runs.sweeps import expand, split_sweeps
 from nscas.runs.variants import Variant, plan_variant, step_refs, variant_prefix
 from nscas.runs.verdicts import Verdict, compare_outputs
 from nscas.store.claims import claim_action
@@ -201,7 +204,7 @@ def _prepare(store: Store, path: Path, sets: tuple[str, ...], only: tuple[str, .
     spec = load_plan_file(path, sets)
     where = str(path)
     chosen = select_steps(spec, only, start)
-    variant = plan_variant(spec, sets, name)
+    variant = variant_of(path, sets, name)
     runs = _StepRuns(store, spec, variant)
     plan = _plan(store, spec, where, runs)
     sources: dict[str, _Source] = {}
@@ -228,9 +231,30 @@ def _prepare(store: Store, path: Path, sets: tuple[str, ...], only: tuple[str, .
 
 
 def load_plan_file(path: Path, sets: tuple[str, ...] = ()) -> RunFile:
-    """The run file with its ``--set`` overrides applied (each checked to name a step)."""
+    """The run file with its ``--set`` overrides applied (each checked to name a step), and
+    its sweeps (``[sweep]``, and arrays set on params that take none) expanded into arms."""
+    spec, plain, sweeps = _split_sets(path, sets)
+    return expand(apply_overrides(spec, plain) if plain else spec, sweeps)
+
+
+def variant_of(path: Path, sets: tuple[str, ...], name: str | None) -> Variant | None:
+    """The variant a run with these ``--set`` texts and ``--name`` is: the sets that sweep
+    give arms of their own instead."""
+    spec, plain, _ = _split_sets(path, sets)
+    return plan_variant(spec, tuple(item.text for item in plain), name)
+
+
+def _split_sets(path: Path, sets: tuple[str, ...]) -> tuple[RunFile, tuple[Override, ...],
+                                                            dict[tuple[str, ...], Any]]:
     spec = load_run_file(path)
-    return apply_overrides(spec, tuple(parse_override(text) for text in sets)) if sets else spec
+    by_name = {s.name: s for s in spec.steps}
+
+    def takes_array(step: str, key: tuple[str, ...]) -> bool:
+        return param_takes_array(load_recipe(by_name[step].recipe).params, key)
+
+    plain, sweeps = split_sweeps(spec, tuple(parse_override(text) for text in sets),
+                                 takes_array)
+    return spec, plain, sweeps
 
 
 def select_steps(spec: RunFile, only: tuple[str, ...], start: str | None) -> set[str]:
@@ -813,4 +837,5 @@ __all__ = [
     "run_file",
     "run_step",
     "select_steps",
+    "variant_of",
 ]
