@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from nscas.store.writer import Store
 
 CLAIMS_FILE = "claims.lock"
-_CLAIM_LOCK = 0x6E736372  # PostgreSQL advisory lock class of action claims ("nscr")
+CLAIM_CLASS = 0x6E736372  # PostgreSQL advisory lock class of action claims ("nscr")
 _OFFSET_BYTES = 7  # offsets below 2^56: far inside off_t, and collisions need 2^28 actions
 
 
@@ -55,13 +55,13 @@ def _pg_claim(store: Store, action: Digest) -> Iterator[None]:
     try:
         with engine.connect() as c:
             key = int.from_bytes(bytes.fromhex(action.hex[:8]), "big", signed=True)
-            c.execute(text("SELECT pg_advisory_lock(:k, :a)"), {"k": _CLAIM_LOCK, "a": key})
+            c.execute(text("SELECT pg_advisory_lock(:k, :a)"), {"k": CLAIM_CLASS, "a": key})
             c.commit()
             try:
                 yield
             finally:
                 c.execute(text("SELECT pg_advisory_unlock(:k, :a)"),
-                          {"k": _CLAIM_LOCK, "a": key})
+                          {"k": CLAIM_CLASS, "a": key})
                 c.commit()
     finally:
         engine.dispose()

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nscas.objects.digests import Digest
+from nscas.store.claims import CLAIM_CLASS
 from nscas.store.writer import Store, init_store
 from tests.runner.helpers import snapshot, write
 from tests.runner.jobs_helpers import (
@@ -176,8 +178,14 @@ def test_a_step_that_can_never_fit_fails_at_once(tmp_path: Path, site: Path) -> 
         assert snapshot(store) == before  # nothing ran, nothing written
 
 
-def test_two_runs_of_one_action_execute_it_once(tmp_path: Path, site: Path) -> None:
-    home = _home(tmp_path, "home")
+@pytest.mark.parametrize("kind", ["sqlite", "postgres+s3"])
+def test_two_runs_of_one_action_execute_it_once(tmp_path: Path, site: Path, kind: str,
+                                                request: pytest.FixtureRequest) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    config = request.getfixturevalue("team_services").config() if kind != "sqlite" else None
+    init_store(home / "store", config).close()
+    store_dir = home / "store"
     hold = tmp_path / "hold"
     hold.mkdir()
     file = write(tmp_path, "one.toml", f"""
@@ -187,11 +195,14 @@ def test_two_runs_of_one_action_execute_it_once(tmp_path: Path, site: Path) -> N
         hold = "{hold}"
         """)
     fifo = release_fifo(hold, "same")
-    first = start_nscas(home, site, "run", file, "--json")
+    first = start_nscas(home, site, "--store", store_dir, "run", file, "--json")
     end = wait_running(fifo)  # one run is executing the action
-    second = start_nscas(home, site, "run", file, "--json")
+    second = start_nscas(home, site, "--store", store_dir, "run", file, "--json")
     try:
-        _wait_blocked_on_claim(home)
+        if config is None:
+            _wait_blocked_on_claim(store_dir / ".nscas")
+        else:
+            _wait_blocked_on_advisory_claim(config.database)
         os.close(end)
         outs = [json.loads(p.communicate(timeout=300)[0]) for p in (first, second)]
     finally:
@@ -204,21 +215,40 @@ def test_two_runs_of_one_action_execute_it_once(tmp_path: Path, site: Path) -> N
     assert sorted(o["cached"] for o in outs) == [False, True]
 
 
-def _wait_blocked_on_claim(home: Path) -> None:
+def _wait_blocked_on_claim(store_dir: Path) -> None:
     """Until a process waits for the claim the other holds (``/proc/locks`` shows waiters as
     ``->``); no event says when a process starts waiting on a lock."""
-    import time
-
-    inode = os.stat(home / ".nscas" / "claims.lock").st_ino if (
-        home / ".nscas" / "claims.lock").exists() else None
+    claims = store_dir / "claims.lock"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if inode is None and (home / ".nscas" / "claims.lock").exists():
-            inode = os.stat(home / ".nscas" / "claims.lock").st_ino
+        inode = claims.stat().st_ino if claims.exists() else None
         locks = Path("/proc/locks").read_text().splitlines()
         if inode is not None and any("->" in line and f":{inode} " in line for line in locks):
             return
         time.sleep(0.05)
+    raise AssertionError("the second run never waited for the claim")
+
+
+def _wait_blocked_on_advisory_claim(database: str) -> None:
+    """Until a session waits for an advisory lock of the claims' class (pg_locks)."""
+    from sqlalchemy import text
+
+    from nscas.database.engines import make_pg_engine
+
+    engine = make_pg_engine(database)
+    deadline = time.monotonic() + 120
+    try:
+        with engine.connect() as c:
+            while time.monotonic() < deadline:
+                waiting = c.execute(text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                    "AND classid = :k"), {"k": CLAIM_CLASS}).scalar()
+                c.rollback()
+                if waiting:
+                    return
+                time.sleep(0.05)
+    finally:
+        engine.dispose()
     raise AssertionError("the second run never waited for the claim")
 
 
