@@ -16,7 +16,7 @@ import pytest
 from nscas.objects.digests import Digest
 from nscas.store.claims import CLAIM_CLASS
 from nscas.store.writer import Store, init_store
-from tests.runner.helpers import snapshot, write
+from tests.runner.helpers import PIPELINE, snapshot, write
 from tests.runner.jobs_helpers import (
     facts,
     gone,
@@ -338,3 +338,23 @@ def test_stopping_the_run_stops_every_job_and_a_later_run_resumes(
     results = {r["step"]: r for r in _steps(done.stdout)}
     assert set(results) == {"bad", "after-bad", "x", "y"}
     assert not any(r["cached"] for r in results.values())
+
+
+def test_real_recipes_give_the_same_ids_with_jobs(tmp_path: Path, site: Path) -> None:
+    one, two = _home(tmp_path, "one"), _home(tmp_path, "two")
+    file = write(tmp_path, "pipeline.toml", PIPELINE)
+    sequential = {r["step"]: r for r in _run_json(one, site, file)}
+    jobs = {r["step"]: r for r in _run_json(two, site, file, "--jobs", "2")}
+    assert {s: (r["action"], r["outputs"]) for s, r in jobs.items()} == \
+        {s: (r["action"], r["outputs"]) for s, r in sequential.items()}
+
+
+def test_a_sweep_runs_its_arms_as_jobs(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", DIAMOND)
+    results = {r["step"]: r for r in _run_json(home, site, file, "--jobs", "3", "--set",
+                                               'b.label=["x","y","z"]')}
+    assert set(results) == {"a", "c", "b.label-x", "b.label-y", "b.label-z", "d.b.label-x",
+                            "d.b.label-y", "d.b.label-z"}
+    again = _run_json(home, site, file, "--set", 'b.label=["x","y","z"]')
+    assert all(r["cached"] for r in again)
