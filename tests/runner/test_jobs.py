@@ -358,3 +358,22 @@ def test_a_sweep_runs_its_arms_as_jobs(tmp_path: Path, site: Path) -> None:
                             "d.b.label-y", "d.b.label-z"}
     again = _run_json(home, site, file, "--set", 'b.label=["x","y","z"]')
     assert all(r["cached"] for r in again)
+
+
+def test_jobs_in_the_file_schedule_the_run(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", "jobs = 2\n" + DIAMOND)
+    done = nscas_process(home, site, "run", file, "--json")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {e["event"] for e in events} >= {"waiting", "running", "done", "finished"}
+
+
+@pytest.mark.parametrize("jobs", ["0", "true", '"4"', "2000"])
+def test_bad_jobs_in_the_file_is_one_line(tmp_path: Path, site: Path, jobs: str) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", f"jobs = {jobs}\n" + DIAMOND)
+    done = nscas_process(home, site, "run", file)
+    assert done.returncode == 2
+    assert "'jobs' of a pipeline file must be an integer from 1 to 1024" in done.stderr
+    assert "Traceback" not in done.stderr
