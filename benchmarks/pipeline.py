@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--file", type=Path, default=DEMO)
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
+    args.file = args.file.resolve()
     with tempfile.TemporaryDirectory(prefix="nscas-bench-pipeline-") as tmp:
         seq_dir, job_dir = Path(tmp) / "sequential", Path(tmp) / "jobs"
         seq_dir.mkdir()
