@@ -54,6 +54,17 @@ def run(
         "--sign-key", metavar="KEY", show_default=False, dir_okay=False,
         help="Sign each receipt this run writes with this private key file (mode 0600, from "
              "'nscas key new'); default: $NSCAS_SIGNING_KEY, if set.")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", metavar="N", min=1, max=1024, show_default=False,
+        help="Run up to N ready steps at once, each in its own process with the CPU cores and "
+             "GPUs its recipe declares (default: the file's jobs, else one at a time).")] = None,
+    gpu_share: Annotated[int, typer.Option(
+        "--gpu-share", metavar="K", min=1, max=64,
+        help="With --jobs: let up to K steps use one GPU at once (their memory estimates "
+             "permitting).")] = 1,
+    keep_going: Annotated[bool, typer.Option(
+        "--keep-going", help="With --jobs: after a step fails, finish the steps that do not "
+                             "depend on it (default: stop every job).")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Run a recipe or pipeline file and print each step's receipt, outputs and claims.
@@ -68,18 +79,21 @@ def run(
     --name) the run is a variant: its refs are its own (<refs>/variants/NAME/..., and
     REF/variants/NAME for each output ref), and --only/--from read the variant's earlier runs.
     The last line counts the steps cached, ran and failed, and gives a rerun's verdict.
+    With --jobs N (or jobs = N in the file) ready steps run at once (docs/pipelines.md): a
+    live table on a terminal, one JSON event a line with --json, each job's log under the
+    store's logs/; the actions and outputs are those of a run one step at a time.
 
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
-    from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps
-    from nscas.runs.variants import plan_variant, variant_prefix
+    from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps, variant_of
+    from nscas.runs.variants import variant_prefix
     from nscas.signing.signatures import KeySigner, configured_key
 
     set_texts, only_steps = tuple(sets or ()), tuple(only or ())
     spec = load_plan_file(file, set_texts)  # checked before the store is opened
     chosen = select_steps(spec, only_steps, start)
-    variant = plan_variant(spec, set_texts, name)
+    variant = variant_of(file, set_texts, name)
     key = configured_key(sign_key)  # a bad or exposed key file: one line, nothing run
     signer = KeySigner(key) if key is not None else None
     pipeline = spec.pipeline
@@ -97,6 +111,16 @@ def run(
             render.note(f"variant {variant.name}: refs under {where}")
         render_step(result, pipeline=pipeline, wide=wide)
 
+    if (jobs or spec.jobs) and spec.pipeline:
+        from nscas.cli.run_jobs import run_with_jobs
+
+        with open_cli_store(ctx) as store:
+            run_with_jobs(store, file, jobs=jobs or spec.jobs or 1, gpu_share=gpu_share,
+                          keep_going=keep_going, rerun=rerun, sets=set_texts, only=only_steps,
+                          start=start, name=name, variant=variant.name if variant else None,
+                          sign_key=sign_key, wide=wide,
+                          as_json=as_json, steps=len(chosen), on_step=on_step)
+        return
     with open_cli_store(ctx) as store:
         try:
             run_file(store, file, rerun=rerun, progress=progress_for, on_step=on_step,

@@ -42,6 +42,12 @@ class RunFile:
     name: str | None = None
     refs: str | None = None
     step_named: bool = False
+    sweep: tuple[tuple[tuple[str, ...], tuple[Any, ...]], ...] = ()
+    """The ``[sweep]`` table: (step name and param key path, the values), expanded by
+    nscas.runs.sweeps."""
+    jobs: int | None = None
+    """How many steps may run at once (``jobs`` of a pipeline file); None: one at a time, in
+    this process, unless ``--jobs`` says otherwise (nscas.runs.scheduler)."""
 
     def receipt_names(self) -> tuple[str | None, bool]:
         """(the pipeline name to record, whether to record the step name)."""
@@ -60,7 +66,8 @@ class Override:
 
 
 _STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs"}
-_PIPELINE_KEYS = {"step", "name", "refs"}
+_PIPELINE_KEYS = {"step", "name", "refs", "jobs", "sweep"}
+JOBS_MAX = 1024
 
 
 # A recipe or pipeline file is a few kilobytes; anything near this is not one.
@@ -101,6 +108,11 @@ def load_run_file(path: Path) -> RunFile:
         for key in ("name", "refs"):
             if key in raw and (not isinstance(raw[key], str) or not raw[key]):
                 raise ConfigError(where, f"'{key}' of a pipeline file must be a non-empty string")
+        jobs = raw.get("jobs")
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int)
+                                 or not 1 <= jobs <= JOBS_MAX):
+            raise ConfigError(where, f"'jobs' of a pipeline file must be an integer from 1 to "
+                                     f"{JOBS_MAX}, got {jobs!r}")
         if not isinstance(raw["step"], list) or not raw["step"]:
             raise ConfigError(where, "'step' must be one or more [[step]] tables")
         steps = tuple(_step(s, where, i) for i, s in enumerate(raw["step"]))
@@ -109,9 +121,31 @@ def load_run_file(path: Path) -> RunFile:
         if dupes:
             raise ConfigError(where, f"step name(s) used twice: {', '.join(dupes)}")
         return RunFile(path=path, steps=_ordered(steps, where), pipeline=True,
-                       name=raw.get("name") or raw.get("refs") or path.stem, refs=raw.get("refs"))
+                       name=raw.get("name") or raw.get("refs") or path.stem, refs=raw.get("refs"),
+                       jobs=jobs, sweep=_sweep_table(raw.get("sweep", {}), where))
     step = _step({"name": raw.get("recipe", "step"), **raw}, where, None)
     return RunFile(path=path, steps=(step,), pipeline=False, step_named="name" in raw)
+
+
+def _sweep_table(raw: Any, where: str) -> tuple[tuple[tuple[str, ...], tuple[Any, ...]], ...]:
+    """``[sweep]``: ``"STEP.PARAM" = [values]`` (or nested tables, ``train.lr = [...]``)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(where, "'sweep' must be a table of STEP.PARAM = [values]")
+    out = []
+    stack: list[tuple[tuple[str, ...], Any]] = [((), raw)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                stack.append(((*path, *key.split(".")), inner))
+            continue
+        if len(path) < 2 or not all(path):
+            raise ConfigError(where, f"sweep.{'.'.join(path)} must name STEP.PARAM")
+        if not isinstance(value, list) or not value:
+            raise ConfigError(where, f"sweep.{'.'.join(path)} must be a non-empty array of "
+                                     f"values, got {value!r}")
+        out.append((path, tuple(value)))
+    return tuple(sorted(out, key=lambda item: item[0]))
 
 
 def parse_override(text: str) -> Override:
@@ -328,6 +362,25 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
             raise ConfigError(where, f"{key} must be a string, got {value!r}")
         return value
     raise ConfigError(where, f"{key}: unsupported parameter type {tp!r}")
+
+
+def param_takes_array(cls: type, path: tuple[str, ...]) -> bool:
+    """Whether the param at ``path`` of the params dataclass ``cls`` is declared as an array
+    (a list or tuple, or a union holding one); False for a param it does not have."""
+    tp: Any = cls
+    for part in path:
+        if not dataclasses.is_dataclass(tp):
+            return False
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            return False
+        tp = hints[part]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            tp = args[0] if len(args) == 1 else args
+    options = tp if isinstance(tp, list) else [tp]
+    return any(typing.get_origin(o) in (list, tuple) or o in (list, tuple) or o is Any
+               for o in options)
 
 
 def params_to_json(obj: Any) -> Any:

@@ -17,11 +17,13 @@ from nscas.runs.actions import action_id, action_record, code_id, explain_miss, 
 from nscas.runs.changes import CacheMiss, since
 from nscas.runs.codetree import code_tree
 from nscas.runs.config import (
+    Override,
     RunFile,
     StepConfig,
     apply_overrides,
     downstream,
     load_run_file,
+    param_takes_array,
     parse_override,
     step_reference,
 )
@@ -37,8 +39,10 @@ from nscas.runs.planning import (
 from nscas.runs.previous import PreviousRuns
 from nscas.runs.recipe import NullProgress, Progress, Recipe, RecipeResult, RunContext
 from nscas.runs.registry import registered_recipe, unknown_recipe
-from nscas.runs.variants import plan_variant
+from nscas.runs.sweeps import expand, split_sweeps
+from nscas.runs.variants import Variant, plan_variant
 from nscas.runs.verdicts import Verdict, compare_outputs
+from nscas.store.claims import claim_action
 from nscas.store.writer import Store
 from nscas.suggestions import did_you_mean
 
@@ -120,7 +124,8 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
              on_step: Callable[[StepResult], None] | None = None,
              sets: tuple[str, ...] = (), only: tuple[str, ...] = (),
              start: str | None = None, signer: ReceiptSigner | None = None,
-             name: str | None = None) -> list[StepResult]:
+             name: str | None = None,
+             upstream: Mapping[str, Digest] | None = None) -> list[StepResult]:
     """Run a recipe or pipeline file; step results in run order.
 
     ``sets`` are ``STEP.PARAM=VALUE`` overrides, written into the params as if the file said
@@ -134,33 +139,12 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     move by compare-and-swap against their values then. A failed step raises ``StepFailed``
     after ``on_step`` has seen its result. With a ``signer``, each receipt a step writes
     (succeeded or failed; a cached one is not signed again) is signed as the step ends.
+    ``upstream`` names receipts to take the outputs of steps not run here from, before their
+    previous runs (how a scheduler hands one job what other jobs of its run gave).
     """
-    spec = load_plan_file(path, sets)
+    spec, chosen, runs, planned, sources = _prepare(store, path, sets, only, start, name,
+                                                    upstream or {})
     where = str(path)
-    chosen = select_steps(spec, only, start)
-    variant = plan_variant(spec, sets, name)
-    runs = PreviousRuns(store, spec, variant)
-    planned = plan(store, spec, where, load_recipe, runs.variant)
-    sources: dict[str, Source] = {}
-    for earlier in _read_from_earlier(spec, chosen):
-        found = runs.latest(earlier)
-        if found is None:
-            within = f" of variant {variant.name!r}" if variant is not None else ""
-            raise ConfigError(where, f"step {earlier!r} is not run here and has no earlier "
-                                     f"succeeded run in pipeline {spec.name!r}{within} to take "
-                                     "its outputs from (run it too)")
-        record = store.get_record(found)
-        sources[earlier] = Source(receipt=found, outputs={
-            k: Digest.parse(v) for k, v in record["outputs"].items()})
-    for item in planned:
-        if item.step.name not in chosen:
-            continue
-        for value in item.step.inputs.values():
-            ref = step_reference(value)
-            if (ref is not None and ref[0] in sources and ref[1] != "receipt"
-                    and ref[1] not in sources[ref[0]].outputs):
-                raise ConfigError(where, f"{item.label}the earlier run of step {ref[0]!r} "
-                                         f"({sources[ref[0]].receipt}) has no output {ref[1]!r}")
     results: dict[str, StepResult] = {}
     for item in planned:
         if item.step.name not in chosen:
@@ -185,10 +169,73 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     return list(results.values())
 
 
+def check_file(store: Store, path: Path, *, sets: tuple[str, ...] = (),
+               only: tuple[str, ...] = (), start: str | None = None,
+               name: str | None = None) -> list[str]:
+    """Check a run file as ``run_file`` does before it runs anything (writing nothing); the
+    names of the steps it would run, in run order."""
+    _, chosen, _, planned, _ = _prepare(store, path, sets, only, start, name, {})
+    return [item.step.name for item in planned if item.step.name in chosen]
+
+
+def _prepare(store: Store, path: Path, sets: tuple[str, ...], only: tuple[str, ...],
+             start: str | None, name: str | None, upstream: Mapping[str, Digest],
+             ) -> tuple[RunFile, set[str], PreviousRuns, list[Any], dict[str, Source]]:
+    """The checked plan of a run, and the results of the steps it reads but does not run."""
+    spec = load_plan_file(path, sets)
+    where = str(path)
+    chosen = select_steps(spec, only, start)
+    variant = variant_of(path, sets, name)
+    runs = PreviousRuns(store, spec, variant)
+    planned = plan(store, spec, where, load_recipe, runs.variant)
+    sources: dict[str, Source] = {}
+    for earlier in _read_from_earlier(spec, chosen):
+        found = upstream.get(earlier) or runs.latest(earlier)
+        if found is None:
+            within = f" of variant {variant.name!r}" if variant is not None else ""
+            raise ConfigError(where, f"step {earlier!r} is not run here and has no earlier "
+                                     f"succeeded run in pipeline {spec.name!r}{within} to take "
+                                     "its outputs from (run it too)")
+        record = store.get_record(found)
+        sources[earlier] = Source(receipt=found, outputs={
+            k: Digest.parse(v) for k, v in record["outputs"].items()})
+    for item in planned:
+        if item.step.name not in chosen:
+            continue
+        for value in item.step.inputs.values():
+            ref = step_reference(value)
+            if (ref is not None and ref[0] in sources and ref[1] != "receipt"
+                    and ref[1] not in sources[ref[0]].outputs):
+                raise ConfigError(where, f"{item.label}the earlier run of step {ref[0]!r} "
+                                         f"({sources[ref[0]].receipt}) has no output {ref[1]!r}")
+    return spec, chosen, runs, planned, sources
+
+
 def load_plan_file(path: Path, sets: tuple[str, ...] = ()) -> RunFile:
-    """The run file with its ``--set`` overrides applied (each checked to name a step)."""
+    """The run file with its ``--set`` overrides applied (each checked to name a step), and
+    its sweeps (``[sweep]``, and arrays set on params that take none) expanded into arms."""
+    spec, plain, sweeps = _split_sets(path, sets)
+    return expand(apply_overrides(spec, plain) if plain else spec, sweeps)
+
+
+def variant_of(path: Path, sets: tuple[str, ...], name: str | None) -> Variant | None:
+    """The variant a run with these ``--set`` texts and ``--name`` is: the sets that sweep
+    give arms of their own instead."""
+    spec, plain, _ = _split_sets(path, sets)
+    return plan_variant(spec, tuple(item.text for item in plain), name)
+
+
+def _split_sets(path: Path, sets: tuple[str, ...]) -> tuple[RunFile, tuple[Override, ...],
+                                                            dict[tuple[str, ...], Any]]:
     spec = load_run_file(path)
-    return apply_overrides(spec, tuple(parse_override(text) for text in sets)) if sets else spec
+    by_name = {s.name: s for s in spec.steps}
+
+    def takes_array(step: str, key: tuple[str, ...]) -> bool:
+        return param_takes_array(load_recipe(by_name[step].recipe).params, key)
+
+    plain, sweeps = split_sweeps(spec, tuple(parse_override(text) for text in sets),
+                                 takes_array)
+    return spec, plain, sweeps
 
 
 def select_steps(spec: RunFile, only: tuple[str, ...], start: str | None) -> set[str]:
@@ -251,6 +298,21 @@ def run_step(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str
         check_tags(store, refs, expected_refs, find_receipt(store, action), where, "")
     code = code_tree(store, recipe)
     action = store.put_record(action_record(recipe, code, inputs, params))
+    with claim_action(store, action):  # two runs of one action at once: the later one waits
+        return _run_claimed(store, recipe, step, inputs, action, where=where, rerun=rerun,
+                            params=params, progress=progress, expected_refs=expected_refs,
+                            refs=refs, names=names, previous_run=previous_run,
+                            last_run=last_run)
+
+
+def _run_claimed(store: Store, recipe: Recipe, step: StepConfig, inputs: Mapping[str, Digest],
+                 action: Digest, *, where: str, rerun: bool, params: Any,
+                 progress: Progress | None, expected_refs: Mapping[str, Digest | None],
+                 refs: tuple[tuple[str, str], ...], names: RunNames | None,
+                 previous_run: Digest | None,
+                 last_run: Callable[[], Digest | None] | None) -> StepResult:
+    """``run_step`` once this process holds the claim on ``action``: the cache is asked only
+    now, so a run that waited for another run of the action reuses its receipt."""
     previous = find_receipt(store, action)
     if previous is not None and not rerun:
         rec = store.get_record(previous)
@@ -378,9 +440,11 @@ __all__ = [
     "RunNames",
     "StepFailed",
     "StepResult",
+    "check_file",
     "load_plan_file",
     "load_recipe",
     "run_file",
     "run_step",
     "select_steps",
+    "variant_of",
 ]

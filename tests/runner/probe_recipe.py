@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from nscas.errors import InvalidInput
 from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
+from nscas.runs.resources import Needs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,6 +22,16 @@ class ProbeParams:
     """Unused: an integer param, for the tests of values a record cannot hold."""
     scale: float = 1.0
     """Unused: a float param, likewise."""
+    hold: str = ""
+    """A directory: where an execution writes ``<label>.json`` (its pid, process group, CPU
+    affinity and device variables; appended, one object a line), then, if
+    ``<label>.release`` is a FIFO there, waits until its writer closes it."""
+    cores: int = 1
+    """The CPU cores the step declares it needs (``needs`` below)."""
+    gpus: int = 0
+    """The GPUs it declares."""
+    gpu_memory_gb: float = 0.0
+    """Its GPU memory estimate."""
 
 
 def run(ctx: RunContext) -> RecipeResult:
@@ -26,10 +39,29 @@ def run(ctx: RunContext) -> RecipeResult:
         raise ValueError("probe crashed on purpose")
     if ctx.params.fail == "error":
         raise InvalidInput("probe refused its input")
+    if ctx.params.hold:
+        _hold(Path(ctx.params.hold), ctx.params.label or "probe")
     seen = {k: str(v) for k, v in sorted(ctx.inputs.items())}
     blob = ctx.store.put_bytes(json.dumps(seen).encode())
     return RecipeResult(outputs={"seen": blob},
                         claims={"inputs": Claim(value=seen, verifier="integrity")})
+
+
+def _hold(where: Path, label: str) -> None:
+    facts = {"pid": os.getpid(), "pgid": os.getpgid(0),
+             "cores": sorted(os.sched_getaffinity(0)),
+             "threads": os.environ.get("OMP_NUM_THREADS"),
+             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    with (where / f"{label}.json").open("a") as f:
+        f.write(json.dumps(facts) + "\n")
+    release = where / f"{label}.release"
+    if release.exists():
+        with release.open("rb") as f:  # opens once the test holds the writing end
+            f.read()
+
+
+def needs(params: ProbeParams) -> Needs:
+    return Needs(cores=params.cores, gpus=params.gpus, gpu_memory_gb=params.gpu_memory_gb)
 
 
 RECIPE = Recipe(

@@ -1,0 +1,98 @@
+"""Pipeline scheduling benchmark: the demo pipeline run with ``--jobs`` against one step at a time.
+
+Each run goes into a new store of its own (nothing cached), the two runs one after the other in
+one invocation. Printed side by side: both wall times, the critical path (the longest chain of
+steps, from the scheduled run's own step times), and the two ratios the issue asks for:
+scheduled wall / critical path, and sequential wall / scheduled wall. Results go to
+docs/benchmarks.md by hand, with the command line.
+
+    .venv/bin/python benchmarks/pipeline.py [--jobs N] [--file examples/cooperative-learning/experiment.toml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from nscas.objects.digests import Digest
+from nscas.runs.config import load_run_file, step_reference
+from nscas.store.writer import Store
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "examples" / "cooperative-learning" / "experiment.toml"
+
+
+def _run(store_dir: Path, file: Path, *extra: str) -> tuple[float, list[dict[str, object]]]:
+    subprocess.run([sys.executable, "-m", "nscas.cli", "init"], cwd=store_dir, check=True,
+                   capture_output=True)
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "nscas.cli", "run", str(file), "--json", *extra],
+                          cwd=store_dir, capture_output=True, text=True)
+    wall = time.monotonic() - began
+    if done.returncode != 0:
+        sys.exit(f"nscas run {' '.join(extra)} failed:\n{done.stderr}")
+    lines = done.stdout.strip().splitlines()
+    events = [json.loads(line) for line in lines] if extra else []
+    return wall, events
+
+
+def _time(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def critical_path(file: Path, seconds: dict[str, float]) -> tuple[float, list[str]]:
+    """The longest chain of steps by these step times, and its steps."""
+    spec = load_run_file(file)
+    best: dict[str, tuple[float, list[str]]] = {}
+    for step in spec.steps:  # in dependency order
+        deps = {ref[0] for v in step.inputs.values() if (ref := step_reference(v)) is not None}
+        before = max((best[d] for d in deps), default=(0.0, []), key=lambda b: b[0])
+        best[step.name] = (before[0] + seconds.get(step.name, 0.0), [*before[1], step.name])
+    return max(best.values(), key=lambda b: b[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--file", type=Path, default=DEMO)
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args()
+    args.file = args.file.resolve()
+    with tempfile.TemporaryDirectory(prefix="nscas-bench-pipeline-") as tmp:
+        seq_dir, job_dir = Path(tmp) / "sequential", Path(tmp) / "jobs"
+        seq_dir.mkdir()
+        job_dir.mkdir()
+        sequential, _ = _run(seq_dir, args.file)
+        scheduled, events = _run(job_dir, args.file, "--jobs", str(args.jobs))
+        with Store(job_dir / ".nscas") as store:  # each step's own time, from its receipt
+            inside = {}
+            for e in events:
+                if e["event"] in ("done", "cached"):
+                    rec = store.get_record(Digest.parse(str(e["receipt"])))
+                    inside[str(e["step"])] = (_time(rec["finished"]) - _time(rec["started"])
+                                              if e["event"] == "done" else 0.0)
+    seconds = {str(e["step"]): float(e["seconds"]) for e in events  # type: ignore[arg-type]
+               if e["event"] in ("done", "cached") and "seconds" in e}
+    path, chain = critical_path(args.file, seconds)
+    own, own_chain = critical_path(args.file, inside)
+    print(f"machine: {len(os.sched_getaffinity(0))} CPU cores; --jobs {args.jobs}; "
+          f"{args.file.relative_to(REPO) if args.file.is_relative_to(REPO) else args.file}")
+    print(f"{'sequential wall':<28}{sequential:9.1f} s")
+    print(f"{'--jobs wall':<28}{scheduled:9.1f} s")
+    print(f"{'critical path (--jobs run)':<28}{path:9.1f} s  ({' -> '.join(chain)})")
+    print(f"{'--jobs wall / critical path':<28}{scheduled / path:9.2f}x")
+    print(f"{'critical path (receipts)':<28}{own:9.1f} s  ({' -> '.join(own_chain)}; "
+          "each step's started..finished, without its job's start)")
+    print(f"{'--jobs wall / that path':<28}{scheduled / own:9.2f}x")
+    print(f"{'sequential / --jobs wall':<28}{sequential / scheduled:9.2f}x")
+    print("step times (--jobs run): " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""``nscas run --jobs N``: the scheduled run, shown as it goes (nscas.cli.jobs_view)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from nscas.cli import render
+from nscas.cli.jobs_view import LiveTable, PlainLines, json_events, json_line
+from nscas.cli.run import results_json, summary_line
+from nscas.runs.runner import StepResult
+from nscas.runs.scheduler import Options, StepEvent, StepsFailed, run_scheduled
+from nscas.store.writer import Store
+
+
+def run_with_jobs(store: Store, file: Path, *, jobs: int, gpu_share: int, keep_going: bool,
+                  rerun: bool, sets: tuple[str, ...], only: tuple[str, ...], start: str | None,
+                  name: str | None, variant: str | None, sign_key: Path | None, wide: bool, as_json: bool,
+                  steps: int, on_step: Callable[[StepResult], None]) -> None:
+    """Run the pipeline scheduled; each finished step reported through ``on_step`` (as a
+    sequential run reports it), then the summary line (with ``--json``: a last event)."""
+    results: list[StepResult] = []
+
+    def finished(event: StepEvent) -> None:
+        if event.result is not None:
+            results.append(event.result)
+            on_step(event.result)
+        elif not as_json:
+            render.text(f"step {event.step}: failed: {event.message}")
+
+    def view_json(event: StepEvent) -> None:
+        json_events(event)
+        if event.state in ("cached", "done", "failed"):
+            finished(event)
+
+    options = Options(jobs=jobs, gpu_share=gpu_share, keep_going=keep_going)
+    live = render.is_tty() and not as_json
+    view = LiveTable(finished) if live else PlainLines(finished)
+    failure: StepsFailed | None = None
+    with view, _terminate_as_interrupt():
+        try:
+            run_scheduled(store, file, options, rerun=rerun, sets=sets, only=only, start=start,
+                          name=name, sign_key=sign_key,
+                          on_event=view_json if as_json else view)
+        except StepsFailed as exc:
+            failure = exc
+    crashed = sum(1 for step in (failure.failed if failure else {})
+                  if not any(r.step == step for r in results))
+    line = summary_line(results, steps=steps, rerun=rerun, crashed=bool(crashed))
+    if as_json:
+        json_line({"event": "finished", "summary": line,
+                   "results": results_json(results, pipeline=True, variant=variant)})
+    else:
+        render.note(line)
+    if failure is not None:
+        raise failure
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """A SIGTERM of ``nscas run`` ends it as Ctrl-C does: every job stopped first."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

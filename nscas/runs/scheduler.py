@@ -1,0 +1,322 @@
+"""Run a pipeline's ready steps at once on one machine, each in a process of its own.
+
+The run file is checked whole first (``check_file``: bad input writes nothing). Then every step
+whose upstream steps have succeeded starts as soon as a job slot and its declared resources
+(nscas.runs.resources) are free, as ``python -m nscas.runs.job`` in a new process group, with
+its CPUs (affinity, thread count) and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its
+one step through ``run_file``, so actions, outputs and IDs are those of a sequential run; two
+jobs (or runs) of one action run it once (nscas.store.claims). A failed step stops the steps
+that depend on it, and by default every other job too; a stopped or interrupted run ends every
+job's process group before it returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from nscas.errors import NscasError
+from nscas.objects.digests import Digest
+from nscas.runs.config import parse_params, step_reference
+from nscas.runs.job import JobSpec, Outcome
+from nscas.runs.resources import Grant, Machine, Needs, Pool, needs_of, this_machine
+from nscas.runs.runner import StepResult, check_file, load_plan_file, load_recipe
+from nscas.store.writer import Store
+
+STOP_GRACE_S = 10.0
+"""How long a stopped job has to end (its recipe's cleanup) before its group is killed."""
+LOGS = "logs"
+"""The store directory holding each scheduled run's job logs: ``logs/<run>/<step>.log``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """How a scheduled run runs: at most ``jobs`` steps at once; ``gpu_share`` steps per GPU;
+    ``keep_going``: after a failure, finish what does not depend on it."""
+
+    jobs: int
+    gpu_share: int = 1
+    keep_going: bool = False
+    machine: Machine | None = None
+    """What to hand out; None: this machine (its CPU affinity and ``nvidia-smi``'s GPUs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepEvent:
+    """A change in one step's state: ``waiting``, ``running`` (with ``devices``), ``progress``
+    (``done`` of ``total``, ``fields``), ``note``, ``cached``, ``done``, ``failed``,
+    ``stopped`` (ended by the run), ``not-run`` (an upstream step failed)."""
+
+    step: str
+    state: str
+    devices: str | None = None
+    done: int | None = None
+    total: int | None = None
+    description: str | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    message: str | None = None
+    result: StepResult | None = None
+    seconds: float | None = None
+    log: Path | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"event": self.state, "step": self.step}
+        for key in ("devices", "done", "total", "description", "message", "seconds"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.fields:
+            out["fields"] = dict(self.fields)
+        if self.log is not None:
+            out["log"] = str(self.log)
+        if self.result is not None:
+            out["receipt"] = str(self.result.receipt)
+            out["action"] = str(self.result.action)
+        return out
+
+
+class StepsFailed(NscasError):
+    """Steps of a scheduled run failed (or were stopped); their receipts are named."""
+
+    exit_code = 1
+
+    def __init__(self, failed: Mapping[str, Digest | None], results: list[StepResult],
+                 stopped: tuple[str, ...]) -> None:
+        named = ", ".join(f"{step} (receipt {receipt})" if receipt else step
+                          for step, receipt in failed.items())
+        extra = f"; stopped: {', '.join(stopped)}" if stopped else ""
+        super().__init__(f"{len(failed)} step{'s' if len(failed) != 1 else ''} failed: "
+                         f"{named}{extra}")
+        self.failed = dict(failed)
+        self.results = results
+        self.stopped = stopped
+
+
+class StepNeverFits(NscasError):
+    """A step needs more than the machine has: it could never start."""
+
+    def __init__(self, step: str, why: str) -> None:
+        super().__init__(f"step {step!r} cannot run here: {why}")
+        self.step = step
+
+
+@dataclass(slots=True, kw_only=True)
+class _Job:
+    step: str
+    process: subprocess.Popen[bytes]
+    grant: Grant
+    needs: Needs
+    started: float
+    log: Path
+    outcome: Outcome | None = None
+
+
+def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = False,
+                  sets: tuple[str, ...] = (), only: tuple[str, ...] = (),
+                  start: str | None = None, name: str | None = None,
+                  sign_key: Path | None = None,
+                  on_event: Callable[[StepEvent], None] | None = None) -> list[StepResult]:
+    """Run the file's chosen steps at most ``options.jobs`` at once; their results in the order
+    they ended. Raises ``StepsFailed`` (after every job has ended) if a step failed."""
+    chosen = check_file(store, path, sets=sets, only=only, start=start, name=name)
+    spec = load_plan_file(path, sets)
+    steps = {s.name: s for s in spec.steps if s.name in chosen}
+    deps = {n: {ref[0] for v in s.inputs.values() if (ref := step_reference(v)) is not None
+                and ref[0] in steps} for n, s in steps.items()}
+    pool = Pool(options.machine or this_machine(), gpu_share=options.gpu_share)
+    needs: dict[str, Needs] = {}
+    for step_name, step in steps.items():
+        recipe = load_recipe(step.recipe)
+        needs[step_name] = needs_of(recipe.name, parse_params(recipe.params, step.params,
+                                                              str(path)))
+        why = pool.never_fits(needs[step_name])
+        if why is not None:
+            raise StepNeverFits(step_name, why)
+    emit = on_event or (lambda _: None)
+    for step_name in chosen:
+        emit(StepEvent(step=step_name, state="waiting"))
+    run = _Run(store, path, options, pool, needs, deps, emit, rerun=rerun, sets=sets,
+               name=name, sign_key=sign_key)
+    return run.go(chosen)
+
+
+class _Run:
+    """One scheduled run's state, owned by the thread that called ``run_scheduled``; the
+    jobs' reader threads only put events on its queue."""
+
+    def __init__(self, store: Store, path: Path, options: Options, pool: Pool,
+                 needs: Mapping[str, Needs], deps: Mapping[str, set[str]],
+                 emit: Callable[[StepEvent], None], *, rerun: bool, sets: tuple[str, ...],
+                 name: str | None, sign_key: Path | None) -> None:
+        self.store, self.path, self.options, self.pool = store, path, options, pool
+        self.needs, self.deps, self.emit = needs, deps, emit
+        self.rerun, self.sets, self.name, self.sign_key = rerun, sets, name, sign_key
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        self.logs = store.root / LOGS / f"{stamp}-{os.getpid()}"
+        self.events: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
+        self.running: dict[str, _Job] = {}
+        self.results: list[StepResult] = []
+        self.receipts: dict[str, Digest] = {}
+        self.failed: dict[str, Digest | None] = {}
+        self.stopped: list[str] = []
+
+    def go(self, chosen: list[str]) -> list[StepResult]:
+        waiting = list(chosen)
+        stopping = False
+        try:
+            while waiting or self.running:
+                if not stopping:
+                    waiting = self._start_ready(waiting)
+                if not self.running:
+                    break  # what waits can never start: an upstream step failed
+                kind, step, event = self.events.get()
+                if kind == "event":
+                    self._relay(step, event)
+                    continue
+                ok = self._ended(self.running.pop(step))
+                if not ok:
+                    blocked = _downstream_of(step, waiting, self.deps)
+                    for other in blocked:
+                        self.emit(StepEvent(step=other, state="not-run",
+                                            message=f"step {step!r} failed"))
+                    waiting = [w for w in waiting if w not in blocked]
+                    if not self.options.keep_going and not stopping:
+                        stopping = True
+                        self._stop_all()
+            for other in waiting:
+                self.emit(StepEvent(step=other, state="not-run"))
+        except BaseException:
+            self._stop_all()  # Ctrl-C, a kill of this run: no job outlives it
+            raise
+        if self.failed or self.stopped:
+            raise StepsFailed(self.failed, self.results, tuple(self.stopped))
+        return self.results
+
+    def _start_ready(self, waiting: list[str]) -> list[str]:
+        left = []
+        for step in waiting:
+            ready = self.deps[step] <= self.receipts.keys()
+            grant = (self.pool.take(self.needs[step])
+                     if ready and len(self.running) < self.options.jobs else None)
+            if grant is None:
+                left.append(step)
+                continue
+            self._start(step, grant)
+        return left
+
+    def _start(self, step: str, grant: Grant) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{step}.log"
+        read_end, write_end = os.pipe()
+        spec = JobSpec(store=str(self.store.root), file=str(self.path), step=step,
+                       sets=self.sets, name=self.name, rerun=self.rerun,
+                       upstream={d: str(self.receipts[d]) for d in self.deps[step]},
+                       cores=grant.cores, events=write_end,
+                       sign_key=str(self.sign_key) if self.sign_key else None)
+        env = {**os.environ, **grant.environment(self.needs[step])}
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "nscas.runs.job", spec.to_json()], env=env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                pass_fds=(write_end,), start_new_session=True)
+        os.close(write_end)
+        job = _Job(step=step, process=process, grant=grant, needs=self.needs[step],
+                   started=time.monotonic(), log=log)
+        self.running[step] = job
+        reader = threading.Thread(target=self._read, args=(job, os.fdopen(read_end, "r")),
+                                  name=f"job-{step}", daemon=True)
+        reader.start()
+        self.emit(StepEvent(step=step, state="running", devices=grant.describe(), log=log))
+
+    def _read(self, job: _Job, stream: IO[str]) -> None:
+        """A job's events, then its end: on the run's queue (this thread's only output)."""
+        with stream:
+            for line in stream:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    self.events.put(("event", job.step, event))
+        job.process.wait()
+        self.events.put(("end", job.step, {}))
+
+    def _relay(self, step: str, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "outcome":
+            self.running[step].outcome = pickle.loads(base64.b64decode(event["pickle"]))
+        elif kind == "progress":
+            self.emit(StepEvent(step=step, state="progress", done=event.get("done"),
+                                total=event.get("total"), description=event.get("description"),
+                                fields=event.get("fields") or {}))
+        elif kind == "note":
+            self.emit(StepEvent(step=step, state="note", message=str(event.get("message"))))
+
+    def _ended(self, job: _Job) -> bool:
+        """Record a job that ended; whether its step succeeded."""
+        _kill_group(job.process.pid, signal.SIGKILL)  # whatever it left behind in its group
+        self.pool.give_back(job.grant, job.needs)
+        seconds = time.monotonic() - job.started
+        outcome, result = job.outcome, job.outcome.result if job.outcome else None
+        if result is not None:
+            self.results.append(result)
+        if result is not None and result.status == "succeeded" and outcome is not None \
+                and outcome.error is None:
+            self.receipts[job.step] = result.receipt
+            self.emit(StepEvent(step=job.step, state="cached" if result.cached else "done",
+                                result=result, seconds=seconds, log=job.log))
+            return True
+        if outcome is None and job.step in self.stopped:
+            self.emit(StepEvent(step=job.step, state="stopped", seconds=seconds, log=job.log))
+            return False
+        receipt = result.receipt if result is not None else outcome.receipt if outcome else None
+        message = (outcome.error if outcome is not None and outcome.error else
+                   f"the job ended with exit status {job.process.returncode} before its step "
+                   f"did (log: {job.log})")
+        self.failed[job.step] = receipt
+        self.stopped = [s for s in self.stopped if s != job.step]
+        self.emit(StepEvent(step=job.step, state="failed", message=message, result=result,
+                            seconds=seconds, log=job.log))
+        return False
+
+    def _stop_all(self) -> None:
+        """End every running job: SIGTERM to its process group, SIGKILL after the grace."""
+        for job in self.running.values():
+            if job.step not in self.stopped:
+                self.stopped.append(job.step)
+            _kill_group(job.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for job in list(self.running.values()):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                job.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            _kill_group(job.process.pid, signal.SIGKILL)
+            job.process.wait()
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _downstream_of(step: str, waiting: list[str], deps: Mapping[str, set[str]]) -> set[str]:
+    """The waiting steps that depend on ``step``, directly or through others."""
+    found: set[str] = set()
+    frontier = {step}
+    while frontier:
+        frontier = {w for w in waiting if w not in found and deps[w] & frontier}
+        found |= frontier
+    return found

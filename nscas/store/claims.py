@@ -1,0 +1,67 @@
+"""Claims on actions: one process at a time runs an action, so that two runs of the same action
+started at once (two ``nscas run`` processes, two jobs of one) execute it once, the later one
+waiting and then reusing the receipt.
+
+A local (SQLite) store lives on one host: the claim is a POSIX record lock on one byte of
+``claims.lock`` in the store's directory, at an offset given by the action's digest, held by the claiming process and
+dropped by the kernel if it dies. A team (PostgreSQL) store may be shared by many hosts: the
+claim is a session advisory lock on the action, held on a connection of its own, which the
+server drops with the connection.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from sqlalchemy import text
+
+from nscas.objects.digests import Digest
+
+if TYPE_CHECKING:
+    from nscas.store.writer import Store
+
+CLAIMS_FILE = "claims.lock"
+CLAIM_CLASS = 0x6E736372  # PostgreSQL advisory lock class of action claims ("nscr")
+_OFFSET_BYTES = 7  # offsets below 2^56: far inside off_t, and collisions need 2^28 actions
+
+
+@contextmanager
+def claim_action(store: Store, action: Digest) -> Iterator[None]:
+    """Hold the claim on ``action`` for this process while the block runs (waiting while
+    another process holds it)."""
+    if store.config is not None:
+        with _pg_claim(store, action):
+            yield
+        return
+    fd = os.open(store.root / CLAIMS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    offset = int(action.hex[:2 * _OFFSET_BYTES], 16)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX, 1, offset)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+@contextmanager
+def _pg_claim(store: Store, action: Digest) -> Iterator[None]:
+    from nscas.database.engines import make_pg_engine
+
+    assert store.config is not None
+    engine = make_pg_engine(store.config.database)
+    try:
+        with engine.connect() as c:
+            key = int.from_bytes(bytes.fromhex(action.hex[:8]), "big", signed=True)
+            c.execute(text("SELECT pg_advisory_lock(:k, :a)"), {"k": CLAIM_CLASS, "a": key})
+            c.commit()
+            try:
+                yield
+            finally:
+                c.execute(text("SELECT pg_advisory_unlock(:k, :a)"),
+                          {"k": CLAIM_CLASS, "a": key})
+                c.commit()
+    finally:
+        engine.dispose()

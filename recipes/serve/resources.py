@@ -1,0 +1,15 @@
+"""What a serve step needs (nscas.runs.resources): on the CPU, each replica's instances'
+threads; on CUDA, one GPU per replica (replica k runs on the step's GPU k) and a core each.
+Not imported by the recipe (no part of its code identity)."""
+
+from __future__ import annotations
+
+from nscas.recipes.serve.recipe import ServeParams
+from nscas.runs.resources import Needs
+
+
+def needs(params: ServeParams) -> Needs:
+    if params.device == "cuda":
+        return Needs(cores=params.replicas, gpus=params.replicas, world=params.replicas)
+    return Needs(cores=params.replicas * params.instances * params.threads,
+                 world=params.replicas)

@@ -1,0 +1,379 @@
+"""``nscas run --jobs``: steps at once in processes of their own, the same actions and outputs as
+one at a time, one execution of an action however many runs ask for it, and no job left behind
+when a step fails or the run is stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nscas.objects.digests import Digest
+from nscas.store.claims import CLAIM_CLASS
+from nscas.store.writer import Store, init_store
+from tests.runner.helpers import PIPELINE, snapshot, write
+from tests.runner.jobs_helpers import (
+    facts,
+    gone,
+    group_members,
+    nscas_process,
+    probe_site,
+    release_fifo,
+    start_nscas,
+    wait_gone,
+    wait_running,
+)
+
+DIAMOND = """
+name = "diamond"
+refs = "exp/diamond"
+[[step]]
+name = "a"
+recipe = "probe"
+params = { label = "a" }
+[[step]]
+name = "b"
+recipe = "probe"
+inputs = { source = "step.a.seen" }
+params = { label = "b" }
+[[step]]
+name = "c"
+recipe = "probe"
+inputs = { source = "step.a.seen" }
+params = { label = "c" }
+[[step]]
+name = "d"
+recipe = "probe"
+inputs = { left = "step.b.seen", right = "step.c.seen", first = "step.a.receipt" }
+params = { label = "d" }
+"""
+"""a, then b and c at once, then d (which also reads a's receipt)."""
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    return probe_site(tmp_path / "site")
+
+
+def _home(tmp_path: Path, name: str) -> Path:
+    home = tmp_path / name
+    home.mkdir()
+    init_store(home).close()
+    return home
+
+
+def _steps(out: str) -> list[dict[str, Any]]:
+    """The results of a ``--json`` run: a scheduled run's last line, a sequential run's list."""
+    if out.startswith("["):
+        return json.loads(out)
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["event"] == "finished"
+    return last["results"]
+
+
+def _run_json(home: Path, site: Path, file: Path, *args: object) -> list[dict[str, Any]]:
+    done = nscas_process(home, site, "run", file, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return _steps(done.stdout)
+
+
+def test_jobs_give_the_actions_and_outputs_of_a_sequential_run(tmp_path: Path, site: Path) -> None:
+    one, two = _home(tmp_path, "one"), _home(tmp_path, "two")
+    file = write(tmp_path, "diamond.toml", DIAMOND)
+    sequential = {r["step"]: r for r in _run_json(one, site, file)}
+    jobs = {r["step"]: r for r in _run_json(two, site, file, "--jobs", "3")}
+    assert set(jobs) == {"a", "b", "c", "d"}
+    for step in ("a", "b", "c"):
+        assert jobs[step]["action"] == sequential[step]["action"], step
+        assert jobs[step]["outputs"] == sequential[step]["outputs"], step
+    assert not any(r["cached"] for r in jobs.values())
+    with Store(two / ".nscas") as store:  # d read what the jobs before it gave (a receipt
+        action = store.get_record(Digest.parse(jobs["d"]["action"]))  # holds times: its own)
+    assert action["inputs"] == {"first": jobs["a"]["receipt"],
+                                "left": jobs["b"]["outputs"]["seen"],
+                                "right": jobs["c"]["outputs"]["seen"]}
+    again = _run_json(two, site, file)  # one step at a time, after the jobs: all cached
+    assert all(r["cached"] for r in again)
+    assert {r["step"]: r["receipt"] for r in again} == {s: r["receipt"] for s, r in jobs.items()}
+    with Store(two / ".nscas") as store:  # the refs a sequential run moves, moved
+        assert store.ref_get("exp/diamond/d/receipt") is not None
+        assert str(store.ref_get("exp/diamond/d/seen")) == jobs["d"]["outputs"]["seen"]
+
+
+def test_events_and_a_log_per_job(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", DIAMOND)
+    done = nscas_process(home, site, "run", file, "--jobs", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    by_step: dict[str, list[str]] = {}
+    for event in events[:-1]:
+        by_step.setdefault(event["step"], []).append(event["event"])
+    assert all(states[0] == "waiting" and states[-1] == "done" for states in by_step.values())
+    started = {e["step"]: e for e in events if e["event"] == "running"}
+    assert all(Path(e["log"]).is_file() for e in started.values())
+    order = [e["step"] for e in events if e["event"] in ("running", "done")]
+    assert order.index("a") < order.index("b") and order.index("a") < order.index("c")
+    assert order.index("d") > max(order.index("b"), order.index("c"))
+
+
+def test_ready_steps_run_at_once_each_with_its_cores(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    file = write(tmp_path, "two.toml", f"""
+        [[step]]
+        name = "x"
+        recipe = "probe"
+        params = {{ label = "x", hold = "{hold}" }}
+        [[step]]
+        name = "y"
+        recipe = "probe"
+        params = {{ label = "y", hold = "{hold}" }}
+        """)
+    fifos = [release_fifo(hold, label) for label in ("x", "y")]
+    run = start_nscas(home, site, "run", file, "--jobs", "2", "--json")
+    try:
+        ends = [wait_running(fifo) for fifo in fifos]  # both running at the same time
+        x, y = facts(hold, "x")[0], facts(hold, "y")[0]
+        assert x["pgid"] != y["pgid"] and x["pgid"] == x["pid"]  # each its own group
+        if len(os.sched_getaffinity(0)) >= 2:
+            assert len(x["cores"]) == 1 and x["cores"] != y["cores"]
+        assert x["threads"] == y["threads"] == "1"
+        for end in ends:
+            os.close(end)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err
+    assert {r["step"] for r in _steps(out)} == {"x", "y"}
+
+
+def test_a_step_that_can_never_fit_fails_at_once(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "big.toml", """
+        [[step]]
+        name = "small"
+        recipe = "probe"
+        [[step]]
+        name = "huge"
+        recipe = "probe"
+        params = { cores = 4096, label = "huge" }
+        """)
+    with Store(home / ".nscas") as store:
+        before = snapshot(store)
+    done = nscas_process(home, site, "run", file, "--jobs", "2")
+    assert done.returncode == 2
+    cores = len(os.sched_getaffinity(0))
+    assert "step 'huge' cannot run here: it needs 4096 CPU cores" in done.stderr
+    assert f"this machine has {cores} CPU core" in done.stderr
+    assert "Traceback" not in done.stderr
+    with Store(home / ".nscas") as store:
+        assert snapshot(store) == before  # nothing ran, nothing written
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres+s3"])
+def test_two_runs_of_one_action_execute_it_once(tmp_path: Path, site: Path, kind: str,
+                                                request: pytest.FixtureRequest) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    config = request.getfixturevalue("team_services").config() if kind != "sqlite" else None
+    init_store(home / "store", config).close()
+    store_dir = home / "store"
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    file = write(tmp_path, "one.toml", f"""
+        recipe = "probe"
+        [params]
+        label = "same"
+        hold = "{hold}"
+        """)
+    fifo = release_fifo(hold, "same")
+    first = start_nscas(home, site, "--store", store_dir, "run", file, "--json")
+    end = wait_running(fifo)  # one run is executing the action
+    second = start_nscas(home, site, "--store", store_dir, "run", file, "--json")
+    try:
+        if config is None:
+            _wait_blocked_on_claim(store_dir / ".nscas")
+        else:
+            _wait_blocked_on_advisory_claim(config.database)
+        os.close(end)
+        outs = [json.loads(p.communicate(timeout=300)[0]) for p in (first, second)]
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
+    assert first.returncode == second.returncode == 0
+    assert len(facts(hold, "same")) == 1  # executed once
+    assert outs[0]["receipt"] == outs[1]["receipt"]
+    assert sorted(o["cached"] for o in outs) == [False, True]
+
+
+def _wait_blocked_on_claim(store_dir: Path) -> None:
+    """Until a process waits for the claim the other holds (``/proc/locks`` shows waiters as
+    ``->``); no event says when a process starts waiting on a lock."""
+    claims = store_dir / "claims.lock"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        inode = claims.stat().st_ino if claims.exists() else None
+        locks = Path("/proc/locks").read_text().splitlines()
+        if inode is not None and any("->" in line and f":{inode} " in line for line in locks):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the second run never waited for the claim")
+
+
+def _wait_blocked_on_advisory_claim(database: str) -> None:
+    """Until a session waits for an advisory lock of the claims' class (pg_locks)."""
+    from sqlalchemy import text
+
+    from nscas.database.engines import make_pg_engine
+
+    engine = make_pg_engine(database)
+    deadline = time.monotonic() + 120
+    try:
+        with engine.connect() as c:
+            while time.monotonic() < deadline:
+                waiting = c.execute(text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                    "AND classid = :k"), {"k": CLAIM_CLASS}).scalar()
+                c.rollback()
+                if waiting:
+                    return
+                time.sleep(0.05)
+    finally:
+        engine.dispose()
+    raise AssertionError("the second run never waited for the claim")
+
+
+def _two_holding(hold: Path, *, failing: bool) -> str:
+    first = 'params = { fail = "error" }' if failing else f'params = {{ label = "z", hold = "{hold}" }}'
+    return f"""
+        [[step]]
+        name = "bad"
+        recipe = "probe"
+        {first}
+        [[step]]
+        name = "after-bad"
+        recipe = "probe"
+        inputs = {{ source = "step.bad.seen" }}
+        [[step]]
+        name = "x"
+        recipe = "probe"
+        params = {{ label = "x", hold = "{hold}" }}
+        [[step]]
+        name = "y"
+        recipe = "probe"
+        params = {{ label = "y", hold = "{hold}" }}
+        """
+
+
+def test_a_failure_stops_every_job_and_names_the_failed_receipt(tmp_path: Path,
+                                                                site: Path) -> None:
+    home = _home(tmp_path, "home")
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    file = write(tmp_path, "fails.toml", _two_holding(hold, failing=True))
+    release_fifo(hold, "x")
+    # bad fails while x holds (y waits: 2 jobs); x is stopped, after-bad and y never run.
+    done = nscas_process(home, site, "run", file, "--jobs", "2")
+    assert done.returncode == 1, done.stderr
+    assert "step(s) failed" not in done.stderr
+    assert "1 step failed: bad (receipt blake3:" in done.stderr
+    assert "Traceback" not in done.stderr
+    for execution in facts(hold, "x"):
+        assert gone(execution["pid"]) and not group_members(execution["pgid"])
+    assert not facts(hold, "y")
+
+
+def test_keep_going_finishes_what_does_not_depend_on_the_failure(tmp_path: Path,
+                                                                 site: Path) -> None:
+    home = _home(tmp_path, "home")
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    file = write(tmp_path, "fails.toml", _two_holding(hold, failing=True))
+    done = nscas_process(home, site, "run", file, "--jobs", "2", "--keep-going", "--json")
+    assert done.returncode == 1
+    results = {r["step"]: r for r in _steps(done.stdout)}
+    assert results["bad"]["status"] == "failed"
+    assert "after-bad" not in results
+    assert not results["x"]["cached"] and not results["y"]["cached"]
+    assert "bad (receipt blake3:" in done.stderr
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_run_stops_every_job_and_a_later_run_resumes(
+        tmp_path: Path, site: Path, how: signal.Signals) -> None:
+    home = _home(tmp_path, "home")
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    file = write(tmp_path, "stop.toml", _two_holding(hold, failing=False))
+    fifos = [release_fifo(hold, label) for label in ("z", "x")]
+    run = start_nscas(home, site, "run", file, "--jobs", "2")
+    ends = [wait_running(fifo) for fifo in fifos]  # bad (as z) and x hold; the rest wait
+    run.send_signal(how)
+    run.communicate(timeout=120)
+    assert run.returncode != 0
+    for label in ("z", "x"):
+        execution = facts(hold, label)[0]
+        assert wait_gone(execution["pid"]), label
+        assert not group_members(execution["pgid"])
+    for end in ends:
+        os.close(end)
+    with Store(home / ".nscas") as store:
+        before = {info.id for info in store.log(kind="receipt/1", limit=100)}
+        succeeded = [r for r in (store.get_record(i) for i in before)
+                     if r["status"] == "succeeded"]
+    assert not succeeded  # nothing half done counts as done
+    for label in ("z", "x"):
+        os.unlink(hold / f"{label}.release")  # the next run's probes do not wait
+    done = nscas_process(home, site, "run", file, "--jobs", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    results = {r["step"]: r for r in _steps(done.stdout)}
+    assert set(results) == {"bad", "after-bad", "x", "y"}
+    assert not any(r["cached"] for r in results.values())
+
+
+def test_real_recipes_give_the_same_ids_with_jobs(tmp_path: Path, site: Path) -> None:
+    one, two = _home(tmp_path, "one"), _home(tmp_path, "two")
+    file = write(tmp_path, "pipeline.toml", PIPELINE)
+    sequential = {r["step"]: r for r in _run_json(one, site, file)}
+    jobs = {r["step"]: r for r in _run_json(two, site, file, "--jobs", "2")}
+    assert {s: (r["action"], r["outputs"]) for s, r in jobs.items()} == \
+        {s: (r["action"], r["outputs"]) for s, r in sequential.items()}
+
+
+def test_a_sweep_runs_its_arms_as_jobs(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", DIAMOND)
+    results = {r["step"]: r for r in _run_json(home, site, file, "--jobs", "3", "--set",
+                                               'b.label=["x","y","z"]')}
+    assert set(results) == {"a", "c", "b.label-x", "b.label-y", "b.label-z", "d.b.label-x",
+                            "d.b.label-y", "d.b.label-z"}
+    again = _run_json(home, site, file, "--set", 'b.label=["x","y","z"]')
+    assert all(r["cached"] for r in again)
+
+
+def test_jobs_in_the_file_schedule_the_run(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", "jobs = 2\n" + DIAMOND)
+    done = nscas_process(home, site, "run", file, "--json")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {e["event"] for e in events} >= {"waiting", "running", "done", "finished"}
+
+
+@pytest.mark.parametrize("jobs", ["0", "true", '"4"', "2000"])
+def test_bad_jobs_in_the_file_is_one_line(tmp_path: Path, site: Path, jobs: str) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", f"jobs = {jobs}\n" + DIAMOND)
+    done = nscas_process(home, site, "run", file)
+    assert done.returncode == 2
+    assert "'jobs' of a pipeline file must be an integer from 1 to 1024" in done.stderr
+    assert "Traceback" not in done.stderr
