@@ -160,33 +160,27 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int | None:
-    """Run ``nscas ARGV`` if :func:`parse` takes it: its exit code. None: it did not.
-
-    A team store's connection is started first, so that it is made while the rest of the
-    command's code imports (nscas.store.opening.connecting)."""
+    """Run ``nscas ARGV`` if :func:`parse` takes it: its exit code. None: it did not."""
     line = _scan(argv, environ)
     if line is None:
         return None
-    from nscas.store.opening import connecting
-
     name, store, args = line
-    with connecting(store):
-        params = _options(name, args)
-        if params is None:
-            return None
-        from nscas.cli import reads, render
+    params = _options(name, args)
+    if params is None:
+        return None
+    from nscas.cli import reads, render
 
-        try:
-            getattr(reads, name)(store, **params)
-            sys.stdout.flush()  # a closed pipe shows here, not at exit
-        except (NscasError, OSError) as exc:
-            code = render.failure(exc)
-            if code is not None:
-                return code
-            # a closed pipe (``nscas log | head``): quiet, exit 1, as the typer app does
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
-            return 1
-        except KeyboardInterrupt:
-            render.error("aborted")
-            return 1
+    try:
+        getattr(reads, name)(store, **params)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except (NscasError, OSError) as exc:
+        code = render.failure(exc)
+        if code is not None:
+            return code
+        # a closed pipe (``nscas log | head``): quiet, exit 1, as the typer app does
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
+        return 1
+    except KeyboardInterrupt:
+        render.error("aborted")
+        return 1
     return 0
