@@ -36,7 +36,7 @@ import blake3
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.store import _fast_canonical, build_pg_records, record_runs  # noqa: E402
+from benchmarks.store import _fast_canonical, record_runs  # noqa: E402
 from nscas.database import writes  # noqa: E402
 from nscas.objects import canonical, kinds  # noqa: E402
 from nscas.store.config import StoreConfig  # noqa: E402
@@ -80,36 +80,53 @@ print(json.dumps({"first": first, "each": (time.perf_counter() - t1) / 200, "row
 """
 
 
-def build_sqlite(root: Path, total: int, state: dict[str, Any]) -> float:
-    """An SQLite store of ``total`` records, bulk-inserted through the store's own write
-    statements in transactions of 50,000 rows; returns the seconds it took."""
-    t0 = time.perf_counter()
-    store = init_store(root)
+def store_rows(total: int, state: dict[str, Any]) -> tuple[list[tuple[Any, ...]], list[tuple[str, str, str]]]:
+    """The object rows (nscas.database.writes.OBJECT_COLUMNS) and link rows that
+    ``put_records`` would write for ``total`` records, every row after those it links to."""
     now = time.time()
     objects: list[tuple[Any, ...]] = []
-    links: list[dict[str, str]] = []
-
-    def flush() -> None:
-        with store._begin() as c:
-            writes.insert_objects(c, objects)
-            writes.insert_links(c, links)
-        objects.clear()
-        links.clear()
-
+    links: list[tuple[str, str, str]] = []
     for blob, records in record_runs(state, total, _fast_canonical):
         objects.append((blake3.blake3(blob).hexdigest(), len(blob), hashlib.sha256(blob).hexdigest(),
                         None, "inline", "raw", len(blob), blob, now))
         for value, data in records:
+            if len(objects) % 97 == 0 and data != canonical.encode(value):
+                raise SystemExit(f"fast encoding differs from canonical.encode for {value}")
             hex_id = blake3.blake3(data).hexdigest()
             objects.append((hex_id, len(data), hashlib.sha256(data).hexdigest(),
                             kinds.validate(value), "inline", "raw", len(data), data, now))
-            links.extend({"parent": hex_id, "path": p, "child": d.hex}
-                         for p, d in canonical.iter_links(value))
-        if len(objects) >= _BATCH:
-            flush()
-    flush()
-    store.close()
-    return time.perf_counter() - t0
+            links.extend((hex_id, p, d.hex) for p, d in canonical.iter_links(value))
+    return objects, links
+
+
+def load_sqlite(root: Path, objects: list[tuple[Any, ...]], links: list[tuple[str, str, str]]) -> None:
+    """A new SQLite store holding these rows, inserted through the store's own write
+    statements (nscas.database.writes) in transactions of 50,000 objects."""
+    with init_store(root) as store:
+        for i in range(0, len(objects), _BATCH):
+            with store._begin() as c:
+                writes.insert_objects(c, objects[i:i + _BATCH])
+        for i in range(0, len(links), _BATCH):
+            with store._begin() as c:
+                writes.insert_links(c, [{"parent": p, "path": path, "child": ch}
+                                        for p, path, ch in links[i:i + _BATCH]])
+
+
+def load_postgres(database: str, objects: list[tuple[Any, ...]],
+                  links: list[tuple[str, str, str]]) -> None:
+    """The same rows into a team store's database by COPY, in one transaction, then VACUUM
+    ANALYZE (what autovacuum does for a store in use)."""
+    import psycopg
+
+    with psycopg.connect(database) as c, c.cursor() as cur:
+        with cur.copy(f"COPY objects ({', '.join(writes.OBJECT_COLUMNS)}) FROM STDIN") as copy:
+            for row in objects:
+                copy.write_row(row)
+        with cur.copy("COPY links (parent, path, child) FROM STDIN") as copy:
+            for link in links:
+                copy.write_row(link)
+    with psycopg.connect(database, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE")
 
 
 def timed(argv: list[str]) -> float:
@@ -166,19 +183,24 @@ def main() -> None:
     if isinstance(pg, str):
         raise SystemExit(f"no PostgreSQL: {pg}")
     try:
-        sqlite_state: dict[str, Any] = {}
-        built = build_sqlite(args.workdir / "sqlite", args.records, sqlite_state)
-        print(f"SQLite store of {sqlite_state['records']:,} records built in {built:.0f} s",
+        state: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        objects, links = store_rows(args.records, state)
+        print(f"{state['records']:,} records' rows made in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr)
+        t0 = time.perf_counter()
+        load_sqlite(args.workdir / "sqlite", objects, links)
+        print(f"SQLite store loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         init_store(args.workdir / "sqlite-empty").close()
         team = StoreConfig(database=pg.new_database(), objects=str(args.workdir / "team-data"))
         init_store(args.workdir / "team", team).close()
         empty = StoreConfig(database=pg.new_database(), objects=str(args.workdir / "empty-data"))
         init_store(args.workdir / "team-empty", empty).close()
-        pg_state: dict[str, Any] = {}
-        built = build_pg_records(team.database, args.records, pg_state)
-        print(f"team store of {pg_state['records']:,} records built ({built:.0f} s of COPY)",
-              file=sys.stderr)
+        t0 = time.perf_counter()
+        load_postgres(team.database, objects, links)
+        print(f"team store loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        del objects, links
+        sqlite_state = pg_state = state
         stores = {
             "SQLite": (args.workdir / "sqlite" / ".nscas", args.workdir / "sqlite-empty" / ".nscas",
                        sqlite_state, "sqlite", str(args.workdir / "sqlite" / ".nscas" / "nscas.db")),
@@ -186,8 +208,10 @@ def main() -> None:
                            args.workdir / "team-empty" / ".nscas" / "store.toml", pg_state,
                            "postgresql", team.database),
         }
+        bare = statistics.median(timed([sys.executable, "-c", "pass"]) for _ in range(args.runs))
         print(f"\n## nscas commands on {args.records:,} records: fresh process each, median of "
-              f"{args.runs} (s)\n")
+              f"{args.runs} (s); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
+              f"`python -c pass` {bare:.3f} s\n")
         cli = {name: cli_rows(s, e, st, args.runs) for name, (s, e, st, _, _) in stores.items()}
         print("| command | SQLite | PostgreSQL |\n|---|---:|---:|")
         for (label, a), (_, b) in zip(cli["SQLite"], cli["PostgreSQL"], strict=True):
@@ -204,5 +228,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     main()

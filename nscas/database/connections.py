@@ -101,6 +101,15 @@ class Pool:
             if c is not None:
                 self.release(c)
 
+    def open(self) -> None:
+        """Make a connection now, into the pool: a database that cannot be opened (or
+        reached) fails here, in the store's words, not at the first statement."""
+        try:
+            c = self._connect()
+        except self.engine.errors as exc:
+            raise self.engine.error(exc) from None
+        self.release(c)
+
     def _take(self) -> Connection | None:
         with self._lock:
             return self._idle.pop() if self._idle else None

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from nscas.database import queries as q
 from nscas.database import writes
-from nscas.database.connections import Connection, Engine, Pool
+from nscas.database.connections import Connection, Pool
 from nscas.database.revision import known_revisions, newer_schema, refuse_newer
 from nscas.database.sqlite import SqliteEngine
 from nscas.errors import (
@@ -140,14 +140,15 @@ class Store(StoreReader):
         if not readonly and not store_writable(root):
             self.close()
             raise ReadOnlyStore(str(root))
-        engine: Engine = (self._pool.engine if self.config is not None  # PostgreSQL: BEGIN says
-                          else SqliteEngine.for_writes(root / DB_NAME, root))
-        self._writes = Pool(engine)
-        if readonly:
+        # PostgreSQL: the reads' pool, whose BEGIN says read or write (one connection a
+        # command); SQLite: connections of their own, opened for writing.
+        self._writes = (self._pool if self.config is not None
+                        else Pool(SqliteEngine.for_writes(root / DB_NAME, root)))
+        if readonly or self.config is not None:  # PostgreSQL: the schema check connected
             return
         try:
-            with _faults(root), self._writes.write():  # puts an SQLite database in WAL mode
-                pass
+            with _faults(root):
+                self._writes.open()  # puts the database in WAL mode
         except BaseException:
             self.close()
             raise
@@ -167,9 +168,9 @@ class Store(StoreReader):
 
     def close(self) -> None:
         super().close()  # read-only connections first: the writer's last close checkpoints the WAL
-        writer = getattr(self, "_writes", None)
-        if writer is not None:
-            writer.close()
+        writes = getattr(self, "_writes", None)  # None: closed before it was made
+        if writes is not None:
+            writes.close()
 
     def __enter__(self) -> Store:
         return self
