@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -48,7 +49,7 @@ _BATCH = 50_000
 # One fresh interpreter per sample: import the layer, connect, run log's statement, then 200 more.
 _LAYER = r"""
 import sys, time, json
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 layer, engine, where = sys.argv[1:4]
 LOG = ("SELECT id, size, sha256, kind, storage, codec, stored_size, created FROM objects "
        "WHERE kind IS NOT NULL ORDER BY seq DESC LIMIT 20")
@@ -72,11 +73,12 @@ else:
             .where(o.c.kind.is_not(None)).order_by(o.c.seq.desc()).limit(20))
     run = lambda: conn.execute(stmt).fetchall()
 rows = run()
-first = time.perf_counter() - t0
+first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
 t1 = time.perf_counter()
 for _ in range(200):
     run()
-print(json.dumps({"first": first, "each": (time.perf_counter() - t1) / 200, "rows": len(rows)}))
+print(json.dumps({"first": first, "first_cpu": first_cpu, "each": (time.perf_counter() - t1) / 200,
+                  "rows": len(rows)}))
 """
 
 
@@ -129,16 +131,24 @@ def load_postgres(database: str, objects: list[tuple[Any, ...]],
         c.execute("VACUUM ANALYZE")
 
 
-def timed(argv: list[str]) -> float:
+def timed(argv: list[str]) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (user + system) of one command, which must succeed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed: {p.stderr.decode()[-2000:]}")
-    return dt
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return dt, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def cli_rows(store: Path, empty: Path, state: dict[str, Any], runs: int) -> list[tuple[str, float]]:
+def medians(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    return (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
+
+
+def cli_rows(store: Path, empty: Path, state: dict[str, Any], runs: int
+             ) -> list[tuple[str, tuple[float, float]]]:
     receipt, env, probe = state["last_receipt"], state["env"], state["probe_ckpt"]
     commands = {
         "log --limit 20": ["log", "--limit", "20"],
@@ -147,16 +157,15 @@ def cli_rows(store: Path, empty: Path, state: dict[str, Any], runs: int) -> list
         "lineage CKPT --down": ["lineage", probe, "--down"],
     }
     out = [("log --limit 20, EMPTY store (start-up floor)",
-            statistics.median(timed([str(NSCAS), "--store", str(empty), "log"])
-                              for _ in range(runs)))]
+            medians([timed([str(NSCAS), "--store", str(empty), "log"]) for _ in range(runs)]))]
     for label, argv in commands.items():
         timed([str(NSCAS), "--store", str(store), *argv])  # warm the page cache
-        out.append((label, statistics.median(timed([str(NSCAS), "--store", str(store), *argv])
-                                             for _ in range(runs))))
+        out.append((label, medians([timed([str(NSCAS), "--store", str(store), *argv])
+                                    for _ in range(runs)])))
     return out
 
 
-def layer_rows(engine: str, where: str, runs: int) -> list[tuple[str, float, float]]:
+def layer_rows(engine: str, where: str, runs: int) -> list[tuple[str, float, float, float]]:
     out = []
     for layer, name in (("driver", "(b) plain driver"), ("core", "(a) SQLAlchemy Core")):
         samples = []
@@ -165,6 +174,7 @@ def layer_rows(engine: str, where: str, runs: int) -> list[tuple[str, float, flo
                                capture_output=True, text=True, check=True)
             samples.append(json.loads(p.stdout))
         out.append((name, statistics.median(s["first"] for s in samples),
+                    statistics.median(s["first_cpu"] for s in samples),
                     statistics.median(s["each"] for s in samples)))
     return out
 
@@ -208,21 +218,22 @@ def main() -> None:
                            args.workdir / "team-empty" / ".nscas" / "store.toml", pg_state,
                            "postgresql", team.database),
         }
-        bare = statistics.median(timed([sys.executable, "-c", "pass"]) for _ in range(args.runs))
+        bare = medians([timed([sys.executable, "-c", "pass"]) for _ in range(args.runs)])
         print(f"\n## nscas commands on {args.records:,} records: fresh process each, median of "
               f"{args.runs} (s); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
-              f"`python -c pass` {bare:.3f} s\n")
+              f"`python -c pass` {bare[0]:.3f} s wall, {bare[1]:.3f} s CPU\n")
         cli = {name: cli_rows(s, e, st, args.runs) for name, (s, e, st, _, _) in stores.items()}
-        print("| command | SQLite | PostgreSQL |\n|---|---:|---:|")
+        print("| command | SQLite wall | SQLite CPU | PostgreSQL wall | PostgreSQL CPU |"
+              "\n|---|---:|---:|---:|---:|")
         for (label, a), (_, b) in zip(cli["SQLite"], cli["PostgreSQL"], strict=True):
-            print(f"| {label} | {a:.3f} | {b:.3f} |")
+            print(f"| {label} | {a[0]:.3f} | {a[1]:.3f} | {b[0]:.3f} | {b[1]:.3f} |")
         print(f"\n## query layer alone on {args.records:,} records: fresh interpreter each, median "
               f"of {args.runs}\n")
-        print("| engine | layer | import + connect + log query (s) | each further statement (ms) |"
-              "\n|---|---|---:|---:|")
+        print("| engine | layer | import + connect + log query, wall s | the same, CPU s | "
+              "each further statement, ms |\n|---|---|---:|---:|---:|")
         for name, (_, _, _, engine, where) in stores.items():
-            for layer, first, each in layer_rows(engine, where, args.runs):
-                print(f"| {name} | {layer} | {first:.3f} | {each * 1000:.3f} |")
+            for layer, first, cpu, each in layer_rows(engine, where, args.runs):
+                print(f"| {name} | {layer} | {first:.3f} | {cpu:.3f} | {each * 1000:.3f} |")
     finally:
         pg.close()
 

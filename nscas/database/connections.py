@@ -35,6 +35,10 @@ class Connection(Protocol):
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
     @property
     def in_transaction(self) -> bool: ...
+    @property
+    def broken(self) -> bool:
+        """Whether the connection can run no more statements (the server ended it)."""
+        ...
     def close(self) -> None: ...
 
 
@@ -117,6 +121,9 @@ class Pool:
     def release(self, c: Connection) -> None:
         """Back into the pool, its transaction (if any is left open) rolled back; a connection
         that cannot roll back (the server closed it) is closed instead."""
+        if c.broken:
+            c.close()
+            return
         if c.in_transaction:
             try:
                 c.execute("ROLLBACK")

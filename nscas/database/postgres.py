@@ -53,6 +53,10 @@ class PgConnection:
             cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
 
     @property
+    def broken(self) -> bool:
+        return self._c.closed or self._c.broken
+
+    @property
     def in_transaction(self) -> bool:
         return (not self._c.closed
                 and self._c.info.transaction_status != pq.TransactionStatus.IDLE)

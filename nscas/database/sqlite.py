@@ -17,6 +17,7 @@ class SqliteConnection(sqlite3.Connection):
     """``sqlite3.Connection``, naming its dialect for the queries that differ by engine."""
 
     dialect: Dialect = "sqlite"
+    broken = False  # a file: no server to end it
 
 
 class SqliteEngine:
