@@ -844,7 +844,7 @@ def bench_team_records(b: Bench, services: Any) -> None:
                   file=sys.stderr)
             rows = query_rows(b, store, state, where)
         rows.append(("nscas log --limit 20 on an EMPTY team store (CLI floor)", floor_pg,
-                     "start-up, libpq, one connection"))
+                     "start-up, psycopg, one connection"))
         rows.append(("nscas log --limit 20 on an EMPTY SQLite store (CLI floor)", floor_sqlite,
                      "start-up"))
         out[str(n)] = table(f"9. queries on a team store of {n:,} records (PostgreSQL)", rows)

@@ -1,7 +1,7 @@
 """The schema of a team store's PostgreSQL database as fsck compares it with what the migrations
 create: tables, columns, indexes and the insert-only triggers (nscas.database.revision has SQLite's).
 
-Apart from nscas.database.postgres, so that a read command's connection starts before this loads.
+Apart from nscas.database.postgres: only fsck needs it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from nscas.database.revision import INDEXES, INSERT_ONLY_TABLES, TABLES, SchemaDifference
 
 if TYPE_CHECKING:
-    from nscas.database.postgres import PgConnection
+    from nscas.database.connections import Connection
 
 GUARD_FUNCTION = "nscas_insert_only"
 """The trigger function the migrations create for the insert-only tables on PostgreSQL."""
@@ -38,7 +38,7 @@ GUARD_BODIES = {
 0004 create it: a body replaced with ``CREATE OR REPLACE FUNCTION`` switches every guard off."""
 
 
-def schema_differences(c: PgConnection) -> list[SchemaDifference]:
+def schema_differences(c: Connection) -> list[SchemaDifference]:
     """The PostgreSQL form of :func:`nscas.database.revision.schema_differences`: tables, columns,
     indexes and the insert-only triggers (each calling :data:`GUARD_FUNCTION` before its verb)."""
     columns: dict[str, set[str]] = {}
@@ -100,7 +100,7 @@ def schema_differences(c: PgConnection) -> list[SchemaDifference]:
     return out
 
 
-def _guard_function_differences(c: PgConnection) -> list[SchemaDifference]:
+def _guard_function_differences(c: Connection) -> list[SchemaDifference]:
     """The guard functions against :data:`GUARD_BODIES`: missing, another language, another
     body, or more than one of a name (an overload the triggers might resolve to instead)."""
     found: dict[str, list[tuple[str, str]]] = {}

@@ -17,8 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from sqlalchemy import text
-
+from nscas.database import writes
 from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
@@ -48,20 +47,16 @@ def claim_action(store: Store, action: Digest) -> Iterator[None]:
 
 @contextmanager
 def _pg_claim(store: Store, action: Digest) -> Iterator[None]:
-    from nscas.database.engines import make_pg_engine
+    from nscas.database.postgres import PgConnection
 
     assert store.config is not None
-    engine = make_pg_engine(store.config.database)
+    key = int.from_bytes(bytes.fromhex(action.hex[:8]), "big", signed=True)
+    c = PgConnection(store.config.database)  # its own session: the lock lives as long as it
     try:
-        with engine.connect() as c:
-            key = int.from_bytes(bytes.fromhex(action.hex[:8]), "big", signed=True)
-            c.execute(text("SELECT pg_advisory_lock(:k, :a)"), {"k": CLAIM_CLASS, "a": key})
-            c.commit()
-            try:
-                yield
-            finally:
-                c.execute(text("SELECT pg_advisory_unlock(:k, :a)"),
-                          {"k": CLAIM_CLASS, "a": key})
-                c.commit()
+        writes.hold_session_lock(c, CLAIM_CLASS, key)
+        try:
+            yield
+        finally:
+            writes.release_session_lock(c, CLAIM_CLASS, key)
     finally:
-        engine.dispose()
+        c.close()

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from nscas.errors import ConfigError, InvalidInput
 from nscas.redacting import redact
 from nscas.store.locating import CONFIG_NAME
-
-if TYPE_CHECKING:
-    from nscas.objects.chunks import ChunkBackend
 
 _KEYS = {"database", "objects", "s3"}
 _S3_KEYS = {"endpoint_url", "region", "access_key_id", "secret_access_key"}
@@ -127,17 +124,3 @@ def toml_string(value: str) -> str:
     import json  # only writing a config needs it: reading one is on every team read's path
 
     return json.dumps(value, ensure_ascii=False)
-
-
-def chunk_backend(root: Path, config: StoreConfig | None) -> ChunkBackend:
-    """Where the store at ``root`` keeps its leaves' bytes: its own ``data/``, a shared
-    directory, or an S3 prefix (boto3, imported only then)."""
-    from nscas.objects.chunks import ChunkFiles
-
-    if config is None:
-        return ChunkFiles(root)
-    if config.objects.startswith("s3://"):
-        from nscas.store.s3 import S3Chunks
-
-        return S3Chunks(config.objects, config.s3)
-    return ChunkFiles(Path(config.objects))

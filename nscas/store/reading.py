@@ -1,102 +1,52 @@
-"""Reading a store: every query that changes nothing, on the standard library's ``sqlite3``.
+"""Reading a store: every read method of :class:`StoreReader`, through the one query layer
+(nscas.database.queries over nscas.database.connections) on either engine.
 
 Read-only commands (``log``, ``show``, ``lineage``, ``fsck``, ``cat``, ``export``) open a
 :class:`StoreReader` and never import SQLAlchemy, whose import alone costs more than the 0.2 s
-such a command may take. The writer, :class:`nscas.store.writer.Store`, inherits these reads, so each
-query exists once; it adds the writes (SQLAlchemy Core, migrations, the gc bypass). This module
-never imports the writer: nscas.store.opening picks one or the other.
+such a command may take. The writer, :class:`nscas.store.writer.Store`, inherits these reads; it
+adds the writes (nscas.database.writes). This module never imports the writer:
+nscas.store.opening picks one or the other.
 """
 
 from __future__ import annotations
 
-import errno
 import io
-import os
 import re
 import sqlite3
-import threading
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, NamedTuple, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
+from nscas.database import queries as q
+from nscas.database.connections import Connection, Pool
+from nscas.database.queries import BATCH, OUTPUTS, batches
 from nscas.database.revision import (
     SchemaDifference,
     check_revision,
     database_error,
     schema_differences,
 )
-from nscas.errors import (
-    AmbiguousPrefix,
-    DestinationExists,
-    IntegrityError,
-    InvalidInput,
-    NoSpace,
-    NotFound,
-    StoreError,
-)
+from nscas.database.rows import Link, Linked, LinkWay, ObjectInfo, RefEntry
+from nscas.database.sqlite import SqliteEngine
+from nscas.errors import AmbiguousPrefix, IntegrityError, InvalidInput, NotFound, StoreError
 from nscas.objects import canonical
 from nscas.objects.chunks import ChunkBackend, ChunkFiles
 from nscas.objects.digests import Digest, DualHasher, blake3_hex, parse_prefix
-from nscas.store.config import chunk_backend, read_config
-from nscas.store.locating import BUSY_TIMEOUT_MS, DB_NAME, HEXISH, REF_NAME, store_writable
+from nscas.store.backends import chunk_backend
+from nscas.store.config import StoreConfig, read_config
+from nscas.store.locating import DB_NAME, HEXISH, REF_NAME, store_writable
+from nscas.store.materialising import LeafReader, materialise
 from nscas.suggestions import did_you_mean
 
-# ObjectInfo's columns: a SHA-256 left out at put time comes from object_sha256 once recorded.
-_INFO = ("id, size, COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE s.id = objects.id)),"
-         " kind, storage, codec, stored_size, created")
-BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
-_UNION_BATCH = 100  # SELECTs per UNION ALL, well under SQLite's bound of 500 terms
-OUTPUTS = "substr(path, 1, 9) = '$.outputs'"
-"""The links that name a run's outputs, exactly as the partial index ``ix_links_outputs``
-(migration 0005) is defined: a query that names it so reads that index, on both engines."""
+__all__ = ["BATCH", "OUTPUTS", "Link", "LinkWay", "Linked", "ObjectInfo", "RefEntry",
+           "StoreReader", "batches"]
+
+_UNREAD: Any = object()
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
                      "put_whole", "ref_set", "delete_objects", "execute_raw", "work_area",
                      "release_work_area"})
-
-
-class ObjectInfo(NamedTuple):
-    id: Digest
-    size: int
-    sha256: str | None
-    """None while unknown: a tensor object put without it (docs/format.md §1.2); ask
-    ``sha256()``, which computes it (and, on a writer, records it)."""
-    kind: str | None  # record kind, or None for a blob
-    storage: str
-    codec: str
-    stored_size: int
-    created: float
-
-
-class RefEntry(NamedTuple):
-    name: str
-    old: Digest | None
-    new: Digest
-    at: float
-    message: str
-
-
-class Link(NamedTuple):
-    parent: Digest
-    path: str
-    child: Digest
-
-
-LinkWay = Literal["from", "to", "outputs"]
-"""Which links of an object: its own (to its children), those to it (from its parents), or those
-to it from ``$.outputs`` paths (the receipts of the runs that made it)."""
-
-
-class Linked(NamedTuple):
-    """Links of some IDs with what is at their other ends (:meth:`StoreReader.linked`)."""
-
-    links: dict[Digest, list[Link]]
-    """Each asked ID's links, in the order its way reads them."""
-    kinds: dict[Digest, str | None]
-    """The kind (None: a blob) of each stored object at a link's other end."""
-    records: dict[Digest, dict[str, Any]]
-    """The records among those ends of the kinds asked for."""
 
 
 class StoreReader:
@@ -111,101 +61,72 @@ class StoreReader:
 
     readonly = True  # the writer sets its own
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, config: StoreConfig | None = _UNREAD) -> None:
+        """``config``: the store's ``store.toml`` as already read (None: an SQLite store), so
+        that a command reads it once; left out, it is read here."""
         self.root = root
-        self.config = read_config(root)
+        self.config = read_config(root) if config is _UNREAD else config
         """A team store's config (PostgreSQL + object storage); None for an SQLite store."""
-        self._idle: list[Any] = []  # connections not in use, for reuse
-        self._pool_lock = threading.Lock()
-        self._closed = False
         self.immutable = False
         """True when the database was opened ``immutable=1``: a read-only store without the
         ``-shm`` file that a WAL-mode read needs (see :func:`_immutable_open`)."""
-        self._errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
-        self._pg: Any = None  # nscas.database.postgres, for a team store
         if self.config is not None:
-            self._open_team_store()
+            self._open_team_store(self.config)
             return
         db = root / DB_NAME
         if not db.is_file():
             raise StoreError(f"{root} is not an nscas store (no {DB_NAME})")
-        self._uri = f"{db.absolute().as_uri()}?mode=ro"
         self.chunks: ChunkBackend = ChunkFiles(root)
+        self._pool = Pool(SqliteEngine.reader(db, root))
         try:
+            self._check_revision()
+        except sqlite3.Error as exc:
+            if not _immutable_open(root, exc):
+                raise database_error(exc, root) from None
+            self._pool = Pool(SqliteEngine.reader(db, root, immutable=True))
+            self.immutable = True
             try:
                 self._check_revision()
-            except sqlite3.Error as exc:
-                if not _immutable_open(root, exc):
-                    raise database_error(exc, root) from None
-                self._uri += "&immutable=1"
-                self.immutable = True
-                try:
-                    self._check_revision()
-                except sqlite3.Error as again:
-                    raise database_error(again, root) from None
-        except BaseException:
-            self._close_reads()  # not close(): a subclass's own resources do not exist yet
-            raise
+            except sqlite3.Error as again:
+                raise database_error(again, root) from None
 
-    def _open_team_store(self) -> None:
-        """PostgreSQL through libpq directly (nscas.database.postgres), object data where the config
+    def _open_team_store(self, config: StoreConfig) -> None:
+        """PostgreSQL through psycopg (nscas.database.postgres), object data where the config
         says."""
         from nscas.database import postgres
 
-        assert self.config is not None
-        self._pg = postgres
-        self._errors = postgres.ERRORS
-        self.chunks = chunk_backend(self.root, self.config)
-        c = self._connect()
+        self.chunks = chunk_backend(self.root, config)
+        self._pool = Pool(postgres.PgEngine(config.database, self.root))
+        c = self._pool.engine.connect()
         try:
             check_revision(c, self.root, postgres.schema_revision(c))
+        except postgres.PgEngine.errors as exc:
+            c.close()
+            raise self._pool.engine.error(exc) from None
         except BaseException:
             c.close()
             raise
-        self._release(c)  # the first read's connection: one connect per command, not two
-
-    def _database_error(self, exc: BaseException) -> StoreError:
-        if self._pg is not None:
-            return self._pg.database_error(exc, self.root, self.config.database)
-        return database_error(exc, self.root)  # type: ignore[arg-type]
+        self._pool.release(c)  # the first read's connection: one connect per command, not two
 
     def _share(self) -> None:
         """Read through the ``-shm`` file from now on (a writer of this process has created
         it): ``immutable=1`` is right only while nothing can write."""
         if self.immutable:
-            self._uri = self._uri.removesuffix("&immutable=1")
+            self._pool.close()
+            self._pool = Pool(SqliteEngine.reader(self.root / DB_NAME, self.root))
             self.immutable = False
-            with self._pool_lock:
-                idle, self._idle = self._idle, []
-            for c in idle:
-                c.close()
 
     def _check_revision(self) -> None:
         """Refuse another schema version; raises SQLite's own error, for the caller to judge."""
-        c = self._connect()
+        c = self._pool.engine.connect()
         try:
             c.execute("BEGIN")
-            check_revision(c, self.root)
+            check_revision(c, self.root)  # type: ignore[arg-type]
         finally:
             c.close()
 
-    def _connect(self) -> Any:
-        if self._pg is not None:
-            return self._pg.connect(self.config.database, self.root)
-        # Autocommit mode, so that BEGIN is the transaction; the timeout is SQLite's busy
-        # timeout (a reader waits only for a WAL checkpoint or recovery, if at all).
-        return sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
-                               isolation_level=None, check_same_thread=False)
-
     def close(self) -> None:
-        self._close_reads()
-
-    def _close_reads(self) -> None:
-        with self._pool_lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for c in idle:
-            c.close()
+        self._pool.close()
 
     def __enter__(self) -> StoreReader:
         return self
@@ -219,55 +140,24 @@ class StoreReader:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @contextmanager
-    def _read(self, *, snapshot: bool = True) -> Iterator[sqlite3.Connection]:
-        """A connection inside a deferred read transaction, returned to the pool afterwards;
-        ``snapshot=False`` for a read of one statement, which needs no transaction.
-
-        A pool rather than one connection per thread: a generator (``leaves``) may hold its
-        transaction open while the same thread runs other reads.
-
-        SQLite's errors (a table dropped by hand, a full disk) become the store's, in one line.
-        """
-        with self._pool_lock:
-            c = self._idle.pop() if self._idle else None
-        try:
-            if c is None:
-                c = self._connect()
-            if snapshot:
-                c.execute("BEGIN")
+    def _read(self, *, snapshot: bool = True) -> Iterator[Connection]:
+        """A connection inside a read transaction (``snapshot=False``: a read of one
+        statement, which needs none); the database's errors become the store's, in one line."""
+        with self._pool.read(snapshot=snapshot) as c:
             yield c
-        except self._errors as exc:
-            raise self._database_error(exc) from None
-        finally:
-            if c is not None:
-                self._release(c)
-
-    def _release(self, c: Any) -> None:
-        if c.in_transaction:
-            try:
-                c.rollback()
-            except self._errors:  # a connection the server closed: not one to reuse
-                c.close()
-                return
-        with self._pool_lock:
-            keep = not self._closed
-            if keep:
-                self._idle.append(c)
-        if not keep:
-            c.close()
 
     # ----------------------------------------------------------------- lookups
 
     def has(self, oid: Digest) -> bool:
         with self._read(snapshot=False) as c:
-            return c.execute("SELECT 1 FROM objects WHERE id = ?", (oid.hex,)).fetchone() is not None
+            return q.has(c, oid.hex)
 
     def info(self, oid: Digest) -> ObjectInfo:
         with self._read(snapshot=False) as c:
-            row = c.execute(f"SELECT {_INFO} FROM objects WHERE id = ?", (oid.hex,)).fetchone()
-        if row is None:
+            found = q.info(c, oid.hex)
+        if found is None:
             raise NotFound(str(oid))
-        return _info(row)
+        return found
 
     def sha256(self, oid: Digest) -> str:
         """The object's SHA-256: as recorded, else computed from its bytes (checked against
@@ -287,8 +177,7 @@ class StoreReader:
         last = ""
         while True:
             with self._read(snapshot=False) as c:
-                rows = c.execute("SELECT id, sha256 FROM object_sha256 WHERE id > ? ORDER BY id"
-                                 " LIMIT 2000", (last,)).fetchall()
+                rows = q.lazy_sha256_after(c, last, 2000)
             if not rows:
                 return
             last = rows[-1][0]
@@ -315,9 +204,7 @@ class StoreReader:
             return target
         prefix = parse_prefix(text_)
         with self._read(snapshot=False) as c:
-            rows = [r[0] for r in c.execute(
-                "SELECT id FROM objects WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
-                (prefix, prefix + "g"))]
+            rows = q.ids_with_prefix(c, prefix, 11)
         if not rows:
             target = self.ref_get(text_) if REF_NAME.fullmatch(text_) else None
             if target is not None:
@@ -332,7 +219,7 @@ class StoreReader:
     def get_bytes(self, oid: Digest) -> bytes:
         """All bytes of an object, checked against its ID (never wrong bytes)."""
         with self._read() as c:
-            data = b"".join(self.read_leaf(*leaf) for leaf in _leaves(c, oid.hex))
+            data = b"".join(self.read_leaf(*leaf) for leaf in q.leaves(c, oid.hex))
         got = blake3_hex(data)
         if got != oid.hex:
             raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
@@ -354,9 +241,7 @@ class StoreReader:
         out: dict[Digest, dict[str, Any]] = {}
         for batch in batches([d.hex for d in wanted], BATCH):
             with self._read(snapshot=False) as c:
-                rows = {r[0]: r[1:] for r in c.execute(
-                    f"SELECT id, kind, storage, data FROM objects WHERE id IN ({_marks(batch)})",
-                    batch)}
+                rows = q.records_of(c, batch)
             for hex_id in batch:
                 if hex_id not in rows:
                     raise NotFound(str(Digest(hex_id)))
@@ -374,15 +259,12 @@ class StoreReader:
         kinds_: dict[Digest, str | None] = {}
         records: dict[Digest, dict[str, Any]] = {}
         wanted = sorted(set(record_kinds))
-        data_of = f"CASE WHEN kind IN ({_marks(wanted)}) THEN data END" if wanted else "NULL"
         todo = list(batches(list(dict.fromkeys(d.hex for d in ids)), BATCH))
         if not todo:
             return kinds_, records
         with self._read(snapshot=len(todo) > 1) as c:
             for batch in todo:
-                rows = c.execute(f"SELECT id, kind, storage, {data_of} FROM objects "
-                                 f"WHERE id IN ({_marks(batch)})", [*wanted, *batch]).fetchall()
-                for hex_id, kind, storage, data in rows:
+                for hex_id, kind, storage, data in q.kinds_with_data(c, batch, wanted):
                     kinds_[Digest(hex_id)] = kind
                     if kind in wanted:
                         records[Digest(hex_id)] = self._record(hex_id, storage, data)
@@ -397,12 +279,12 @@ class StoreReader:
         """A reader over an object's bytes, each leaf checked as it is read."""
         if not self.has(oid):  # fail at open, not at the first read
             raise NotFound(str(oid))
-        return io.BufferedReader(_LeafReader(self, oid), buffer_size=1 << 20)
+        return io.BufferedReader(LeafReader(self, oid), buffer_size=1 << 20)
 
     def leaves(self, oid: Digest) -> Iterator[tuple[Digest, str, bytes | None, int]]:
         """(ID, codec, inline data or None, recorded size) of an object's leaves in order."""
         with self._read() as c:
-            yield from _leaves(c, oid.hex)
+            yield from q.leaves(c, oid.hex)
 
     def read_leaf(self, oid: Digest, codec: str, inline: bytes | None, size: int) -> bytes:
         """A leaf's plain bytes, checked against its ID; a chunk decodes to at most ``size``
@@ -416,96 +298,33 @@ class StoreReader:
 
     def materialise(self, oid: Digest, dest: Path) -> None:
         """Write a blob to a new file, or a tree/1 to a new (or empty) directory; never
-        overwrite."""
-        info = self.info(oid)
-        if dest.is_symlink() or dest.exists():
-            empty = dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir())
-            if not (empty and info.kind == "tree/1"):
-                raise DestinationExists(str(dest) if empty or not dest.is_dir()
-                                        else f"{dest} (a directory that is not empty)")
-        try:
-            self._materialise(oid, info, dest)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise NoSpace(str(dest.parent)) from None
-            raise
-
-    def _materialise(self, oid: Digest, info: ObjectInfo, dest: Path) -> None:
-        import tempfile  # only ``get`` needs it (3 ms of imports for every other read command)
-
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".nscas-get-", dir=dest.parent))
-        try:
-            if info.kind == "tree/1":
-                out = tmp / "tree"
-                out.mkdir()
-                record = self.get_record(oid)
-                for rel, entry in sorted(record["entries"].items()):
-                    target = out / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    self._write_blob(Digest.parse(entry["id"]), target)
-            else:
-                out = tmp / "blob"
-                self._write_blob(oid, out)
-            try:
-                os.replace(out, dest)
-            except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):  # filled meanwhile
-                    raise DestinationExists(str(dest)) from None
-                raise
-        finally:
-            import shutil  # only writing a directory out needs it
-
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def _write_blob(self, oid: Digest, target: Path) -> None:
-        h = DualHasher()
-        with target.open("wb") as f:
-            for leaf in self.leaves(oid):
-                chunk = self.read_leaf(*leaf)
-                h.update(chunk)
-                f.write(chunk)
-        if h.digest() != oid:
-            raise IntegrityError(f"object {oid}", str(oid), str(h.digest()))
+        overwrite (nscas.store.materialising)."""
+        materialise(self, oid, dest)
 
     def part_ids(self, oid: Digest) -> list[tuple[int, Digest]]:
         """(offset, part ID) of an object stored as parts; empty for other objects."""
+        return [(off, part) for _, off, part in self.part_rows(oid)]
+
+    def part_rows(self, oid: Digest) -> list[tuple[int, int, Digest]]:
         with self._read(snapshot=False) as c:
-            rows = c.execute('SELECT "offset", part_id FROM parts WHERE object_id = ? ORDER BY idx',
-                             (oid.hex,)).fetchall()
-        return [(off, Digest(part)) for off, part in rows]
+            rows = q.part_rows(c, oid.hex)
+        return [(idx, off, Digest(part)) for idx, off, part in rows]
 
     # -------------------------------------------------------------------- refs
 
     def ref_get(self, name: str) -> Digest | None:
         with self._read(snapshot=False) as c:
-            row = c.execute("SELECT target FROM refs WHERE name = ?", (name,)).fetchone()
-        return Digest(row[0]) if row and row[0] else None
+            target = q.ref_target(c, name)
+        return Digest(target) if target else None
 
     def ref_list(self, prefix: str = "") -> list[tuple[str, Digest]]:
-        sql, args = "SELECT name, target FROM refs", ()
-        if prefix:
-            # Case-sensitive on both engines, as ref names are (SQLite's LIKE ignores ASCII case,
-            # PostgreSQL's does not): the name's first characters equal the prefix exactly.
-            sql, args = sql + " WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
         with self._read(snapshot=False) as c:
-            rows = c.execute(sql, args).fetchall()
-        # Sorted here, by code point: a PostgreSQL database's collation may order otherwise.
-        return [(name, Digest(target)) for name, target in sorted(rows)]
+            rows = q.refs(c, prefix)
+        return [(name, Digest(target)) for name, target in rows]
 
     def ref_log(self, name: str | None = None, limit: int | None = None) -> list[RefEntry]:
-        sql = "SELECT name, old, new, at, message FROM ref_log"
-        args: list[Any] = []
-        if name is not None:
-            sql += " WHERE name = ?"
-            args.append(name)
-        sql += " ORDER BY seq DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(limit)
         with self._read(snapshot=False) as c:
-            return [RefEntry(name=n, old=Digest(old) if old else None, new=Digest(new), at=at,
-                             message=message) for n, old, new, at, message in c.execute(sql, args)]
+            return q.ref_log(c, name, limit)
 
     # ------------------------------------------------------------------- links
 
@@ -547,39 +366,13 @@ class StoreReader:
     def _links(self, ids: Iterable[Digest], way: LinkWay, limit: int | None,
                ends: list[str] | None) -> Linked:
         out = Linked(links={d: [] for d in ids}, kinds={}, records={})
-        end = "child" if way == "from" else "parent"
-        columns, join, head = "l.parent, l.path, l.child", "", []
-        if ends is not None:  # objects has no column named like one of links'
-            data_of = f"CASE WHEN o.kind IN ({_marks(ends)}) THEN o.data END" if ends else "NULL"
-            columns += f", o.id, o.kind, o.storage, {data_of}"
-            join, head = f" LEFT JOIN objects AS o ON o.id = l.{end}", ends
-        one = "SELECT parent, path, child FROM links WHERE child = {} ORDER BY parent, path"
-        if limit is not None:
-            one += f" LIMIT {int(limit)}"
-        for batch in batches([d.hex for d in out.links],
-                             _UNION_BATCH if way == "to" and self._pg is None else BATCH):
-            args: list[str] = batch
-            if way == "from":
-                sql = (f"SELECT {columns} FROM links AS l{join} WHERE l.parent IN "
-                       f"({_marks(batch)}) ORDER BY l.parent, l.path")
-            elif way == "outputs":
-                sql = (f"SELECT {columns} FROM links AS l{join} WHERE l.child IN "
-                       f"({_marks(batch)}) AND {OUTPUTS} ORDER BY l.parent, l.path")
-            elif self._pg is not None:
-                # One LATERAL join over an array of the IDs (char(64), the column's type, so that
-                # ix_links_child serves): PostgreSQL plans a UNION ALL of 100 SELECTs in ~20 ms
-                # and this in under one. SQLite has no LATERAL; its UNION costs it nothing so.
-                sql = (f"SELECT {columns} FROM unnest(CAST(? AS char(64)[])) AS k(id) CROSS JOIN "
-                       f"LATERAL ({one.format('k.id')}) AS l{join} "
-                       "ORDER BY l.child, l.parent, l.path")
-                args = ["{" + ",".join(batch) + "}"]  # an array literal of hex IDs, one value
-            else:
-                union = " UNION ALL ".join(f"SELECT * FROM ({one.format('?')}) AS q{i}"
-                                           for i in range(len(batch)))
-                sql = (f"SELECT {columns} FROM ({union}) AS l{join} "
-                       "ORDER BY l.child, l.parent, l.path")
+        todo = [d.hex for d in out.links]
+        size: int | None = None
+        while todo:
             with self._read(snapshot=False) as c:
-                rows = c.execute(sql, [*head, *args]).fetchall()
+                size = size or q.link_batch(c, way)
+                batch, todo = todo[:size], todo[size:]
+                rows = q.links(c, batch, way, limit, ends)
             for row in rows:
                 link = Link(parent=Digest(row[0]), path=row[1], child=Digest(row[2]))
                 out.links[link.parent if way == "from" else link.child].append(link)
@@ -603,31 +396,15 @@ class StoreReader:
                 batch, frontier = frontier[:BATCH], frontier[BATCH:]
                 new = [h for h in batch if h not in seen]
                 seen.update(new)
-                if not new:
-                    continue
-                marks = _marks(new)
-                kids = [r[0] for r in c.execute(
-                    f"SELECT child FROM links WHERE parent IN ({marks})", new)]
-                if with_parts:
-                    kids += [r[0] for r in c.execute(
-                        f"SELECT part_id FROM parts WHERE object_id IN ({marks})", new)]
-                frontier.extend(k for k in kids if k not in seen)
+                if new:
+                    frontier.extend(k for k in q.children(c, new, with_parts=with_parts)
+                                    if k not in seen)
         return {Digest(h) for h in seen}
 
     def log(self, *, kind: str | None = None, limit: int = 20, before: int | None = None) -> list[ObjectInfo]:
         """Records, newest first."""
-        # `kind IS NOT NULL` as written lets SQLite use the partial indexes on records.
-        sql = f"SELECT {_INFO} FROM objects WHERE kind IS NOT NULL"
-        args: list[Any] = []
-        if kind is not None:
-            sql += " AND kind = ?"
-            args.append(kind)
-        if before is not None:
-            sql += " AND seq < ?"
-            args.append(before)
         with self._read(snapshot=False) as c:
-            rows = c.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
-        return [_info(r) for r in rows]
+            return q.log(c, kind=kind, limit=limit, before=before)
 
     # ------------------------------------------------------------ maintenance
 
@@ -636,70 +413,28 @@ class StoreReader:
         while True:
             # A statement per batch: a long walk (fsck, gc) does not pin one WAL snapshot.
             with self._read(snapshot=False) as c:
-                rows = c.execute(f"SELECT seq, {_INFO} FROM objects WHERE seq > ? ORDER BY seq "
-                                 "LIMIT ?", (last, batch)).fetchall()
+                rows = q.objects_after(c, last, batch)
             if not rows:
                 return
             last = rows[-1][0]
-            yield from (_info(r[1:]) for r in rows)
+            yield from (found for _, found in rows)
 
     def inline_data(self, oid: Digest) -> bytes | None:
         with self._read(snapshot=False) as c:
-            row = c.execute("SELECT data FROM objects WHERE id = ?", (oid.hex,)).fetchone()
-        return bytes(row[0]) if row is not None and row[0] is not None else None
-
-    def part_rows(self, oid: Digest) -> list[tuple[int, int, Digest]]:
-        with self._read(snapshot=False) as c:
-            rows = c.execute('SELECT idx, "offset", part_id FROM parts WHERE object_id = ? '
-                             "ORDER BY idx", (oid.hex,)).fetchall()
-        return [(idx, off, Digest(part)) for idx, off, part in rows]
+            return q.inline_data(c, oid.hex)
 
     def schema_differences(self) -> list[SchemaDifference]:
         """How the store's tables, indexes and triggers differ from what the migrations create."""
         with self._read() as c:
-            if self._pg is not None:
+            if c.dialect == "postgresql":
                 from nscas.database import pgschema
 
                 return pgschema.schema_differences(c)
-            return schema_differences(c)
+            return schema_differences(c)  # type: ignore[arg-type]
 
     def counts(self) -> dict[str, int]:
         with self._read() as c:
-            n = c.execute("SELECT count(*) FROM objects").fetchone()[0]
-            r = c.execute("SELECT count(*) FROM objects WHERE kind IS NOT NULL").fetchone()[0]
-            nrefs = c.execute("SELECT count(*) FROM refs").fetchone()[0]
-        return {"objects": n, "records": r, "refs": nrefs}
-
-
-class _LeafReader(io.RawIOBase):
-    def __init__(self, store: StoreReader, oid: Digest) -> None:
-        self._it = store.leaves(oid)
-        self._store = store
-        self._buf = b""
-        self._pos = 0
-        self._hasher = DualHasher()
-        self._oid = oid
-        self._done = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while self._pos >= len(self._buf):
-            nxt = next(self._it, None)
-            if nxt is None:
-                if not self._done:
-                    self._done = True
-                    if self._hasher.digest() != self._oid:
-                        raise IntegrityError(f"object {self._oid}", str(self._oid), str(self._hasher.digest()))
-                return 0
-            self._buf = self._store.read_leaf(*nxt)
-            self._hasher.update(self._buf)
-            self._pos = 0
-        n = min(len(b), len(self._buf) - self._pos)
-        b[:n] = self._buf[self._pos:self._pos + n]
-        self._pos += n
-        return n
+            return q.counts(c)
 
 
 def _immutable_open(root: Path, exc: sqlite3.Error) -> bool:
@@ -724,36 +459,3 @@ def _immutable_open(root: Path, exc: sqlite3.Error) -> bool:
                          f"SQLite cannot read without {db.name}-shm; open the store once where it "
                          "is writable")
     return True
-
-
-def _leaves(c: sqlite3.Connection, hex_id: str) -> Iterator[tuple[Digest, str, bytes | None, int]]:
-    row = c.execute("SELECT storage, codec, data, size FROM objects WHERE id = ?",
-                    (hex_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"blake3:{hex_id}")
-    storage, codec, data, size = row
-    if storage == "inline":
-        yield Digest(hex_id), codec, bytes(data), size
-    elif storage == "file":
-        yield Digest(hex_id), codec, None, size
-    else:
-        subs = [r[0] for r in c.execute(
-            "SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx", (hex_id,))]
-        for sub in subs:
-            yield from _leaves(c, sub)
-
-
-def _info(row: tuple[Any, ...]) -> ObjectInfo:
-    """An ObjectInfo from a row of the ``_INFO`` columns."""
-    hex_id, size, sha256, kind, storage, codec, stored_size, created = row
-    return ObjectInfo(id=Digest(hex_id), size=size, sha256=sha256, kind=kind, storage=storage,
-                      codec=codec, stored_size=stored_size, created=created)
-
-
-def _marks(items: list[str]) -> str:
-    return ", ".join("?" * len(items))
-
-
-def batches(items: list[str], n: int) -> Iterator[list[str]]:
-    for i in range(0, len(items), n):
-        yield items[i:i + n]

@@ -1,27 +1,25 @@
-"""The store's writes on SQLAlchemy: puts, refs by compare-and-swap, gc deletes, migrations.
+"""The store's writes: puts, refs by compare-and-swap, gc deletes, store creation and upgrade.
 
-Its reads it inherits from nscas.store.reading; these two are the only modules with queries.
+Its reads it inherits from nscas.store.reading; its statements are nscas.database.writes's, run
+through the same connections (nscas.database.connections) as the reads. SQLAlchemy serves only
+the migrations that ``init_store`` runs (nscas.database.engines).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, text
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DBAPIError
-
-from nscas.database.engines import make_engine, make_pg_engine, upgrade
-from nscas.database.revision import database_error, known_revisions, newer_schema, refuse_newer
-from nscas.database.schema import gc_session, links, object_sha256, objects, parts, ref_log, refs
+from nscas.database import queries as q
+from nscas.database import writes
+from nscas.database.connections import Connection, Pool
+from nscas.database.revision import known_revisions, newer_schema, refuse_newer
+from nscas.database.sqlite import SqliteEngine
 from nscas.errors import (
     ClosureError,
     InvalidInput,
@@ -36,7 +34,8 @@ from nscas.objects import canonical, kinds
 from nscas.objects.chunks import ChunkFiles, Segment, plan_segments
 from nscas.objects.digests import Digest, Readable, blake3_hex, sha256_hex
 from nscas.runs.workarea import WorkArea, WorkAreas
-from nscas.store.config import StoreConfig, chunk_backend, read_config, render_config
+from nscas.store.backends import chunk_backend
+from nscas.store.config import StoreConfig, read_config, render_config
 from nscas.store.locating import (
     CONFIG_NAME,
     DB_NAME,
@@ -47,7 +46,7 @@ from nscas.store.locating import (
 )
 from nscas.store.protocol import tree_record
 from nscas.store.putting import Leaf, Putter
-from nscas.store.reading import BATCH, Link, ObjectInfo, RefEntry, StoreReader, batches
+from nscas.store.reading import _UNREAD, Link, ObjectInfo, RefEntry, StoreReader
 
 # The reads live in nscas.store.reading, which imports no SQLAlchemy; their names stay importable here.
 # Opening a store (reader or writer) is nscas.store.opening's.
@@ -56,8 +55,6 @@ __all__ = ["DB_NAME", "STORE_DIR", "Link", "ObjectInfo", "RefEntry", "Store", "S
 
 _UNSET: Any = object()
 _PUT_ATTEMPTS = 3  # a put retries when a concurrent gc removed an object it meant to reuse
-_GC_LOCK = 0x6E736361  # PostgreSQL advisory lock: writers share it, gc's deletes hold it alone
-_REF_LOCK = 0x6E737266  # with hashtext(name): one ref's compare-and-swap at a time
 
 
 class _LeavesVanished(StoreError):
@@ -72,6 +69,8 @@ class _LeavesVanished(StoreError):
 def init_store(path: Path, config: StoreConfig | None = None) -> Store:
     """Create (or upgrade) a store at ``path/.nscas``, or at ``path`` if it ends in ``.nscas``;
     with ``config``, a team store (PostgreSQL + object storage) whose ``store.toml`` goes there."""
+    from nscas.database.engines import upgrade
+
     root = path if path.name == STORE_DIR else path / STORE_DIR
     if config is not None or (root / CONFIG_NAME).is_file():
         return _init_team_store(root, config)
@@ -88,7 +87,7 @@ def init_store(path: Path, config: StoreConfig | None = None) -> Store:
             refuse_newer(root / DB_NAME, root)
         ChunkFiles(root).ensure()
         upgrade(root / DB_NAME)
-    return Store(root)
+    return Store(root, config=None)
 
 
 def _init_team_store(root: Path, config: StoreConfig | None) -> Store:
@@ -106,11 +105,12 @@ def _init_team_store(root: Path, config: StoreConfig | None) -> Store:
         raise InvalidInput(f"{root / CONFIG_NAME} names another database or object storage; "
                            "remove it first or use another directory")
     assert config is not None
-    c = postgres.connect(config.database, root)  # unreachable, wrong password: one line
+    engine = postgres.PgEngine(config.database, root)
+    c = engine.connect()  # unreachable, wrong password: one line
     try:
         rev = postgres.schema_revision(c)
-    except postgres.ERRORS as exc:
-        raise postgres.database_error(exc, root, config.database) from None
+    except engine.errors as exc:
+        raise engine.error(exc) from None
     finally:
         c.close()
     if rev is not None and rev not in known_revisions():
@@ -124,7 +124,7 @@ def _init_team_store(root: Path, config: StoreConfig | None) -> Store:
             tmp.write_text(render_config(config), encoding="utf-8")
             tmp.chmod(0o600)  # it may hold a password
             os.replace(tmp, root / CONFIG_NAME)
-    return Store(root)
+    return Store(root, config=config)
 
 
 class Store(StoreReader):
@@ -133,52 +133,44 @@ class Store(StoreReader):
     The reads (and the schema check at open) are :class:`StoreReader`'s; this class adds writes.
     """
 
-    def __init__(self, root: Path, *, readonly: bool = False) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, *, readonly: bool = False,
+                 config: StoreConfig | None = _UNREAD) -> None:
+        super().__init__(root, config)
         self.readonly = readonly
         if not readonly and not store_writable(root):
-            self._close_reads()
+            self.close()
             raise ReadOnlyStore(str(root))
-        self._lock = threading.Lock()
-        self._upsert: Callable[[Any], Any] = sqlite_insert
-        if self.config is not None:
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-            self._upsert = pg_insert
-            self._writer = make_pg_engine(self.config.database)
-            try:
-                with _faults(root), self._writer.connect():
-                    pass
-            except BaseException:
-                self.close()
-                raise
+        # PostgreSQL: the reads' pool, whose BEGIN says read or write (one connection a
+        # command); SQLite: connections of their own, opened for writing.
+        self._writes = (self._pool if self.config is not None
+                        else Pool(SqliteEngine.for_writes(root / DB_NAME, root)))
+        if readonly or self.config is not None:  # PostgreSQL: the schema check connected
             return
-        db = root / DB_NAME
-        self._writer = make_engine(db, readonly=readonly, writer=True)
-        if not readonly:
-            try:
-                with _faults(root), self._writer.connect():  # puts the database in WAL mode
-                    pass
-            except BaseException:
-                self.close()
-                raise
-            self._share()  # a reader opened immutable (a disk full a moment ago) reads shared now
+        try:
+            with _faults(root):
+                self._writes.open()  # puts the database in WAL mode
+        except BaseException:
+            self.close()
+            raise
+        self._share()  # a reader opened immutable (a disk full a moment ago) reads shared now
 
     @contextmanager
     def _begin(self, *, gc: bool = False) -> Iterator[Connection]:
-        """A write transaction (BEGIN IMMEDIATE); SQLite's errors become the store's.
+        """A write transaction (SQLite: BEGIN IMMEDIATE); the database's errors become the store's.
 
         On PostgreSQL writers run at once: each holds the gc lock shared, and ``gc`` (its
         deletes) holds it alone, as SQLite's one write lock would have it."""
-        with _faults(self.root), self._writer.begin() as c:
-            if self.config is not None:
-                c.execute(text(f"SELECT pg_advisory_xact_lock{'' if gc else '_shared'}(:k)"),
-                          {"k": _GC_LOCK})
+        if self.readonly:
+            raise StoreError("store opened read-only")
+        with _faults(self.root), self._writes.write() as c:
+            writes.lock_writers(c, gc=gc)
             yield c
 
     def close(self) -> None:
         super().close()  # read-only connections first: the writer's last close checkpoints the WAL
-        self._writer.dispose()
+        writes = getattr(self, "_writes", None)  # None: closed before it was made
+        if writes is not None:
+            writes.close()
 
     def __enter__(self) -> Store:
         return self
@@ -259,19 +251,15 @@ class Store(StoreReader):
         A chunk file or parts (the same bytes came in as a large file) both serve; a row of
         storage "file" whose chunk file is gone is not reused, so the caller rewrites the file.
         """
-        # The standard library's sqlite3, as every read: a put looks up each of its pieces from
-        # worker threads, and through SQLAlchemy a lookup took 7x the time (156 vs 21 us), all
-        # of it holding the GIL the other threads need between their hash calls.
-        with self._read() as c:
-            row = c.execute("SELECT size, sha256, storage, codec, stored_size FROM objects"
-                            " WHERE id = ?", (hex_id,)).fetchone()
-        if row is None:
+        # A read connection, as every read: a put looks up each of its pieces from worker
+        # threads, and through SQLAlchemy a lookup took 7x the time (156 vs 21 us), all of it
+        # holding the GIL the other threads need between their hash calls.
+        with self._read(snapshot=False) as c:
+            row = q.stored_leaf(c, hex_id)
+        if row is None or (row.storage == "file" and not self.chunks.exists(Digest(hex_id))):
             return None
-        size, sha, storage, codec, stored_size = row
-        if storage == "file" and not self.chunks.exists(Digest(hex_id)):
-            return None
-        return Leaf(hex=hex_id, size=size, sha256=sha, storage=storage, codec=codec,
-                    stored_size=stored_size, reused=True)
+        return Leaf(hex=hex_id, size=row.size, sha256=row.sha256, storage=row.storage,
+                    codec=row.codec, stored_size=row.stored_size, reused=True)
 
     def sha256(self, oid: Digest) -> str:
         """The object's SHA-256; one not known yet is computed from its bytes and recorded
@@ -282,10 +270,7 @@ class Store(StoreReader):
         sha = self._compute_sha256(oid)
         if not self.readonly:
             with self._begin() as c:
-                # Only while the object is still there: a gc may have removed it meanwhile.
-                if c.execute(select(objects.c.seq).where(objects.c.id == oid.hex)).first():
-                    c.execute(self._upsert(object_sha256).on_conflict_do_nothing(),
-                              [{"id": oid.hex, "sha256": sha}])
+                writes.record_sha256(c, oid.hex, sha)
         return sha
 
     def _insert(self, leaves: list[Leaf], part_rows: list[dict[str, Any]],
@@ -293,23 +278,22 @@ class Store(StoreReader):
         if self.readonly:
             raise StoreError("store opened read-only")
         now = time.time()
-        rows = [{"id": lf.hex, "size": lf.size, "sha256": lf.sha256, "kind": lf.kind,
-                 "storage": lf.storage, "codec": lf.codec, "stored_size": lf.stored_size,
-                 "data": lf.data, "created": now} for lf in leaves]
+        rows = [(lf.hex, lf.size, lf.sha256, lf.kind, lf.storage, lf.codec, lf.stored_size,
+                 lf.data, now) for lf in leaves]
         for attempt in range(_PUT_ATTEMPTS):
             try:
                 return self._insert_rows(rows, leaves, part_rows, link_rows, require)
-            except DBAPIError as exc:  # two PostgreSQL writers waiting on each other's rows
-                if attempt == _PUT_ATTEMPTS - 1 or type(exc.orig).__name__ != "DeadlockDetected":
+            except self._writes.engine.retryable:  # PostgreSQL writers waiting on each other
+                if attempt == _PUT_ATTEMPTS - 1:
                     raise
 
-    def _insert_rows(self, rows: list[dict[str, Any]], leaves: list[Leaf],
+    def _insert_rows(self, rows: list[tuple[Any, ...]], leaves: list[Leaf],
                      part_rows: list[dict[str, Any]], link_rows: list[dict[str, Any]],
                      require: Iterable[str]) -> None:
         with self._begin() as c:
             needed = set(require) - {lf.hex for lf in leaves}
             if needed:
-                missing = sorted(needed - _present(c, needed))
+                missing = sorted(needed - q.present(c, needed))
                 if missing:
                     raise ClosureError([f"blake3:{m}" for m in missing])
             # A reused object must still be stored now, inside this write transaction: a gc that
@@ -317,16 +301,16 @@ class Store(StoreReader):
             # row again would name a chunk file that is gone.
             reused = {lf.hex for lf in leaves if lf.reused}
             if reused:
-                vanished = sorted(reused - _present(c, reused))
+                vanished = sorted(reused - q.present(c, reused))
                 if vanished:
                     raise _LeavesVanished(vanished)
             # Parts before their parents, links after their record: insert order = dependency order.
             if rows:
-                c.execute(self._upsert(objects).on_conflict_do_nothing(index_elements=["id"]), rows)
+                writes.insert_objects(c, rows)
             if part_rows:
-                c.execute(self._upsert(parts).on_conflict_do_nothing(), part_rows)
+                writes.insert_parts(c, part_rows)
             if link_rows:
-                c.execute(self._upsert(links).on_conflict_do_nothing(), link_rows)
+                writes.insert_links(c, link_rows)
 
     def put_whole(self, oid: Digest, part_list: list[tuple[int, Digest]], *,
                   sha256: str | None) -> None:
@@ -363,12 +347,10 @@ class Store(StoreReader):
         check_ref_name(name)
         now = time.time()
         with self._begin() as c:
-            if self.config is not None:  # compare-and-swap: one writer of this ref at a time
-                c.execute(text("SELECT pg_advisory_xact_lock(:k, hashtext(:n))"),
-                          {"k": _REF_LOCK, "n": name})
-            if c.execute(select(objects.c.seq).where(objects.c.id == target.hex)).first() is None:
+            writes.lock_ref(c, name)  # compare-and-swap: one writer of this ref at a time
+            if not q.has(c, target.hex):
                 raise NotFound(str(target))
-            old_hex = c.execute(select(refs.c.target).where(refs.c.name == name)).scalar()
+            old_hex = q.ref_target(c, name)
             old = Digest(old_hex) if old_hex else None
             if expect is not _UNSET and expect != old:
                 raise RefConflict(name, str(expect) if expect else None, str(old) if old else None)
@@ -376,11 +358,7 @@ class Store(StoreReader):
                 return
             if is_tag(name) and old is not None:
                 raise TagImmutable(name, str(old))
-            if old is None:
-                c.execute(insert(refs).values(name=name, target=target.hex, updated=now))
-            else:
-                c.execute(refs.update().where(refs.c.name == name).values(target=target.hex, updated=now))
-            c.execute(insert(ref_log).values(name=name, old=old_hex, new=target.hex, at=now, message=message))
+            writes.set_ref(c, name, old_hex, target.hex, at=now, message=message)
 
     # -------------------------------------------------------------- work areas
 
@@ -410,43 +388,31 @@ class Store(StoreReader):
         """
         doomed = {d.hex for d in ids}
         with self._begin(gc=True) as c:
-            doomed -= _rescued(c, doomed)
+            doomed -= writes.rescued(c, doomed)
             gone = sorted(doomed)
-            c.execute(insert(gc_session).values(token=1))
-            for batch in batches(gone, BATCH):
-                c.execute(delete(links).where(links.c.parent.in_(batch)))
-                c.execute(delete(parts).where(parts.c.object_id.in_(batch)))
-                c.execute(delete(object_sha256).where(object_sha256.c.id.in_(batch)))
-            # Parts may be shared: delete objects only once nothing still points at them.
-            for batch in batches(gone, BATCH):
-                c.execute(delete(objects).where(objects.c.id.in_(batch)))
-            c.execute(delete(gc_session))
+            writes.delete_objects(c, gone)
         removed = [Digest(h) for h in gone]
         for d in removed:
             self.chunks.remove(d, before=files_before)
         return removed
 
     def execute_raw(self, sql: str) -> None:
-        """For tests of the database's own guards only (SQLAlchemy's own errors come out)."""
-        with self._writer.begin() as c:
-            c.execute(text(sql))
+        """For tests of the database's own guards only (the driver's own errors come out)."""
+        c = self._writes.engine.connect()
+        try:
+            self._writes.engine.begin(c, write=True)
+            c.execute(sql)
+            c.execute("COMMIT")
+        finally:
+            c.close()
 
 
 @contextmanager
 def _faults(root: Path) -> Iterator[None]:
-    """The store's own errors for a full disk, a read-only mount and SQLite's errors (a table
-    dropped by hand, a lock held too long), each one line naming the store."""
+    """The store's own errors for a full disk and a read-only mount, each one line naming the
+    store (the database's errors are the connection pool's to say)."""
     try:
         yield
-    except DBAPIError as exc:
-        if isinstance(exc.orig, sqlite3.Error):
-            raise database_error(exc.orig, root) from None
-        if type(exc.orig).__module__.startswith("psycopg") and (
-                type(exc.orig).__name__ != "DeadlockDetected"):
-            from nscas.database.postgres import database_error as pg_error
-
-            raise pg_error(exc.orig, root) from None
-        raise
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise NoSpace(str(root)) from None
@@ -464,40 +430,6 @@ def _retry_vanished(put: Callable[[], Digest], rewind: Callable[[], object]) -> 
         except _LeavesVanished:
             rewind()
     return put()
-
-
-def _present(c: Connection, ids: set[str]) -> set[str]:
-    """Which of ``ids`` the objects table holds."""
-    out: set[str] = set()
-    for batch in batches(sorted(ids), BATCH):
-        out.update(c.execute(select(objects.c.id).where(objects.c.id.in_(batch))).scalars())
-    return out
-
-
-def _rescued(c: Connection, doomed: set[str]) -> set[str]:
-    """Doomed objects that an object outside ``doomed`` links to or holds as a part, and all
-    that those reach: they gained a parent after gc computed what is unreachable."""
-    rescued: set[str] = set()
-    for batch in batches(sorted(doomed), BATCH):
-        for child, parent in c.execute(select(links.c.child, links.c.parent)
-                                       .where(links.c.child.in_(batch))):
-            if parent not in doomed:
-                rescued.add(child)
-        for part, whole in c.execute(select(parts.c.part_id, parts.c.object_id)
-                                     .where(parts.c.part_id.in_(batch))):
-            if whole not in doomed:
-                rescued.add(part)
-    frontier = sorted(rescued)
-    while frontier:
-        below: set[str] = set()
-        for batch in batches(frontier, BATCH):
-            below.update(c.execute(select(links.c.child)
-                                   .where(links.c.parent.in_(batch))).scalars())
-            below.update(c.execute(select(parts.c.part_id)
-                                   .where(parts.c.object_id.in_(batch))).scalars())
-        frontier = sorted((below & doomed) - rescued)
-        rescued.update(frontier)
-    return rescued
 
 
 def _walk(root: Path) -> Iterator[Path]:

@@ -2,7 +2,8 @@
 and a command loads its own module and no other command's (nscas.cli.root loads them lazily).
 
 Each command runs in a fresh interpreter (a real process, as a user runs it) that reports which
-modules it loaded; a writing command is the control showing that the probe sees SQLAlchemy.
+modules it loaded; creating a store (its migrations) is the control showing that the probe sees
+SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -77,8 +78,15 @@ def test_read_only_commands_import_no_sqlalchemy(store: Path, tmp_path: Path,
     assert result == {"code": 0, "heavy": [], "commands": [command[0]]}
 
 
-def test_the_probe_sees_sqlalchemy_in_a_writing_command(store: Path, tmp_path: Path,
-                                                        named: dict[str, str]) -> None:
+def test_writes_import_no_sqlalchemy_either(store: Path, tmp_path: Path,
+                                            named: dict[str, str]) -> None:
+    """Writes share the reads' query layer (nscas.database.writes on the plain driver)."""
     result = _probe(store, tmp_path, ["ref", "set", "runs/other", named["receipt"]])
+    assert result == {"code": 0, "heavy": []}
+
+
+def test_the_probe_sees_sqlalchemy_in_a_migrating_command(store: Path, tmp_path: Path) -> None:
+    """The control: creating a store runs the alembic migrations, on SQLAlchemy."""
+    result = _probe(store, tmp_path, ["init", str(tmp_path / "fresh")])
     assert result["code"] == 0
     assert "sqlalchemy" in result["heavy"]  # type: ignore[operator]

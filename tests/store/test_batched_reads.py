@@ -98,7 +98,7 @@ def test_lineage_statements_do_not_grow_with_width(store: Store) -> None:
         built = _runs(store, n)
         with open_store(store.root, readonly=True) as r:
             count = 0
-            connect = r._connect
+            connect = r._pool._connect
 
             class Counting:
                 def __init__(self) -> None:
@@ -112,7 +112,7 @@ def test_lineage_statements_do_not_grow_with_width(store: Store) -> None:
                 def __getattr__(self, name: str) -> Any:
                     return getattr(self.c, name)
 
-            r._connect = Counting  # type: ignore[method-assign]
+            r._pool._connect = Counting  # type: ignore[assignment]
             down = lineage(r, built["env"], direction="down")
             assert len(down.children) == n and all(c.recipe == "train@1" for c in down.children)
             down_count, count = count, 0

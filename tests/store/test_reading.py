@@ -155,4 +155,4 @@ def test_reads_from_many_threads_share_the_pool(filled: Store) -> None:
         for t in threads:
             t.join()
         assert errors == []
-        assert len(ro._idle) <= len(threads) + 1  # connections are reused, not one per read
+        assert len(ro._pool._idle) <= len(threads) + 1  # connections are reused, not one per read
