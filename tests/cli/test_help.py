@@ -71,7 +71,8 @@ def _modules_after(code: str) -> dict[str, bool]:
     probe = (
         "import sys, json\n"
         f"{code}\n"
-        "print(json.dumps({m: m in sys.modules for m in ('torch', 'sqlalchemy', 'rich')}))\n"
+        "print(json.dumps({m: m in sys.modules for m in ('torch', 'sqlalchemy', 'rich',"
+        " 'nscas.store.writer')}))\n"
     )
     p = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                        timeout=120, check=True)
@@ -87,7 +88,8 @@ def test_root_help_imports_neither_torch_nor_sqlalchemy() -> None:
         "except SystemExit as e:\n"
         "    assert e.code in (0, None), e.code\n"
     )
-    assert loaded == {"torch": False, "sqlalchemy": False, "rich": False}
+    assert loaded == {"torch": False, "sqlalchemy": False, "rich": False,
+                      "nscas.store.writer": False}
 
 
 def test_store_commands_import_no_torch() -> None:
@@ -97,7 +99,7 @@ def test_store_commands_import_no_torch() -> None:
         "    load_command(name)\n"
     )
     assert loaded["torch"] is False
-    assert loaded["sqlalchemy"] is True  # the probe really loaded the commands
+    assert loaded["nscas.store.writer"] is True  # the probe really loaded the commands
 
 
 def test_usage_errors_exit_2(nscas: Nscas) -> None:

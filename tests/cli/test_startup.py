@@ -82,7 +82,7 @@ def test_writes_import_no_sqlalchemy_either(store: Path, tmp_path: Path,
                                             named: dict[str, str]) -> None:
     """Writes share the reads' query layer (nscas.database.writes on the plain driver)."""
     result = _probe(store, tmp_path, ["ref", "set", "runs/other", named["receipt"]])
-    assert result == {"code": 0, "heavy": []}
+    assert result == {"code": 0, "heavy": [], "commands": ["ref"]}
 
 
 def test_the_probe_sees_sqlalchemy_in_a_migrating_command(store: Path, tmp_path: Path) -> None:

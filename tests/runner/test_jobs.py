@@ -231,24 +231,20 @@ def _wait_blocked_on_claim(store_dir: Path) -> None:
 
 def _wait_blocked_on_advisory_claim(database: str) -> None:
     """Until a session waits for an advisory lock of the claims' class (pg_locks)."""
-    from sqlalchemy import text
+    from nscas.database.postgres import PgConnection
 
-    from nscas.database.engines import make_pg_engine
-
-    engine = make_pg_engine(database)
+    c = PgConnection(database)
     deadline = time.monotonic() + 120
     try:
-        with engine.connect() as c:
-            while time.monotonic() < deadline:
-                waiting = c.execute(text(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                    "AND classid = :k"), {"k": CLAIM_CLASS}).scalar()
-                c.rollback()
-                if waiting:
-                    return
-                time.sleep(0.05)
+        while time.monotonic() < deadline:
+            waiting = c.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND classid = ?", (CLAIM_CLASS,)).fetchone()[0]
+            if waiting:
+                return
+            time.sleep(0.05)
     finally:
-        engine.dispose()
+        c.close()
     raise AssertionError("the second run never waited for the claim")
 
 

@@ -44,10 +44,10 @@ def test_verify_a_team_store_and_catch_a_tampered_object(team_services: TeamServ
     assert codec in ("raw", "zstd")
     s3 = boto3.client("s3", endpoint_url=team_services.moto.endpoint)
     bucket, _, prefix = config.objects[5:].partition("/")
-    key = f"{prefix}/data/{hex_id[:2]}/{hex_id[2:]}"
+    key = f"{prefix}/data/{hex_id.hex[:2]}/{hex_id.hex[2:]}"
     body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[len(body) // 2] ^= 0x01
     s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
     bad = nscas("verify", str(receipt), cwd=host_b, store=toml)
     assert bad.code == 1, bad.out[-2000:] + bad.err
-    assert hex_id[:16] in bad.out
+    assert hex_id.hex[:16] in bad.out
