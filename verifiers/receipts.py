@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .actionparams import params_checks
-from .closure import Objects, Unusable, weights_omitted
-from .compare import Exact, Tolerance, compare
-from .environment import environment_check
-from .errors import InvalidArgument, LogFormatError, RecordParseError, VerifierError
-from .evaluation import (
+from .core.compare import Exact, Tolerance, compare
+from .core.errors import InvalidArgument, LogFormatError, RecordParseError, VerifierError
+from .core.results import Check, Needs
+from .core.runs import Run
+from .evaluation.ordering import ordering_checks, test_evaluations_behind
+from .evaluation.probes import check_probes
+from .evaluation.scoring import (
     TIMED_GENERATION_KEYS,
     answer_claims,
     check_lines,
@@ -33,17 +34,15 @@ from .evaluation import (
     retention_claims,
     timing_checks,
 )
-from .gguf import checkpoint_end_of_turn, convert_checks
-from .ordering import ordering_checks, test_evaluations_behind
-from .probes import check_probes
-from .records import parse_json
-from .report import Check, Needs
-from .reportchecks import REPORT_VERIFIERS, check_report
-from .runs import Run
-from .selection import CORPUS_CLAIMS, OUTPUT_CLAIMS, check_selection
-from .taskchecks import prepare_claims
-from .throughput import ServeRun, check_serving
-from .training import (
+from .records.actionparams import params_checks
+from .records.closure import Objects, Unusable, weights_omitted
+from .records.environment import environment_check
+from .records.reading import parse_json
+from .report.checks import REPORT_VERIFIERS, check_report
+from .serving.throughput import ServeRun, check_serving
+from .tasks.selection import CORPUS_CLAIMS, OUTPUT_CLAIMS, check_selection
+from .tasks.tasksets import prepare_claims
+from .training.checkpoints import (
     LOSS_CLAIMS,
     agreement_check,
     bytes_check,
@@ -63,6 +62,7 @@ from .training import (
     schedule_check,
     weighted_targets_check,
 )
+from .training.gguf import checkpoint_end_of_turn, convert_checks
 
 
 @dataclass(slots=True)

@@ -21,18 +21,16 @@ import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .bundle import bundle_checks
-from .closure import MISSING_CHECK, Objects, Unusable, walk
-from .errors import VerifierCrash, VerifierError
-from .layoutcheck import layout_checks
-from .loading import loader_checks
-from .objects import is_object_id
-from .ordering import parse_time
+from .bundle.files import bundle_checks
+from .bundle.layoutcheck import layout_checks
+from .bundle.loading import loader_checks
+from .core.errors import VerifierCrash, VerifierError
+from .core.results import SELF_REPORTED, Check, Report
+from .evaluation.ordering import parse_time
 from .receipts import check_receipt
-from .replay import ReplayOptions, replay_receipts
-from .report import SELF_REPORTED, Check, Report
-from .signatures import TrustedKey, signature_checks, signer_lines
-from .sources import (
+from .records.closure import MISSING_CHECK, Objects, Unusable, walk
+from .records.objects import is_object_id
+from .records.sources import (
     MANIFEST,
     BadTarget,
     BundleSource,
@@ -42,8 +40,10 @@ from .sources import (
     is_bundle,
     open_store_source,
 )
-from .taskchecks import check_task_set
-from .training import checkpoint_checks
+from .replay.answers import ReplayOptions, replay_receipts
+from .signatures.checks import TrustedKey, signature_checks, signer_lines
+from .tasks.tasksets import check_task_set
+from .training.checkpoints import checkpoint_checks
 
 EXIT_OK = 0
 EXIT_FAILED = 1

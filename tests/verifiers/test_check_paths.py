@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from nscas.verifiers import verify as verify_module
-from nscas.verifiers.errors import VerifierCrash
-from nscas.verifiers.report import Check
+from nscas.verifiers.core.errors import VerifierCrash
+from nscas.verifiers.core.results import Check
 
 VERIFIERS = Path(__file__).resolve().parents[2] / "verifiers"
 CONSTRUCTORS = ("passed", "failed", "skipped", "verdict")

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from nscas.verifiers.closure import Objects
-from nscas.verifiers.evaluation import load_tokenizer
-from nscas.verifiers.greedy import Tolerance, answer_scores
-from nscas.verifiers.replay import (
+from nscas.verifiers.core.runs import Run
+from nscas.verifiers.evaluation.scoring import load_tokenizer
+from nscas.verifiers.records.closure import Objects
+from nscas.verifiers.records.sources import StoreSource
+from nscas.verifiers.replay.answers import (
     ReplayOptions,
     _model,
     answers_check,
@@ -23,8 +24,7 @@ from nscas.verifiers.replay import (
     replay_evaluations,
     sample_tasks,
 )
-from nscas.verifiers.runs import Run
-from nscas.verifiers.sources import StoreSource
+from nscas.verifiers.replay.greedy import Tolerance, answer_scores
 from tests.verifiers.conftest import Pipeline, nscas_verify
 
 

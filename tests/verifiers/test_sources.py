@@ -11,8 +11,8 @@ import pytest
 import rfc8785
 
 from nscas.objects.digests import Digest
-from nscas.verifiers.closure import Objects
-from nscas.verifiers.sources import (
+from nscas.verifiers.records.closure import Objects
+from nscas.verifiers.records.sources import (
     BadTarget,
     BundleSource,
     SourceError,
@@ -142,7 +142,7 @@ def test_the_store_reader_never_inflates_a_chunk_past_its_record(tmp_path: Path,
     import zstandard
 
     from nscas.store.writer import init_store
-    from nscas.verifiers.sources import Unreadable
+    from nscas.verifiers.records.sources import Unreadable
 
     store = init_store(tmp_path)
     oid = store.put_bytes(bytes(range(16)) * 4096)

@@ -1,0 +1,703 @@
+"""``report`` receipts rechecked (docs/experiment.md §6): every headline claim, every member of
+report.json, every number and verdict of the answer page and the data of every figure file,
+recomputed from the retained objects by ``reportcompute``, ``reportpage`` and
+``reportfigures``.
+
+Checks, each named ``report.<8 hex>.<what>``:
+
+- ``inputs``: the input receipts describe one experiment (rules in ``reportinputs``);
+- ``version``: the run is of report@1 or report@2, the versions defined here (each checked by
+  its own definitions: report@1 has no index.html and version-1 figures and page);
+- ``files``: the output tree holds exactly report.json, resources.json, generations.html
+  (report@2: and index.html) and each figure the report has data for as SVG, PNG and PDF;
+- ``json.<part>`` for the parts ``learning`` (with ``contract``), ``training``, ``serving``,
+  ``resources``, ``figures`` and ``header`` (format, title, inputs, prepared sets,
+  commitment): passed when every recomputed member equals report.json's. Otherwise each
+  differing member is its own failed check ``json.<path>``
+  (``json.learning.arms.seed.correct``, ``json.learning.comparisons[0].wins``); a member
+  report.json holds that is not recomputed is a failed ``json.<path>`` too. Prose
+  (``note``, ``notes``) is fixed text, regenerated and compared exactly;
+- report@2: ``json.parameters``: the ``parameters`` part (each compared pair's relative L2
+  difference, maximum absolute difference and bit-identical tensors, over all parameters, per
+  layer and per tensor) recomputed from the checkpoints' safetensors files by ``paramdiff``,
+  streamed; floats within ``float_recomputation`` (float64 sums of the same values in another
+  order), counts, names and ``identical`` exactly. Skipped (``needs="weights"``), never
+  passed, when the bundle omitted the weights: the figure and the summary page are then
+  checked against report.json's own, unrechecked ``parameters``;
+- ``json.parts``: report.json has exactly the known top-level parts (an unknown part fails);
+- ``resources_json``: resources.json holds what report.json's ``resources`` must hold;
+- ``figures.<name>.<format>``: the figure file (``training.png``) carries, in its own
+  metadata, exactly the recomputed data of that figure (``reportfigures``);
+- ``page.headline``, ``page.filters``, ``page.tasks``, ``page.verdicts``, ``page.answers``
+  and ``page.exact``: generations.html is, part by part and then byte for byte, the page
+  rendered from the recomputation (``reportpage``);
+- report@2: ``index.head``, ``index.<section>`` for each section of ``reportindex.SECTIONS``
+  and ``index.exact``: index.html is, part by part and then byte for byte, the summary page
+  rendered from the recomputation (with report.json's own value wherever it is equal to the
+  recomputed one under the rules below, so a float is shown as the report printed it) and
+  the receipt's action ID (``reportindex``);
+- ``weights``: the parameter digests report.json names are the ones rebuilt from the
+  checkpoints' weight files; skipped (``needs="weights"``), never passed, when the bundle
+  omitted the weights, failed when they cannot be rebuilt for any other reason.
+
+Comparison rules (docs/format.md §7): booleans, strings and null are equal only when identical;
+integers only to integers, exactly (a count ``0.000000000001`` is not ``0``); a value the
+verifiers hold as an exact rational (accuracy, gain, p, bytes per update) only as that
+rational's correctly rounded float (or the integer it equals); values copied from the
+journals (losses, learning rates, gradient norms) exactly; any other float within the
+tolerance ``float_recomputation`` (relative ``REL_TOL``, absolute ``ABS_TOL``), since the
+verifiers may sum the same floats in another order. The claims of a report receipt are
+decided here with the same rules; ``p_exact.<arm>`` must be the recomputed rational's
+``numerator/denominator`` and ``p.<arm>`` its correctly rounded float.
+
+Each part runs on its own: an unusable object fails that part and its claims, not the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
+
+from ..core.errors import InvalidArgument, RecordParseError, VerifierError
+from ..core.results import Check
+from ..records.closure import Objects, Unusable, weights_omitted
+from ..records.reading import parse_json
+from ..training.checkpoints import parameter_values
+from ..training.paramdiff import parameters as parameter_distances
+from .compute import Learning, header, learning, serving, training
+from .figures import FIGURE_FORMATS, FigureError, embedded, figure_data
+from .index import PARTS as INDEX_PARTS
+from .index import compare_index, render_index
+from .inputs import BASELINE, Inputs, load_inputs, resources
+from .page import PARTS, Answer, Task, compare_pages, render
+
+REPORT_VERIFIERS = frozenset({"answers", "statistics", "journals", "throughput"})
+"""Verifier names of the report recipe's claims."""
+LEARNING_CLAIMS = ("documents", "correct.", "gain.", "p.", "p_exact.", "contract.")
+TRAINING_CLAIMS = ("median_update_seconds.", "update_seconds.", "update_seconds_ratio.")
+SERVING_CLAIMS = ("throughput_ratio", "failure_retries", "identical_outputs", "cache_hits")
+PAGE_FILES = ("report.json", "resources.json", "generations.html")
+INDEX_FILE = "index.html"
+FILE_FORMATS = ("svg", "png", "pdf")
+VERSIONS = (1, 2)
+"""The report recipe versions defined here."""
+KNOWN_PARTS = frozenset({"format", "title", "inputs", "prepared", "commitment", "learning",
+                         "contract", "training", "serving", "resources", "figures"})
+"""report.json's top-level members in report@1 (format ``nscas-report/2``); report@2
+(``nscas-report/3``) adds ``action`` and ``parameters``."""
+REL_TOL = 1e-9
+ABS_TOL = 1e-12
+TOLERANCE = f"float_recomputation (relative {REL_TOL:g}, absolute {ABS_TOL:g})"
+EXACT_KEYS = frozenset({"first_loss", "last_loss", "mean_loss", "loss_by_step", "lr_by_step",
+                        "grad_norm_by_step", "x", "y"})
+"""Members whose floats are copied from retained entries, or defined to the bit (``mean_loss``,
+``math.fsum`` then one division: docs/format.md §3.10), so they compare exactly."""
+INEXACT_KEYS = frozenset({"parameters"})
+"""Members whose floats are all recomputed sums (report.json's ``parameters`` and the
+``parameters`` figure drawn from it, whose lines' ``y`` are distances): within the tolerance
+everywhere below them, whatever ``EXACT_KEYS`` says."""
+Exactness = bool | None
+"""How the floats below a member compare: exactly (True), within the tolerance (False), or
+within the tolerance whatever member follows (None: below an ``INEXACT_KEYS`` member)."""
+
+
+def _below(exact: Exactness, key: Any) -> Exactness:
+    """The exactness of member ``key`` of a value compared with ``exact``."""
+    if exact is None or key in INEXACT_KEYS:
+        return None
+    return exact or key in EXACT_KEYS
+_SHOWN = 5
+"""How ``closure.Objects`` says a bundle left an object out (``omitted (<reason>)``)."""
+
+
+class ReportRun(Protocol):
+    """What this module reads of a receipt under check (``receipts.Run`` provides it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def receipt(self) -> Mapping[str, Any]: ...
+    @property
+    def inputs(self) -> Mapping[str, str]: ...
+    @property
+    def outputs(self) -> Mapping[str, str]: ...
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+    @property
+    def action(self) -> Mapping[str, Any]: ...
+
+
+class Sink(Protocol):
+    """Where findings go (``receipts.Findings``): checks, claims decided here (by claim
+    name), and ``section``, which runs one part and turns an unusable object into a failed
+    part and failed claims."""
+
+    checks: list[Check]
+    values: dict[str, Any]
+    decided: dict[str, Check]
+
+    def section(self, name: str, claims: tuple[str, ...], work: Callable[[], None]) -> None: ...
+
+
+def _claims(run: ReportRun, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The receipt's claims that a part recomputes (names ending in ``.`` are prefixes)."""
+    return tuple(c for c in run.receipt["claims"]
+                 if any(c.startswith(n) if n.endswith(".") else c == n for n in names))
+
+
+def _malformed(what: str, work: Callable[[], None]) -> Callable[[], None]:
+    """``work`` with content of the wrong JSON type reported as a finding, not a crash."""
+    def run() -> None:
+        try:
+            work()
+        except (TypeError, ValueError, AttributeError, IndexError, OverflowError,
+                ZeroDivisionError) as exc:
+            raise InvalidArgument(what, f"malformed content ({type(exc).__name__}: {exc})"
+                                  ) from None
+    return run
+
+
+# --- strict comparison ---------------------------------------------------------------------
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float | Fraction):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Fraction):
+        text = f"{value.numerator}/{value.denominator}"
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 30:
+        text = f"an integer of {len(str(abs(value)))} digits"
+    else:
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def leaf_problem(claimed: Any, mine: Any, *, exact: bool = False) -> str | None:
+    """Why ``claimed`` is not ``mine`` under the comparison rules, or None when it is."""
+    kc, km = _kind(claimed), _kind(mine)
+    if km in ("null", "boolean", "string"):
+        if kc != km or claimed != mine:
+            return f"shows {kc} {_show(claimed)}, recomputed {km} {_show(mine)}"
+        return None
+    if km == "integer":
+        if kc != "integer" or claimed != mine:
+            return f"shows {kc} {_show(claimed)}, recomputed integer {_show(mine)} (exact)"
+        return None
+    if km == "number" and isinstance(mine, Fraction):
+        if kc == "integer" and claimed == mine:
+            return None
+        if kc == "number" and isinstance(claimed, float) and claimed == _as_float(mine):
+            return None
+        return (f"shows {kc} {_show(claimed)}, recomputed exactly {_show(mine)} (correctly "
+                f"rounded {_show(_as_float(mine))})")
+    if km == "number":
+        got = _as_float(claimed) if kc in ("integer", "number") else None
+        if got is None or not math.isfinite(got):
+            return f"shows {kc} {_show(claimed)}, recomputed number {_show(mine)}"
+        if exact:
+            return None if got == mine else (f"shows {_show(claimed)}, recomputed "
+                                             f"{_show(mine)} (copied values compare exactly)")
+        if math.isfinite(mine) and abs(got - mine) <= max(REL_TOL * max(abs(got), abs(mine)),
+                                                          ABS_TOL):
+            return None
+        return f"shows {_show(claimed)}, recomputed {_show(mine)} (tolerance {TOLERANCE})"
+    return f"shows {kc} {_show(claimed)}, recomputed {km} {_show(mine)}"
+
+
+def strict_problems(claimed: Any, mine: Any, path: str = "$", *,
+                    exact: Exactness = False) -> list[str]:
+    """Every place ``claimed`` differs from ``mine`` (recursing only along ``mine``)."""
+    out: list[str] = []
+    stack = [(claimed, mine, path, exact)]
+    while stack:
+        a, b, where, ex = stack.pop()
+        if isinstance(b, dict) and isinstance(a, dict):
+            extra = sorted(str(k) for k in a if k not in b)
+            missing = sorted(str(k) for k in b if k not in a)
+            if extra:
+                out.append(f"{where}: members not recomputed {extra[:_SHOWN]}")
+            if missing:
+                out.append(f"{where}: lacks members {missing[:_SHOWN]}")
+            stack.extend((a[k], b[k], f"{where}.{k}", _below(ex, k))
+                         for k in reversed(list(b)) if k in a)
+        elif isinstance(b, list | tuple) and isinstance(a, list):
+            if len(a) != len(b):
+                out.append(f"{where}: {len(a)} items, recomputed {len(b)}")
+            stack.extend((x, y, f"{where}[{i}]", ex)
+                         for i, (x, y) in reversed(list(enumerate(zip(a, b, strict=False)))))
+        else:
+            problem = leaf_problem(a, b, exact=bool(ex))
+            if problem is not None:
+                out.append(f"{where}: {problem}")
+    return out
+
+
+def _decide(run: ReportRun, found: Sink, values: Mapping[str, Any]) -> None:
+    """Decide each of the receipt's claims among ``values`` under the strict rules."""
+    claims = run.receipt["claims"]
+    for claim, mine in values.items():
+        if claim not in claims:
+            continue
+        claimed = claims[claim]["value"]
+        name = f"{run.name}.claims.{claim}"
+        problems = strict_problems(claimed, mine)
+        found.decided[claim] = (
+            Check.passed(name, claimed=claimed, recomputed=mine) if not problems else
+            Check.failed(name, "claimed value differs from the recomputation: "
+                         + "; ".join(problems[:_SHOWN]), claimed=claimed, recomputed=mine))
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+def recipe_version(run: ReportRun) -> int | None:
+    """The report recipe version of the run's action, or None when it is not one defined."""
+    version = str(run.action.get("recipe", "")).partition("@")[2]
+    return int(version) if version in {str(v) for v in VERSIONS} else None
+
+
+def known_parts(version: int) -> frozenset[str]:
+    return KNOWN_PARTS | {"action", "parameters"} if version >= 2 else KNOWN_PARTS
+
+
+def check_report(objects: Objects, run: ReportRun, found: Sink) -> None:
+    """Every finding about one ``report`` run; its claims decided into ``found.decided``."""
+    name = run.name
+    state: dict[str, Any] = {}
+    version = recipe_version(run)
+    found.checks.append(Check.verdict(
+        f"{name}.version", version is not None, claimed=run.action.get("recipe"),
+        recomputed=[f"report@{v}" for v in VERSIONS],
+        message="no verifier defines this version of the report recipe, so its outputs are "
+                "not rechecked"))
+    if version is None:
+        return
+    action = str(run.receipt["action"])
+
+    def section(part: str, claims: tuple[str, ...], work: Callable[[], None]) -> None:
+        found.section(f"{name}.{part}", _claims(run, claims),
+                      _malformed(f"{name} {part}", work))
+
+    def inputs() -> None:
+        ins, problems = load_inputs(objects, run.inputs)
+        state["inputs"] = ins
+        found.checks.append(_listing(f"{name}.inputs", problems, recomputed=len(ins.runs())))
+
+    section("inputs", (*LEARNING_CLAIMS, *TRAINING_CLAIMS, *SERVING_CLAIMS), inputs)
+    if "inputs" not in state:
+        return
+    ins: Inputs = state["inputs"]
+    section("files", (), lambda: state.update(_read_outputs(objects, run, ins, found,
+                                                            version)))
+    report: dict[str, Any] | None = state.get("report")
+
+    def compare_json(part: str, mine: dict[str, Any]) -> None:
+        state.setdefault("mine", {}).update(mine)
+        if report is None:
+            found.checks.append(Check.failed(f"{name}.json.{part}", "report.json is unusable, "
+                                             "so this part cannot be compared"))
+            return
+        claimed = {k: report[k] for k in mine if k in report}
+        found.checks.extend(field_checks(f"{name}.json", part, claimed, mine))
+
+    def learn() -> None:
+        result = learning(objects, ins)
+        state["learning"] = result
+        _decide(run, found, learning_claims(result))
+        compare_json("learning", {"learning": result.section, "contract": result.contract})
+
+    def train() -> None:
+        result = training(objects, ins)
+        state["training"] = result
+        values: dict[str, Any] = {}
+        for arm, t in (result or {"arms": {}})["arms"].items():
+            values[f"median_update_seconds.{arm}"] = t["median_update_seconds"]
+            values[f"update_seconds.{arm}"] = t["update_seconds"]
+        for r in (result or {"ratios": []})["ratios"]:
+            values[f"update_seconds_ratio.{r['pair']}:{r['single']}"] = r["update_seconds"]
+        _decide(run, found, values)
+        compare_json("training", {"training": result})
+
+    def serve() -> None:
+        result = serving(objects, ins)
+        state["serving"] = result
+        if result is not None:
+            _decide(run, found, {k: result[k] for k in SERVING_CLAIMS})
+        compare_json("serving", {"serving": result})
+
+    def spent() -> None:
+        mine = resources(objects, ins, float(run.params.get("price_per_host_hour", 0)))
+        compare_json("resources", {"resources": mine})
+        if "resources_json" in state:
+            problems = strict_problems(state["resources_json"], mine)
+            found.checks.append(_listing(f"{name}.resources_json", problems))
+
+    def params() -> None:
+        _parameters(name, objects, report, state, compare_json, found)
+
+    section("learning", LEARNING_CLAIMS, learn)
+    if version >= 2:
+        section("parameters", (), params)
+    section("training", TRAINING_CLAIMS, train)
+    section("serving", SERVING_CLAIMS, serve)
+    section("resources", (), spent)
+    section("header", (), lambda: compare_json("header", header(
+        objects, ins, run.params, version=version, action=action)))
+    section("figures", (), lambda: _figures(name, ins, state, compare_json, found, version,
+                                            action))
+    parts = known_parts(version)
+    if report is not None:
+        extra, missing = sorted(set(report) - parts), sorted(parts - set(report))
+        found.checks.append(Check.verdict(
+            f"{name}.json.parts", not extra and not missing, claimed=sorted(report),
+            recomputed=sorted(parts),
+            message=f"report.json has parts no verifier recomputes {extra[:_SHOWN]}"
+                    f"{' and lacks parts ' + str(missing) if missing else ''}"))
+    else:
+        found.checks.append(Check.failed(f"{name}.json.parts", "report.json is unusable"))
+    section("page", (), lambda: _page(name, run, state, found, version))
+    if version >= 2:
+        section("index", (), lambda: _index(name, ins, action, state, found))
+
+    def weights() -> None:
+        check_name = f"{name}.weights"
+        if report is None or "learning" not in state:
+            found.checks.append(Check.failed(check_name, "needs report.json and the learning "
+                                             "part, which are unusable"))
+            return
+        check = weights_check(objects, check_name, report, state["learning"],
+                              state.get("training"))
+        if ins.train and "training" not in state and check.status != "failed":
+            check = Check.failed(check_name, "the training part was not recomputed, so its "
+                                 "digests were not rebuilt")
+        found.checks.append(check)
+
+    section("weights", (), weights)
+
+
+def _parameters(name: str, objects: Objects, report: dict[str, Any] | None,
+                state: dict[str, Any], compare_json: Callable[[str, dict[str, Any]], None],
+                found: Sink) -> None:
+    """report.json's ``parameters``, recomputed from the compared arms' weights; without the
+    omitted weights, skipped, and report.json's own part kept for the figure and the page."""
+    check = f"{name}.json.parameters"
+    result: Learning | None = state.get("learning")
+    if result is None:
+        found.checks.append(Check.failed(check, "the learning part (the compared arms and "
+                                         "their checkpoints) was not recomputed"))
+        return
+    models = {arm: a["model"] for arm, a in result.section["arms"].items()}
+    try:
+        mine = parameter_distances(objects, models, result.section["comparisons"])
+    except Unusable as exc:
+        if exc.needs is None:
+            found.checks.append(Check.failed(check, f"the weights cannot be compared: "
+                                             f"{exc.object_id} is unusable: {exc.why}"))
+            return
+        found.checks.append(Check.skipped(
+            check, f"needs the omitted weights: {exc.object_id} is unusable: {exc.why}",
+            needs=exc.needs))
+        own = report.get("parameters") if report is not None else None
+        if isinstance(own, dict) and isinstance(own.get("pairs"), list):
+            state["parameters"] = own
+            state.setdefault("mine", {})["parameters"] = own
+        return
+    except VerifierError as exc:  # checkpoints of different models, a truncated file
+        found.checks.append(Check.failed(check, exc.message))
+        return
+    state["parameters"] = mine
+    compare_json("parameters", {"parameters": mine})
+
+
+def _figures(name: str, ins: Inputs, state: dict[str, Any],
+             compare_json: Callable[[str, dict[str, Any]], None], found: Sink, version: int,
+             action: str) -> None:
+    """report.json's ``figures`` and every figure file's own copy of its data."""
+    absent = [part for part, needed in (("learning", True), ("training", bool(ins.train)),
+                                        ("serving", ins.serve is not None))
+              if needed and state.get(part) is None]
+    files: dict[str, bytes] = state.get("figure_files", {})
+    if absent:
+        why = f"the {', '.join(absent)} part(s) were not recomputed"
+        found.checks.append(Check.failed(f"{name}.json.figures", why))
+        found.checks.extend(Check.failed(f"{name}.figures.{stem}", why) for stem in files)
+        return
+    result: Learning = state["learning"]
+    if version >= 2 and "parameters" not in state:
+        why = "the parameters part was neither recomputed nor readable from report.json"
+        found.checks.append(Check.failed(f"{name}.json.figures", why))
+        found.checks.extend(Check.failed(f"{name}.figures.{stem}", why) for stem in files)
+        return
+    mine = figure_data(result.section, state.get("training"), state.get("serving"),
+                       version=version, action=action, parameters=state.get("parameters"))
+    compare_json("figures", {"figures": mine})
+    for stem, data in files.items():
+        figure, _, fmt = stem.rpartition(".")
+        check_name = f"{name}.figures.{stem}"
+        if figure not in mine:
+            found.checks.append(Check.failed(check_name, "no figure of this name is drawn"))
+            continue
+        try:
+            carried = embedded(fmt, data)
+        except FigureError as exc:
+            found.checks.append(Check.failed(check_name, f"{stem} does not carry its figure "
+                                             f"data: {exc}"))
+            continue
+        want = {"format": FIGURE_FORMATS[version], "figure": figure, "data": mine[figure]}
+        problems = strict_problems(carried, want,
+                                   exact=None if figure in INEXACT_KEYS else False)
+        found.checks.append(_listing(check_name, [f"{stem} {p}" for p in problems],
+                                     recomputed=f"{figure} data"))
+
+
+def _page(name: str, run: ReportRun, state: dict[str, Any], found: Sink,
+          version: int) -> None:
+    checks = [f"{name}.page.{part}" for part in (*PARTS, "exact")]
+    if "learning" not in state or "page" not in state:
+        why = "generations.html is unusable" if "page" not in state else \
+            "the learning part was not recomputed"
+        found.checks.extend(Check.failed(c, why) for c in checks)
+        return
+    result: Learning = state["learning"]
+    tasks = page_tasks(result)
+    title = run.params.get("title")
+    expected = render(str(title), result.section["arms"], tasks, result.held_out,
+                      version=version)
+    problems, same = compare_pages(state["page"], expected, tasks)
+    for part in (*PARTS, "exact"):
+        found.checks.append(_listing(f"{name}.page.{part}", problems[part],
+                                     recomputed="byte for byte" if same else None))
+
+
+def settle(claimed: Any, mine: Any, *, exact: Exactness = False) -> Any:
+    """``mine`` (the recomputation) with report.json's value at each leaf that is equal to it
+    under the comparison rules, so that a float equal within the tolerance is shown as the
+    report printed it; exact rationals elsewhere as their correctly rounded floats."""
+    if isinstance(mine, dict):
+        theirs = claimed if isinstance(claimed, dict) else {}
+        return {k: settle(theirs.get(k, _ABSENT), v, exact=_below(exact, k))
+                for k, v in mine.items()}
+    if isinstance(mine, list | tuple):
+        items = claimed if isinstance(claimed, list) else []
+        return [settle(items[i] if i < len(items) else _ABSENT, v, exact=exact)
+                for i, v in enumerate(mine)]
+    if claimed is not _ABSENT and leaf_problem(claimed, mine, exact=bool(exact)) is None:
+        return claimed
+    return float(mine) if isinstance(mine, Fraction) else mine
+
+
+_ABSENT = object()
+INDEX_NEEDS = ("format", "title", "action", "inputs", "prepared", "commitment", "learning",
+               "contract", "training", "serving", "parameters", "resources", "figures")
+
+
+def _index(name: str, ins: Inputs, action: str, state: dict[str, Any], found: Sink) -> None:
+    """index.html against the page rendered from the recomputed report (report.json's own
+    values where they are equal to it) with the receipt's action ID."""
+    checks = [f"{name}.index.{part}" for part in (*INDEX_PARTS, "exact")]
+    mine = state.get("mine", {})
+    absent = [part for part in INDEX_NEEDS if part not in mine]
+    if "index" not in state or absent:
+        why = ("index.html is unusable" if "index" not in state else
+               f"the report part(s) {', '.join(absent)} were not recomputed")
+        found.checks.extend(Check.failed(c, why) for c in checks)
+        return
+    shown = settle(state.get("report"), {k: mine[k] for k in INDEX_NEEDS})
+    expected = render_index({**shown, "action": action})
+    problems, same = compare_index(state["index"], expected)
+    for part in (*INDEX_PARTS, "exact"):
+        found.checks.append(_listing(f"{name}.index.{part}", problems[part],
+                                     recomputed="byte for byte" if same else None))
+
+
+def page_tasks(result: Learning) -> list[Task]:
+    """Every test task with every arm's retained answer and the verifiers' verdict."""
+    tasks = []
+    for n, line in enumerate(result.tests):
+        answers = {arm: Answer(text=str(s.generations[n].get("text", "")),
+                               correct=s.results[n].correct, reason=str(s.results[n].reason))
+                   for arm, s in result.scored.items()}
+        tasks.append(Task(id=line["id"], family=line["task"]["family"],
+                          variant=line["task"]["variant"], prompt=line["prompt"],
+                          target=line["target"], answers=answers))
+    return tasks
+
+
+def learning_claims(result: Learning) -> dict[str, Any]:
+    """The learning claims as the report defines them, from the recomputation."""
+    values: dict[str, Any] = {"documents": result.section["documents"]}
+    for arm, a in result.section["arms"].items():
+        values[f"correct.{arm}"] = a["correct"]
+    for arm, paired in result.versus_seed.items():
+        values[f"gain.{arm}"] = paired.gain
+        values[f"p.{arm}"] = paired.p
+        values[f"p_exact.{arm}"] = f"{paired.p.numerator}/{paired.p.denominator}"
+        values[f"contract.{arm}"] = result.contract[arm]["passed"]
+    return values
+
+
+def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink,
+                  version: int) -> dict[str, Any]:
+    """The output tree's files checked by name; report.json, resources.json, the pages and
+    the figure files' bytes."""
+    entries = objects.record_of(run.outputs["report"], "tree/1")["entries"]
+    compared = any(arm != BASELINE for arm in ins.evaluate)
+    figures = ["comparison", "accuracy", *(["training"] if ins.train else []),
+               *(["serving"] if ins.serve is not None else []),
+               *(["parameters"] if version >= 2 and compared else [])]
+    pages = {*PAGE_FILES, *([INDEX_FILE] if version >= 2 else [])}
+    expected = {*pages, *(f"{f}.{x}" for f in figures for x in FILE_FORMATS)}
+    missing, extra = sorted(expected - set(entries)), sorted(set(entries) - expected)
+    found.checks.append(Check.verdict(
+        f"{run.name}.files", not missing and not extra, claimed=sorted(entries),
+        recomputed=sorted(expected), message=f"missing {missing}, unexpected {extra}"))
+    out: dict[str, Any] = {}
+    for key, path in (("report", "report.json"), ("resources_json", "resources.json")):
+        if path in entries:
+            try:
+                out[key] = parse_json(objects.bytes(entries[path]["id"]), what=path)
+            except RecordParseError as exc:
+                found.checks.append(Check.failed(f"{run.name}.files.{path}", exc.message))
+    if "report" in out and not isinstance(out["report"], dict):
+        found.checks.append(Check.failed(f"{run.name}.files.report.json",
+                                         "report.json is not a JSON object"))
+        out.pop("report")
+    for key, path in (("page", "generations.html"), ("index", INDEX_FILE)):
+        if path in entries and path in pages:
+            try:
+                out[key] = objects.bytes(entries[path]["id"]).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                found.checks.append(Check.failed(f"{run.name}.files.{path}",
+                                                 f"not UTF-8 text ({exc})"))
+    out["figure_files"] = {f"{f}.{x}": objects.bytes(entries[f"{f}.{x}"]["id"])
+                           for f in figures for x in FILE_FORMATS if f"{f}.{x}" in entries}
+    return out
+
+
+@dataclass(slots=True)
+class _Fields:
+    prefix: str
+    compared: int = 0
+    failed: list[Check] = field(default_factory=list)
+
+    def walk(self, claimed: Any, mine: Any, path: str, exact: Exactness = False) -> None:
+        stack = [(claimed, mine, path, exact)]
+        while stack:
+            a, b, where, ex = stack.pop()
+            if isinstance(a, dict) and isinstance(b, dict):
+                for key in sorted(set(a) - set(b), key=str):
+                    self.failed.append(Check.failed(
+                        f"{self.prefix}.{_join(where, key)}", "report.json holds this member, "
+                        "which no verifier recomputes", claimed=_short(a[key])))
+                for key in sorted(set(b) - set(a), key=str):
+                    self.failed.append(Check.failed(f"{self.prefix}.{_join(where, key)}",
+                                                    "report.json lacks this member",
+                                                    recomputed=b[key]))
+                stack.extend((a[k], b[k], _join(where, k), _below(ex, k))
+                             for k in sorted((k for k in b if k in a), key=str, reverse=True))
+            elif isinstance(a, list) and isinstance(b, list | tuple):
+                if len(a) != len(b):
+                    self.failed.append(Check.failed(
+                        f"{self.prefix}.{where}", f"report.json lists {len(a)} items, "
+                        f"recomputed {len(b)}", claimed=len(a), recomputed=len(b)))
+                stack.extend((x, y, f"{where}[{i}]", ex) for i, (x, y)
+                             in reversed(list(enumerate(zip(a, b, strict=False)))))
+            else:
+                problem = leaf_problem(a, b, exact=bool(ex))
+                if problem is not None:
+                    self.failed.append(Check.failed(f"{self.prefix}.{where}", "report.json "
+                                                    f"differs from the recomputation: {problem}",
+                                                    claimed=_short(a), recomputed=b))
+                else:
+                    self.compared += 1
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _short(value: Any) -> Any:
+    """A claimed value as a check may hold it (no huge or deep hostile values)."""
+    if isinstance(value, dict | list) or (isinstance(value, int) and abs(value) > 10 ** 30):
+        return _show(value)
+    if isinstance(value, str) and len(value) > 200:
+        return value[:197] + "..."
+    return value
+
+
+def field_checks(prefix: str, part: str, claimed: dict[str, Any],
+                 mine: dict[str, Any]) -> list[Check]:
+    """One failed check per differing, missing or unrecomputed member of ``claimed``
+    (report.json's top-level members of ``part``), else one passed check for the part."""
+    fields = _Fields(prefix=prefix)
+    fields.walk(claimed, mine, "")
+    return fields.failed or [Check.passed(f"{prefix}.{part}",
+                                          recomputed=f"{fields.compared} values equal")]
+
+
+def _at(value: Any, *path: str) -> Any:
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def weights_check(objects: Objects, name: str, report: dict[str, Any], result: Learning,
+                  trained: dict[str, Any] | None) -> Check:
+    """Digests report.json names against the ones rebuilt from the weight files."""
+    wanted: list[tuple[str, str, str, Any]] = []  # (what, checkpoint, value kind, claimed)
+    for arm, a in result.section["arms"].items():
+        wanted.append((f"learning.arms.{arm}.parameter_digest", a["model"], "parameter_digest",
+                       _at(report, "learning", "arms", arm, "parameter_digest")))
+    for arm, t in (trained or {"arms": {}})["arms"].items():
+        wanted.append((f"training.arms.{arm}.final_parameters_blake3", t["checkpoint"],
+                       "agreed_parameters",
+                       _at(report, "training", "arms", arm, "final_parameters_blake3")))
+    problems, omitted = [], []
+    for what, checkpoint, kind, claimed in wanted:
+        values, skipped = parameter_values(objects, checkpoint)
+        if kind not in values:
+            why = skipped.get(kind, "not rebuilt")
+            if weights_omitted(objects, checkpoint):  # the one legal skip
+                omitted.append(f"{what}: {why}")
+            else:
+                problems.append(f"{what} cannot be rebuilt from {checkpoint}'s weights: {why}")
+        elif values[kind] != claimed:
+            problems.append(f"{what} is not the digest of {checkpoint}'s weights")
+    if problems:
+        return _listing(name, problems, recomputed=len(wanted))
+    if omitted:
+        return Check.skipped(name, "needs the omitted weights: " + "; ".join(omitted[:_SHOWN]),
+                             needs="weights")
+    return Check.passed(name, recomputed=f"{len(wanted)} digests rebuilt")
+
+
+def _listing(name: str, problems: list[str], *, recomputed: Any = None) -> Check:
+    if not problems:
+        return Check.passed(name, recomputed=recomputed)
+    more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
+    return Check.failed(name, f"{len(problems)} problem(s): " + "; ".join(problems[:_SHOWN])
+                        + more, recomputed=recomputed)
