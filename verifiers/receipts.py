@@ -42,27 +42,22 @@ from .report.checks import REPORT_VERIFIERS, check_report
 from .serving.throughput import ServeRun, check_serving
 from .tasks.selection import CORPUS_CLAIMS, OUTPUT_CLAIMS, check_selection
 from .tasks.tasksets import prepare_claims
-from .training.checkpoints import (
+from .training.checkpoints import parameter_findings, parameter_values
+from .training.diloco import diloco_checks, effective_outer_steps
+from .training.entries import effective_steps, is_diloco
+from .training.gguf import checkpoint_end_of_turn, convert_checks
+from .training.journals import (
     LOSS_CLAIMS,
     agreement_check,
     bytes_check,
-    diloco_checks,
-    effective_outer_steps,
-    effective_steps,
-    is_diloco,
     journal_checks,
     loss_values,
     lr_check,
-    parameter_digest_checks,
-    parameter_findings,
-    parameter_values,
-    published_state_check,
-    run_checkpoints,
     run_values,
     schedule_check,
     weighted_targets_check,
 )
-from .training.gguf import checkpoint_end_of_turn, convert_checks
+from .training.state import parameter_digest_checks, published_state_check, run_checkpoints
 
 
 @dataclass(slots=True)

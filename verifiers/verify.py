@@ -24,22 +24,15 @@ from pathlib import Path
 from .bundle.files import bundle_checks
 from .bundle.layoutcheck import layout_checks
 from .bundle.loading import loader_checks
+from .bundle.source import MANIFEST, BundleSource, is_bundle
 from .core.errors import VerifierCrash, VerifierError
 from .core.results import SELF_REPORTED, Check, Report
 from .evaluation.ordering import parse_time
 from .receipts import check_receipt
 from .records.closure import MISSING_CHECK, Objects, Unusable, walk
 from .records.objects import is_object_id
-from .records.sources import (
-    MANIFEST,
-    BadTarget,
-    BundleSource,
-    Source,
-    StoreSource,
-    find_store_dir,
-    is_bundle,
-    open_store_source,
-)
+from .records.sources import BadTarget, Source
+from .records.store import StoreSource, find_store_dir, open_store_source
 from .replay.answers import ReplayOptions, replay_receipts
 from .signatures.checks import TrustedKey, signature_checks, signer_lines
 from .tasks.tasksets import check_task_set

@@ -151,8 +151,8 @@ def _verifier_checks(bundle: Path) -> list:
     """What the independent verifiers find of a bundle's files and of its target's closure
     (a commitment: the full ``verify`` of format 1 and 2 receipts is in test_pipeline.py)."""
     from nscas.verifiers.bundle.files import bundle_checks
+    from nscas.verifiers.bundle.source import BundleSource
     from nscas.verifiers.records.closure import Objects, walk
-    from nscas.verifiers.records.sources import BundleSource
 
     source = BundleSource(bundle)
     return [*bundle_checks(source), *walk(Objects(source), source.target)[1]]

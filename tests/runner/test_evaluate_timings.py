@@ -20,7 +20,7 @@ from nscas.verifiers.evaluation.scoring import (
     timing_checks,
 )
 from nscas.verifiers.records.closure import Objects
-from nscas.verifiers.records.sources import StoreSource
+from nscas.verifiers.records.store import StoreSource
 
 GENERATIONS = [{"id": "t1", "output_ids": [1, 2, 3, 4]}, {"id": "t2", "output_ids": [5]}]
 TIMINGS = [{"id": "t1", "seconds": 0.5, "tokens_per_second": 8.0},

@@ -426,8 +426,8 @@ def relayout(root: Path, objects: dict[str, dict[str, Any]]) -> dict[str, str]:
     already; old path -> new path."""
     from nscas.verifiers.bundle.layout import derive, role_choices
     from nscas.verifiers.bundle.layoutcheck import closure_view
+    from nscas.verifiers.bundle.source import BUNDLE_FORMAT_V1, BundleSource
     from nscas.verifiers.records.closure import Objects, walk
-    from nscas.verifiers.records.sources import BUNDLE_FORMAT_V1, BundleSource
 
     (root / MANIFEST).write_bytes(_dumps_manifest(root, objects))
     bundle = BundleSource(root)

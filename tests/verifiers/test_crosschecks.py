@@ -15,7 +15,7 @@ from nscas.verifiers.core.compare import Exact, Tolerance, compare
 from nscas.verifiers.core.errors import LogFormatError
 from nscas.verifiers.records.environment import environment_check
 from nscas.verifiers.serving.throughput import ServeRun, check_serving
-from nscas.verifiers.training.checkpoints import (
+from nscas.verifiers.training.journals import (
     bytes_check,
     lr_check,
     run_values,

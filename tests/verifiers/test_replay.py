@@ -15,7 +15,7 @@ import pytest
 from nscas.verifiers.core.runs import Run
 from nscas.verifiers.evaluation.scoring import load_tokenizer
 from nscas.verifiers.records.closure import Objects
-from nscas.verifiers.records.sources import StoreSource
+from nscas.verifiers.records.store import StoreSource
 from nscas.verifiers.replay.answers import (
     ReplayOptions,
     _model,

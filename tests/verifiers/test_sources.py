@@ -11,16 +11,10 @@ import pytest
 import rfc8785
 
 from nscas.objects.digests import Digest
+from nscas.verifiers.bundle.source import BundleSource, safe_relative
 from nscas.verifiers.records.closure import Objects
-from nscas.verifiers.records.sources import (
-    BadTarget,
-    BundleSource,
-    SourceError,
-    StoreSource,
-    find_store_dir,
-    read_all,
-    safe_relative,
-)
+from nscas.verifiers.records.sources import BadTarget, SourceError, read_all
+from nscas.verifiers.records.store import StoreSource, find_store_dir
 
 from .conftest import Pipeline
 

@@ -325,7 +325,7 @@ def test_a_serve_receipt_without_its_evidence_proves_nothing(pipeline: Pipeline)
 
 def test_the_schedule_check_uses_indices_not_positions(tmp_path: Path) -> None:
     # Same documents in another order within a step are another batch: not allowed.
-    from nscas.verifiers.training.checkpoints import schedule_check
+    from nscas.verifiers.training.journals import schedule_check
 
     schedule = document_schedule(10, steps=2, batch=3, seed=SEED)
     steps = [{"step": s + 1, "indices": list(b), "documents": [f"d{i}" for i in b]}

@@ -26,7 +26,7 @@ from ..core.errors import RecordParseError
 from ..core.results import Check
 from ..records.objects import file_digests
 from ..records.reading import parse_json
-from ..records.sources import (
+from .source import (
     BUNDLE_FORMAT_V1,
     MANIFEST,
     MAX_MANIFEST_BYTES,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..core.results import Check
 from ..records.closure import Closure, Objects, Unusable
-from ..records.sources import BUNDLE_FORMAT_V1, BundleSource
 from .layout import ClosureView, Layout, derive, role_choices
+from .source import BUNDLE_FORMAT_V1, BundleSource
 
 _SHOWN = 6
 MODEL_FOLDER = "model-folder"

@@ -24,8 +24,8 @@ from ..core.results import Check
 from ..records.closure import Closure, Objects, Unusable
 from ..records.objects import file_digests
 from ..records.reading import parse_json
-from ..records.sources import BUNDLE_FORMAT_V1, BundleSource
 from .layoutcheck import MODEL_FOLDER
+from .source import BUNDLE_FORMAT_V1, BundleSource
 
 WEIGHT_SUFFIX = ".safetensors"
 WEIGHT_FILES = frozenset({"model.safetensors.index.json"})

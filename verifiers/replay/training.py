@@ -42,13 +42,9 @@ from ..evaluation.scoring import load_tokenizer
 from ..records.closure import Objects, Unusable, weights_omitted
 from ..tasks.chat import TemplateError, end_of_turn, template_source, turns_renderer
 from ..tasks.tasksets import read_lines
-from ..training.checkpoints import (
-    STATE_TENSORS,
-    effective_steps,
-    learning_rate,
-    run_checkpoints,
-    state_record_problems,
-)
+from ..training.entries import effective_steps
+from ..training.journals import learning_rate
+from ..training.state import STATE_TENSORS, run_checkpoints, state_record_problems
 from .answers import ReplayOptions, _encode, checkpoint_dir
 from .step import Document, Group, ReplayStepError, Request, Settings, Update, compute
 

@@ -44,7 +44,8 @@ from ..records.closure import Objects
 from ..serving.throughput import PHASES, read_log, recompute
 from ..tasks.checker import FAMILIES
 from ..tasks.tasksets import read_lines, task_lines
-from ..training.checkpoints import effective_steps, mean_loss
+from ..training.entries import effective_steps
+from ..training.journals import mean_loss
 from ..training.schedule import read_journal
 from .inputs import BASELINE, Inputs, commitment_subjects, documents_kind, world_of
 
