@@ -169,7 +169,7 @@ def _replay_options(count: int, seed: int | None, tasks: tuple[str, ...], device
     sample can be drawn again."""
     import secrets
 
-    from nscas.verifiers.replay.answers import ReplayOptions
+    from nscas.verifiers.replay.options import ReplayOptions
 
     if seed is None:
         seed = secrets.randbits(63)

@@ -33,7 +33,8 @@ from .records.closure import MISSING_CHECK, Objects, Unusable, walk
 from .records.objects import is_object_id
 from .records.sources import BadTarget, Source
 from .records.store import StoreSource, find_store_dir, open_store_source
-from .replay.answers import ReplayOptions, replay_receipts
+from .replay.options import ReplayOptions
+from .replay.receipts import replay_receipts
 from .signatures.checks import TrustedKey, signature_checks, signer_lines
 from .tasks.tasksets import check_task_set
 from .training.checkpoints import checkpoint_checks

@@ -22,7 +22,7 @@ from nscas.objects.digests import Digest
 from nscas.recipes.train.config import TrainParams
 from nscas.store.writer import Store
 from nscas.verifiers.core.runs import Run
-from nscas.verifiers.replay.answers import ReplayOptions
+from nscas.verifiers.replay.options import ReplayOptions
 from nscas.verifiers.replay.step import (
     Document,
     ReplayStepError,

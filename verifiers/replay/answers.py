@@ -12,124 +12,24 @@ nothing here imports nscas (docs/format.md §7.1).
 
 from __future__ import annotations
 
-import os
-import random
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..bundle.loading import model_folder
 from ..core.errors import RecordParseError
 from ..core.results import Check
 from ..core.runs import Run
 from ..evaluation.scoring import generation_keys, load_tokenizer, losses_of
-from ..records.closure import Objects, Unusable, weights_omitted
+from ..records.closure import Objects, Unusable
 from ..tasks.chat import TemplateError, end_of_turn, template_source, turns_renderer
 from ..tasks.tasksets import read_lines
 from .greedy import Answer, Precision, Tolerance, answer_scores, judge, stopping_problem
+from .models import IGNORE, encode_turns, loaded_model
+from .options import ReplayOptions, sample_tasks
 
-IGNORE = -100
 RETENTION_TOLERANCE = 1e-3
 """Largest relative difference between a replayed and a retained retention loss: FP32 sums of
 the same token losses in another order, or on other hardware."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplayOptions:
-    """What the auditor asked to replay."""
-
-    count: int
-    """Tasks drawn per evaluated arm."""
-    seed: int
-    """Seed of the draw (the auditor's, so the producer cannot choose the sample)."""
-    tasks: tuple[str, ...] = ()
-    """Task ids replayed in every arm besides the drawn ones."""
-    device: str = "cpu"
-    """``cpu`` or ``cuda``."""
-    time_limit: float | None = None
-    """Seconds for the whole replay; what is left when they run out is listed as not
-    rechecked."""
-    progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)
-    """``(arm, done, total)`` after each replayed task."""
-    steps: int = 0
-    """Training updates replayed after each published optimizer state (``replaytrain``);
-    0: none."""
-
-
-def sample_tasks(ids: Sequence[str], options: ReplayOptions) -> list[str]:
-    """The drawn tasks of one arm in task order, then the named ones it has."""
-    rng = random.Random(options.seed)
-    drawn = sorted(rng.sample(range(len(ids)), min(options.count, len(ids))))
-    chosen = [ids[i] for i in drawn]
-    return chosen + [t for t in options.tasks if t in ids and t not in chosen]
-
-
-def environment(device: str, precision: str) -> dict[str, Any]:
-    """Where the replay ran, as the verify report records it."""
-    import torch
-
-    env: dict[str, Any] = {"device": device, "precision": precision,
-                           "torch": torch.__version__}
-    if device == "cuda":
-        env["device_name"] = torch.cuda.get_device_name()
-    return env
-
-
-def replay_receipts(objects: Objects, receipts: Sequence[str], options: ReplayOptions
-                    ) -> list[Check]:
-    """``replay_evaluations`` of the succeeded evaluate runs among ``receipts`` (in order);
-    receipts that cannot be read are plain verification's findings, not replay's."""
-    runs = []
-    for oid in receipts:
-        try:
-            receipt = objects.record_of(oid, "receipt/1")
-            action = objects.record_of(receipt["action"], "action/1")
-        except Unusable:
-            continue
-        recipe = str(action.get("recipe", "")).partition("@")[0]
-        if recipe in ("evaluate", "train") and receipt.get("status") == "succeeded":
-            runs.append(Run(id=oid, name=f"{recipe}.{oid[7:15]}", receipt=receipt,
-                            action=action, recipe=recipe))
-    return replay_evaluations(objects, runs, options)
-
-
-def replay_evaluations(objects: Objects, runs: Sequence[Run], options: ReplayOptions
-                       ) -> list[Check]:
-    """A ``replay`` check per evaluate run, a ``replay.training`` check per train run when
-    ``options.steps`` > 0 (``replaytrain``), and one naming where the replay ran."""
-    from .training import replay_trainings  # it builds on this module's model loading
-
-    evaluations = [r for r in runs if r.recipe == "evaluate"]
-    checks: list[Check] = []
-    deadline = None if options.time_limit is None else time.monotonic() + options.time_limit
-    precisions = set()
-    for run in evaluations:
-        name = f"{run.name}.replay"
-        tolerance = Tolerance(run=run_precision(run), replay=replay_precision(run, options.device))
-        precisions.add(tolerance.replay)
-        if weights_omitted(objects, run.inputs["model"]):
-            checks.append(Check.skipped(name, "the bundle omits the weights a replay needs",
-                                        needs="weights"))
-            continue
-        try:
-            checks.extend(_replay_run(objects, run, options, tolerance, deadline, name))
-        except Unusable as exc:
-            checks.append(Check.failed(name, f"cannot replay: {exc}"))
-    trained = replay_trainings(objects, runs, options)
-    checks.extend(trained)
-    if evaluations or trained:
-        env = environment(options.device, "/".join(sorted(precisions)) or "fp32")
-        checks.append(Check.passed(
-            "replay.environment", recomputed={**env, "seed": options.seed,
-                                              "count": options.count,
-                                              "steps": options.steps},
-            message=f"replayed on {env.get('device_name', env['device'])} "
-                    f"({env['precision']}, torch {env['torch']}), seed {options.seed}"))
-    return checks
 
 
 def run_precision(run: Run) -> Precision:
@@ -144,7 +44,7 @@ def replay_precision(run: Run, device: str) -> Precision:
     return "bf16" if device == "cuda" and run_precision(run) == "bf16" else "fp32"
 
 
-def _replay_run(objects: Objects, run: Run, options: ReplayOptions, tolerance: Tolerance,
+def replay_run(objects: Objects, run: Run, options: ReplayOptions, tolerance: Tolerance,
                 deadline: float | None, name: str) -> list[Check]:
     lines = _generations(objects, run)
     ids = [g["id"] for g in lines]
@@ -160,7 +60,7 @@ def _replay_run(objects: Objects, run: Run, options: ReplayOptions, tolerance: T
                        "stopping rule cannot be checked")
     answers: list[Answer] = []
     left: list[str] = []
-    with _model(objects, run.inputs["model"], options.device) as model:
+    with loaded_model(objects, run.inputs["model"], options.device) as model:
         for done, task in enumerate(chosen):
             if deadline is not None and time.monotonic() > deadline:
                 left = chosen[done:]
@@ -241,7 +141,7 @@ def _retention(objects: Objects, run: Run, model: Any, device: str,
     worst, problems = 0.0, []
     for line in lines:
         try:
-            ids, labels = _encode(line, render, tokenizer, turn)
+            ids, labels = encode_turns(line, render, tokenizer, turn)
         except (TemplateError, ValueError) as exc:
             problems.append(f"probe {line.get('id')}: {exc}")
             continue
@@ -259,42 +159,6 @@ def _retention(objects: Objects, run: Run, model: Any, device: str,
         return Check.failed(name, f"{message}; " + "; ".join(problems[:5]),
                             recomputed=worst)
     return Check.passed(name, recomputed=worst, message=message)
-
-
-def _messages(line: Mapping[str, Any]) -> list[dict[str, str]]:
-    """A probe's chat messages: its ``messages``, or a grounded ``prompt`` and ``target``."""
-    if "messages" in line:
-        messages = line["messages"]
-        if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str) for m in messages):
-            raise ValueError("messages are not {role, content} strings")
-        return [{"role": m["role"], "content": m["content"]} for m in messages]
-    if isinstance(line.get("prompt"), str) and isinstance(line.get("target"), str):
-        return [{"role": "user", "content": line["prompt"]},
-                {"role": "assistant", "content": line["target"]}]
-    raise ValueError("has neither messages nor a prompt and target")
-
-
-def _encode(line: Mapping[str, Any], render: Callable[[list[dict[str, str]], bool], str],
-            tokenizer: Any, turn: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels: each answer from its first token through the end of its turn."""
-    messages = _messages(line)
-
-    def encode(text: str) -> list[int]:
-        return list(tokenizer.encode(text, add_special_tokens=False).ids)
-
-    ids = encode(render(messages, False))
-    labels = [IGNORE] * len(ids)
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(encode(render(messages[:index], True)))
-        if turn not in ids[start:]:
-            raise ValueError(f"assistant message {index} has no end-of-turn token after it")
-        end = ids.index(turn, start)
-        labels[start:end + 1] = ids[start:end + 1]
-    return ids, labels
 
 
 def _mean_loss(model: Any, ids: list[int], labels: list[int], device: str) -> float:
@@ -329,58 +193,6 @@ def _generations(objects: Objects, run: Run) -> list[dict[str, Any]]:
                            f"line {g['id']} has no usable prompt or output ids")
         good.append(g)
     return good
-
-
-@contextmanager
-def _model(objects: Objects, checkpoint: str, device: str) -> Iterator[Any]:
-    """The checkpoint's model in FP32 on ``device``, loaded from its own files."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with tempfile.TemporaryDirectory(prefix="nscas-replay-") as tmp, ExitStack() as files:
-        root = checkpoint_dir(objects, checkpoint, Path(tmp), files)
-        try:
-            with _quiet():
-                model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
-        except Exception as exc:  # transformers raises many kinds for a directory it cannot load
-            raise Unusable(checkpoint, f"does not load as a model ({type(exc).__name__}: "
-                           f"{exc})") from None
-        model.to(device).eval()
-        yield model
-
-
-def checkpoint_dir(objects: Objects, checkpoint: str, root: Path, files: ExitStack) -> Path:
-    """The folder a reader loads ``checkpoint`` from: in a bundle, its own model folder, once
-    it holds exactly the checkpoint's files (``loading.model_folder``); elsewhere ``root``
-    made a directory of the checkpoint's files, links to verified copies kept open in
-    ``files`` (close it only after the model is loaded). Unsafe paths are refused."""
-    folder = model_folder(objects, checkpoint)
-    if folder is not None:
-        return folder
-    tree = objects.record_of(objects.record_of(checkpoint, "checkpoint/1")["files"], "tree/1")
-    for rel, entry in sorted(tree["entries"].items()):
-        path = PurePosixPath(rel)
-        if path.is_absolute() or ".." in path.parts or not path.parts:
-            raise Unusable(checkpoint, f"names an unsafe file path {rel!r}")
-        target = root.joinpath(*path.parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source = files.enter_context(objects.as_file(entry["id"], name=path.name))
-        os.symlink(Path(source).resolve(), target)
-    return root
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """No transformers progress bar on the auditor's terminal while a model loads."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
 
 
 def replay_answer(model: Any, line: Mapping[str, Any], *, stops: set[int],

@@ -45,7 +45,8 @@ from ..tasks.tasksets import read_lines
 from ..training.entries import effective_steps
 from ..training.journals import learning_rate
 from ..training.state import STATE_TENSORS, run_checkpoints, state_record_problems
-from .answers import ReplayOptions, _encode, checkpoint_dir
+from .models import checkpoint_dir, encode_turns
+from .options import ReplayOptions
 from .step import Document, Group, ReplayStepError, Request, Settings, Update, compute
 
 EXACT_WORLDS = (1, 2)
@@ -241,7 +242,7 @@ class _Documents:
     def __getitem__(self, index: int) -> Document:
         if index not in self._cache:
             try:
-                ids, labels = _encode(self.lines[index], self._render, self._tokenizer,
+                ids, labels = encode_turns(self.lines[index], self._render, self._tokenizer,
                                       self._turn)
             except (TemplateError, ValueError) as exc:
                 raise Unusable(self.ids[index], f"cannot be tokenised: {exc}") from None

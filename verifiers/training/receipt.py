@@ -11,9 +11,7 @@ from ..core.compare import Exact
 from ..core.errors import RecordParseError
 from ..core.results import Check
 from ..core.runs import Run
-from ..evaluation.scoring import (
-    load_tokenizer,
-)
+from ..evaluation.scoring import load_tokenizer
 from ..records.claims import Findings, environment_section
 from ..records.closure import Objects, Unusable, weights_omitted
 from ..records.reading import parse_json
