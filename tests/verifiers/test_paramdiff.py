@@ -22,7 +22,7 @@ from nscas.models.checkpoints import put_checkpoint
 from nscas.models.distance import compare_params
 from nscas.objects.digests import Digest
 from nscas.store.writer import Store
-from nscas.verifiers.report.checks import REL_TOL
+from nscas.verifiers.report.strict import REL_TOL
 
 
 class _Files:

@@ -17,8 +17,8 @@ way; every token is sorted into the part of the page it belongs to:
 - ``answers``: each answer row's answer text;
 - ``exact``: the whole page, byte for byte.
 
-The page format is the report recipe's (``nscas.recipes.report.page``); this is an
-independent rendering of the same definition, kept in step with it by the tests. Version 2
+The page is rendered here from docs/experiment.md §6.6, its inline CSS and script read from
+the pinned data files of docs/format.md §6.11 (``templates``). Version 2
 (``report@2``) adds a line of links (to index.html and report.json) under the heading, a
 ``.gap`` style, and shows each answer compactly: every run of ``GAP_LINES`` or more blank
 lines (only spaces, tabs or carriage returns on them) after a line break is one marker line
@@ -35,58 +35,14 @@ from html import escape
 from html.parser import HTMLParser
 from typing import Any
 
-CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem auto;max-width:70rem;padding:0 1rem;
-color:#111}
-h1{font-size:1.4rem}h2{font-size:1rem;margin:0 0 .4rem}
-code,pre{font:12px/1.4 ui-monospace,monospace}
-pre{white-space:pre-wrap;word-break:break-word;margin:0}
-#filters{position:sticky;top:0;background:#fff;padding:.5rem 0;border-bottom:1px solid #ddd;
-display:flex;gap:1rem;flex-wrap:wrap;align-items:center}
-section.task{border:1px solid #ddd;border-radius:6px;padding:.7rem;margin:.8rem 0}
-table{border-collapse:collapse;width:100%}
-td,th{border-top:1px solid #eee;padding:.3rem .4rem;text-align:left;vertical-align:top}
-th{white-space:nowrap;width:9rem}
-tr.correct td.verdict{color:#047857}tr.wrong td.verdict{color:#b91c1c}
-td.verdict{white-space:nowrap;width:13rem}
-table.summary{width:auto;margin:.5rem 0}
-details summary{cursor:pointer;color:#374151}
-[hidden]{display:none !important}
-"""
-CSS_V2 = CSS.replace("[hidden]", ".gap{color:#6b7280;font-style:italic}\n[hidden]")
+from .templates import pinned_text
+
+GAP_STYLE = ".gap{color:#6b7280;font-style:italic}\n"
+"""The style report@2 added; report@1's page has the same CSS without it."""
 GAP_LINES = 3
 GAP = re.compile(r"\n(?:[ \t\r]*\n){" + str(GAP_LINES) + ",}")
 
-JS = """
-(function () {
-  var ids = ["f-family", "f-variant", "f-arm", "f-outcome"];
-  var tasks = document.querySelectorAll("section.task");
-  function value(id) { return document.getElementById(id).value; }
-  function apply() {
-    var family = value("f-family"), variant = value("f-variant");
-    var arm = value("f-arm"), outcome = value("f-outcome"), shown = 0;
-    for (var i = 0; i < tasks.length; i++) {
-      var task = tasks[i], rows = task.querySelectorAll("tr[data-arm]"), any = false;
-      for (var j = 0; j < rows.length; j++) {
-        var row = rows[j];
-        var visible = (!arm || row.getAttribute("data-arm") === arm) &&
-                      (!outcome || row.getAttribute("data-outcome") === outcome);
-        row.hidden = !visible;
-        any = any || visible;
-      }
-      task.hidden = !(any && (!family || task.getAttribute("data-family") === family) &&
-                      (!variant || task.getAttribute("data-variant") === variant));
-      if (!task.hidden) { shown++; }
-    }
-    document.getElementById("shown").textContent =
-      shown + " of " + tasks.length + " tasks shown";
-  }
-  for (var k = 0; k < ids.length; k++) {
-    document.getElementById(ids[k]).addEventListener("change", apply);
-  }
-  apply();
-})();
-"""
+
 
 MAX_DEPTH = 64
 """Open elements a page may nest; deeper is a finding, not a parse."""
@@ -112,6 +68,13 @@ def compact(text: str) -> str:
 def _select(ident: str, label: str, options: list[tuple[str, str]]) -> str:
     items = "".join(f'<option value="{_e(v)}">{_e(text)}</option>' for v, text in options)
     return f'<label>{_e(label)} <select id="{ident}">{items}</select></label>'
+
+
+
+def page_css(version: int) -> str:
+    """The page's inline CSS: docs/spec/report-page.css (report@2), less ``GAP_STYLE`` for report@1."""
+    css = pinned_text("report-page.css")
+    return css if version >= 2 else css.replace(GAP_STYLE, "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,14 +145,14 @@ def render(title: str, arms: Mapping[str, Mapping[str, Any]], tasks: Sequence[Ta
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}: every answer</title>"
-        f"<style>{CSS_V2 if version >= 2 else CSS}</style></head><body>"
+        f"<style>{page_css(version)}</style></head><body>"
         f"<h1>{_e(title)}: every answer</h1>{links}"
         f"<p>All {len(tasks)} final-test prompts with their checked targets and every "
         f"arm's retained answer, rescored by the strict checker for this page. Variants "
         f"{_e(', '.join(str(v) for v in held_out) or 'none')} are held-out wordings.</p>"
         f'<table class="summary">{summary}</table>'
         f'<form id="filters" onsubmit="return false">{filters}</form>'
-        f"<main>{body}</main><script>{JS}</script></body></html>\n"
+        f"<main>{body}</main><script>{pinned_text('report-page.js')}</script></body></html>\n"
     )
 
 
