@@ -136,8 +136,8 @@ def test_every_template_is_pinned_alike_by_format_md_the_recipe_and_the_verifier
     files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
              for p in (ROOT / "docs" / "spec").iterdir() if p.suffix != ".py" and p.is_file()}
     assert table == files
-    assert product_templates.PINNED == files
-    assert verifier_templates.SHA256 == files
+    assert files == product_templates.PINNED
+    assert files == verifier_templates.SHA256
 
 
 def test_a_template_that_is_not_the_pinned_one_is_refused_by_both_sides(
