@@ -93,7 +93,7 @@ def verify(target: str, *, store: Path | None = None, strict: bool = False,
     (``signatures.load_trusted``): every receipt of the closure must be signed by one of
     those keys. ``replay``: also rerun the model on a sample of every evaluation's answers
     and its retention probes (``replay.py``), and K training updates after each published
-    optimizer state (``replaytrain.py``, docs/format.md §7.8)."""
+    optimizer state (``replay/training.py``, docs/format.md §7.8)."""
     pin = _parse_expect(expect)
     try:
         source, oid = open_target(target, store=store)

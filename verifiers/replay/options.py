@@ -28,7 +28,7 @@ class ReplayOptions:
     progress: Callable[[str, int, int], None] | None = field(default=None, compare=False)
     """``(arm, done, total)`` after each replayed task."""
     steps: int = 0
-    """Training updates replayed after each published optimizer state (``replaytrain``);
+    """Training updates replayed after each published optimizer state (``replay.training``);
     0: none."""
 
 

@@ -38,7 +38,7 @@ def replay_receipts(objects: Objects, receipts: Sequence[str], options: ReplayOp
 def replay_evaluations(objects: Objects, runs: Sequence[Run], options: ReplayOptions
                        ) -> list[Check]:
     """A ``replay`` check per evaluate run, a ``replay.training`` check per train run when
-    ``options.steps`` > 0 (``replaytrain``), and one naming where the replay ran."""
+    ``options.steps`` > 0 (``replay.training``), and one naming where the replay ran."""
     evaluations = [r for r in runs if r.recipe == "evaluate"]
     checks: list[Check] = []
     deadline = None if options.time_limit is None else time.monotonic() + options.time_limit

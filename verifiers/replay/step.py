@@ -4,7 +4,7 @@
 ``Request`` names from a published optimizer state and writes a ``Result``: per update the
 objective, the gradient norm before clipping and the BLAKE3 parameter digest, the distance
 from a checkpoint's weights at the last replayed step, and the numeric settings it computed
-under. ``replaytrain`` does everything else (the journal, the state's record, the documents'
+under. ``replay.training`` does everything else (the journal, the state's record, the documents'
 tokens, the comparison) and starts this process through ``compute``.
 
 Why a process of its own: a ``deterministic`` run on CUDA computes with cuBLAS's fixed

@@ -15,7 +15,7 @@ digest of the parameters (registration order, raw bytes) is compared with the jo
 ``parameters``, and the loss and gradient norm with the journal's.
 
 This module reads and checks what the replay needs and judges what it computed; the
-arithmetic runs in a process of its own (``replaystep``), which applies the run's numeric
+arithmetic runs in a process of its own (``replay.step``), which applies the run's numeric
 settings before CUDA starts there and reports them back.
 
 Two ranks are replayed in one process: each rank's share accumulates its own gradient, which

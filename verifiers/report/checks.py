@@ -1,11 +1,11 @@
 """``report`` receipts rechecked (docs/experiment.md §6): every headline claim, every member of
 report.json, every number and verdict of the answer page and the data of every figure file,
-recomputed from the retained objects by ``reportcompute``, ``reportpage`` and
-``reportfigures``.
+recomputed from the retained objects by ``compute``, ``page`` and
+``figures``.
 
 Checks, each named ``report.<8 hex>.<what>``:
 
-- ``inputs``: the input receipts describe one experiment (rules in ``reportinputs``);
+- ``inputs``: the input receipts describe one experiment (rules in ``inputs``);
 - ``version``: the run is of report@1 or report@2, the versions defined here (each checked by
   its own definitions: report@1 has no index.html and version-1 figures and page);
 - ``files``: the output tree holds exactly report.json, resources.json, generations.html
@@ -27,15 +27,15 @@ Checks, each named ``report.<8 hex>.<what>``:
 - ``json.parts``: report.json has exactly the known top-level parts (an unknown part fails);
 - ``resources_json``: resources.json holds what report.json's ``resources`` must hold;
 - ``figures.<name>.<format>``: the figure file (``training.png``) carries, in its own
-  metadata, exactly the recomputed data of that figure (``reportfigures``);
+  metadata, exactly the recomputed data of that figure (``figures``);
 - ``page.headline``, ``page.filters``, ``page.tasks``, ``page.verdicts``, ``page.answers``
   and ``page.exact``: generations.html is, part by part and then byte for byte, the page
-  rendered from the recomputation (``reportpage``);
-- report@2: ``index.head``, ``index.<section>`` for each section of ``reportindex.SECTIONS``
+  rendered from the recomputation (``page``);
+- report@2: ``index.head``, ``index.<section>`` for each section of ``index.SECTIONS``
   and ``index.exact``: index.html is, part by part and then byte for byte, the summary page
   rendered from the recomputation (with report.json's own value wherever it is equal to the
   recomputed one under the rules below, so a float is shown as the report printed it) and
-  the receipt's action ID (``reportindex``);
+  the receipt's action ID (``index``);
 - ``weights``: the parameter digests report.json names are the ones rebuilt from the
   checkpoints' weight files; skipped (``needs="weights"``), never passed, when the bundle
   omitted the weights, failed when they cannot be rebuilt for any other reason.
@@ -105,7 +105,7 @@ KNOWN_PARTS = frozenset({"format", "title", "inputs", "prepared", "commitment", 
 
 
 class ReportRun(Protocol):
-    """What this module reads of a receipt under check (``receipts.Run`` provides it)."""
+    """What this module reads of a receipt under check (``core.runs.Run`` provides it)."""
 
     @property
     def name(self) -> str: ...
@@ -122,7 +122,7 @@ class ReportRun(Protocol):
 
 
 class Sink(Protocol):
-    """Where findings go (``receipts.Findings``): checks, claims decided here (by claim
+    """Where findings go (``records.claims.Findings``): checks, claims decided here (by claim
     name), and ``section``, which runs one part and turns an unusable object into a failed
     part and failed claims."""
 

@@ -2,8 +2,8 @@
 
 Each function returns one section shaped as the ``report`` recipe writes it, built only from
 the verifiers' own parts: answers re-scored by ``checker`` against targets derived from each
-task's case (``evaluation.rescore``), paired statistics and the contract from ``stats``,
-journals read by ``schedule`` and made resume-aware by ``training.effective_steps``, the
+task's case (``evaluation.scoring.rescore``), paired statistics and the contract from ``stats``,
+journals read by ``schedule`` and made resume-aware by ``training.entries.effective_steps``, the
 request log recomputed by ``throughput``. Exact values stay exact (``Fraction``); the
 comparison rules of ``compare`` relate them to the report's floats.
 

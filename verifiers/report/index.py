@@ -3,7 +3,7 @@ and compare it with the published one, section by section and then byte for byte
 
 The page is a function of report.json and nothing else (its ``action`` member is the
 report's action ID). The verifiers render it from their own recomputation of report.json
-(``reportchecks.settle``: report.json's own value at each leaf equal to the recomputed one
+(``strict.settle``: report.json's own value at each leaf equal to the recomputed one
 under the comparison rules, so a float that agrees within ``float_recomputation`` is printed
 as the report printed it) and the receipt's action ID. So a page that shows anything but the
 recomputed numbers fails here, whatever report.json says, and an edit of report.json alone
