@@ -64,7 +64,7 @@ from ..records.closure import Objects, Unusable, weights_omitted
 from ..records.reading import parse_json
 from ..training.checkpoints import parameter_values
 from ..training.paramdiff import parameters as parameter_distances
-from .compute import Learning, header, learning, serving, training
+from .compute import Learning, header, learning, learning_claims, serving, training
 from .figures import FIGURE_FORMATS, FigureError, embedded, figure_data
 from .index import PARTS as INDEX_PARTS
 from .index import compare_index, render_index
@@ -419,19 +419,6 @@ def page_tasks(result: Learning) -> list[Task]:
                           variant=line["task"]["variant"], prompt=line["prompt"],
                           target=line["target"], answers=answers))
     return tasks
-
-
-def learning_claims(result: Learning) -> dict[str, Any]:
-    """The learning claims as the report defines them, from the recomputation."""
-    values: dict[str, Any] = {"documents": result.section["documents"]}
-    for arm, a in result.section["arms"].items():
-        values[f"correct.{arm}"] = a["correct"]
-    for arm, paired in result.versus_seed.items():
-        values[f"gain.{arm}"] = paired.gain
-        values[f"p.{arm}"] = paired.p
-        values[f"p_exact.{arm}"] = f"{paired.p.numerator}/{paired.p.denominator}"
-        values[f"contract.{arm}"] = result.contract[arm]["passed"]
-    return values
 
 
 def _read_outputs(objects: Objects, run: ReportRun, ins: Inputs, found: Sink,

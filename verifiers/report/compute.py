@@ -395,3 +395,16 @@ def header(objects: Objects, ins: Inputs, params: Mapping[str, Any], *, version:
         "prepared": prepared(objects, ins),
         "commitment": {"id": commitment, "subjects": commitment_subjects(objects, ins)},
     }
+
+
+def learning_claims(result: Learning) -> dict[str, Any]:
+    """The learning claims as the report defines them, from the recomputation."""
+    values: dict[str, Any] = {"documents": result.section["documents"]}
+    for arm, a in result.section["arms"].items():
+        values[f"correct.{arm}"] = a["correct"]
+    for arm, paired in result.versus_seed.items():
+        values[f"gain.{arm}"] = paired.gain
+        values[f"p.{arm}"] = paired.p
+        values[f"p_exact.{arm}"] = f"{paired.p.numerator}/{paired.p.denominator}"
+        values[f"contract.{arm}"] = result.contract[arm]["passed"]
+    return values
