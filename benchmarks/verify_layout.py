@@ -30,8 +30,8 @@ def main() -> None:
     parser.add_argument("runs", nargs="?", type=int, default=9)
     parser.add_argument("--before", default=None)
     args = parser.parse_args()
-    from nscas.verifiers import layoutcheck
     from nscas.verifiers import verify as after
+    from nscas.verifiers.bundle import layoutcheck
 
     spent = [0.0]
     layout = layoutcheck.layout_checks

@@ -94,7 +94,7 @@ def verify_(
     Example: nscas verify experiments/coop/report; offline: nscas verify bundle/ --strict
     --expect <the published SHA-256 of bundle/SHA256SUMS> --trust alice.key.pub
     """
-    from nscas.verifiers.errors import VerifierError
+    from nscas.verifiers.core.errors import VerifierError
     from nscas.verifiers.verify import error_exit_code, exit_code, verify
 
     if device not in ("cpu", "cuda"):
@@ -114,7 +114,7 @@ def verify_(
     try:
         trusted = None
         if trust:
-            from nscas.verifiers.signatures import load_trusted
+            from nscas.verifiers.signatures.checks import load_trusted
 
             trusted = load_trusted(trust)
         report = verify(target, store=store or state(ctx).store, strict=strict, expect=expect,
@@ -169,7 +169,7 @@ def _replay_options(count: int, seed: int | None, tasks: tuple[str, ...], device
     sample can be drawn again."""
     import secrets
 
-    from nscas.verifiers.replay import ReplayOptions
+    from nscas.verifiers.replay.options import ReplayOptions
 
     if seed is None:
         seed = secrets.randbits(63)

@@ -73,7 +73,9 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_tree(wheel: zipfile.Z
     # The migrations alembic needs at run time, and the recipes' shipped data, by name.
     for needed in ("nscas/migrations/env.py", "nscas/migrations/script.py.mako",
                    "nscas/migrations/versions/0001_initial.py",
-                   "nscas/recipes/common/default_wordings.json"):
+                   "nscas/recipes/common/default_wordings.json",
+                   "nscas/spec/report-index.html.jinja", "nscas/spec/report-page.css",
+                   "nscas/spec/report-page.js"):
         assert needed in names
     for installed, source in expected.items():
         assert wheel.read(installed) == source.read_bytes(), installed

@@ -21,29 +21,23 @@ import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .bundle import bundle_checks
-from .closure import MISSING_CHECK, Objects, Unusable, walk
-from .errors import VerifierCrash, VerifierError
-from .layoutcheck import layout_checks
-from .loading import loader_checks
-from .objects import is_object_id
-from .ordering import parse_time
+from .bundle.files import bundle_checks
+from .bundle.layoutcheck import layout_checks
+from .bundle.loading import loader_checks
+from .bundle.source import MANIFEST, BundleSource, is_bundle
+from .core.errors import VerifierCrash, VerifierError
+from .core.results import SELF_REPORTED, Check, Report
+from .evaluation.ordering import parse_time
 from .receipts import check_receipt
-from .replay import ReplayOptions, replay_receipts
-from .report import SELF_REPORTED, Check, Report
-from .signatures import TrustedKey, signature_checks, signer_lines
-from .sources import (
-    MANIFEST,
-    BadTarget,
-    BundleSource,
-    Source,
-    StoreSource,
-    find_store_dir,
-    is_bundle,
-    open_store_source,
-)
-from .taskchecks import check_task_set
-from .training import checkpoint_checks
+from .records.closure import MISSING_CHECK, Objects, Unusable, walk
+from .records.objects import is_object_id
+from .records.sources import BadTarget, Source
+from .records.store import StoreSource, find_store_dir, open_store_source
+from .replay.options import ReplayOptions
+from .replay.receipts import replay_receipts
+from .signatures.checks import TrustedKey, signature_checks, signer_lines
+from .tasks.tasksets import check_task_set
+from .training.checkpoints import checkpoint_checks
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -99,7 +93,7 @@ def verify(target: str, *, store: Path | None = None, strict: bool = False,
     (``signatures.load_trusted``): every receipt of the closure must be signed by one of
     those keys. ``replay``: also rerun the model on a sample of every evaluation's answers
     and its retention probes (``replay.py``), and K training updates after each published
-    optimizer state (``replaytrain.py``, docs/format.md §7.8)."""
+    optimizer state (``replay/training.py``, docs/format.md §7.8)."""
     pin = _parse_expect(expect)
     try:
         source, oid = open_target(target, store=store)

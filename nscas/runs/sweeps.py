@@ -7,7 +7,7 @@ step downstream of it one per arm (``evaluate.train.lr-1e-5``), reading that arm
 Several swept params give the product of their values, each step expanded over the params
 upstream of it (or its own). Each arm's steps have their own names, so their own refs
 (``<refs>/<arm step>/...``) and previous runs; a ref a step declares gets
-``/variants/<arm>`` (docs/format.md §6.12).
+``/variants/<arm>`` (docs/format.md §6.13).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ arm and outcome.
 
 Answers are model output and prompts are input data: every piece of text goes through
 ``html.escape`` (quotes included, for attributes). The page loads nothing: its CSS and its
-few lines of vanilla JS are inline, and filtering only toggles ``hidden`` on elements.
+few lines of vanilla JS (docs/spec/report-page.css and .js, docs/format.md §6.11) are inline,
+and filtering only toggles ``hidden`` on elements.
 
 An answer is shown compactly: each run of ``GAP_LINES`` or more blank lines (lines holding
 only spaces, tabs or carriage returns) is drawn as one marker line saying how many blank
@@ -20,58 +21,7 @@ from html import escape
 from typing import Any
 
 from .learning import ArmSummary, FinalTest, Scored
-
-CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem auto;max-width:70rem;padding:0 1rem;
-color:#111}
-h1{font-size:1.4rem}h2{font-size:1rem;margin:0 0 .4rem}
-code,pre{font:12px/1.4 ui-monospace,monospace}
-pre{white-space:pre-wrap;word-break:break-word;margin:0}
-#filters{position:sticky;top:0;background:#fff;padding:.5rem 0;border-bottom:1px solid #ddd;
-display:flex;gap:1rem;flex-wrap:wrap;align-items:center}
-section.task{border:1px solid #ddd;border-radius:6px;padding:.7rem;margin:.8rem 0}
-table{border-collapse:collapse;width:100%}
-td,th{border-top:1px solid #eee;padding:.3rem .4rem;text-align:left;vertical-align:top}
-th{white-space:nowrap;width:9rem}
-tr.correct td.verdict{color:#047857}tr.wrong td.verdict{color:#b91c1c}
-td.verdict{white-space:nowrap;width:13rem}
-table.summary{width:auto;margin:.5rem 0}
-details summary{cursor:pointer;color:#374151}
-.gap{color:#6b7280;font-style:italic}
-[hidden]{display:none !important}
-"""
-
-JS = """
-(function () {
-  var ids = ["f-family", "f-variant", "f-arm", "f-outcome"];
-  var tasks = document.querySelectorAll("section.task");
-  function value(id) { return document.getElementById(id).value; }
-  function apply() {
-    var family = value("f-family"), variant = value("f-variant");
-    var arm = value("f-arm"), outcome = value("f-outcome"), shown = 0;
-    for (var i = 0; i < tasks.length; i++) {
-      var task = tasks[i], rows = task.querySelectorAll("tr[data-arm]"), any = false;
-      for (var j = 0; j < rows.length; j++) {
-        var row = rows[j];
-        var visible = (!arm || row.getAttribute("data-arm") === arm) &&
-                      (!outcome || row.getAttribute("data-outcome") === outcome);
-        row.hidden = !visible;
-        any = any || visible;
-      }
-      task.hidden = !(any && (!family || task.getAttribute("data-family") === family) &&
-                      (!variant || task.getAttribute("data-variant") === variant));
-      if (!task.hidden) { shown++; }
-    }
-    document.getElementById("shown").textContent =
-      shown + " of " + tasks.length + " tasks shown";
-  }
-  for (var k = 0; k < ids.length; k++) {
-    document.getElementById(ids[k]).addEventListener("change", apply);
-  }
-  apply();
-})();
-"""
-
+from .templates import read_template
 
 GAP_LINES = 3
 GAP = re.compile(r"\n(?:[ \t\r]*\n){" + str(GAP_LINES) + ",}")
@@ -141,7 +91,7 @@ def render_page(title: str, arms: Mapping[str, ArmSummary], tests: FinalTest,
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}: every answer</title><style>{CSS}</style></head><body>"
+        f"<title>{_e(title)}: every answer</title><style>{read_template('report-page.css')}</style></head><body>"
         f"<h1>{_e(title)}: every answer</h1>"
         '<p><a href="index.html">Summary</a> &middot; <a href="report.json">report.json</a>'
         "</p>"
@@ -150,5 +100,5 @@ def render_page(title: str, arms: Mapping[str, ArmSummary], tests: FinalTest,
         f"{_e(', '.join(str(v) for v in tests.held_out) or 'none')} are held-out wordings.</p>"
         f'<table class="summary">{summary}</table>'
         f'<form id="filters" onsubmit="return false">{filters}</form>'
-        f"<main>{tasks}</main><script>{JS}</script></body></html>\n"
+        f"<main>{tasks}</main><script>{read_template('report-page.js')}</script></body></html>\n"
     )

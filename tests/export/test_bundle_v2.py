@@ -144,9 +144,9 @@ def test_the_tar_is_the_same_for_every_export_with_copies(bundles: dict[str, Pat
 def _verifier_checks(bundle: Path) -> list:
     """What the independent verifiers find of a bundle's files and of its target's closure
     (a commitment: the full ``verify`` of format 1 and 2 receipts is in test_pipeline.py)."""
-    from nscas.verifiers.bundle import bundle_checks
-    from nscas.verifiers.closure import Objects, walk
-    from nscas.verifiers.sources import BundleSource
+    from nscas.verifiers.bundle.files import bundle_checks
+    from nscas.verifiers.bundle.source import BundleSource
+    from nscas.verifiers.records.closure import Objects, walk
 
     source = BundleSource(bundle)
     return [*bundle_checks(source), *walk(Objects(source), source.target)[1]]

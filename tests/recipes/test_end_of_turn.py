@@ -20,8 +20,8 @@ from nscas.recipes.common.tokenise import (
     encode_document,
     end_of_turn,
 )
-from nscas.verifiers.chat import TemplateError as VerifierTemplateError
-from nscas.verifiers.chat import end_of_turn_text
+from nscas.verifiers.tasks.chat import TemplateError as VerifierTemplateError
+from nscas.verifiers.tasks.chat import end_of_turn_text
 
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

@@ -13,8 +13,8 @@ import pytest
 
 from nscas import Store, init_store
 from nscas.objects.digests import Digest
-from nscas.verifiers.gguf import GgufError, read_header
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
+from nscas.verifiers.training.gguf import GgufError, read_header
 from nscas.verifiers.verify import exit_code, verify
 from tests.recipes.test_gguf_fixtures import parameters, write_gguf
 from tests.recipes.test_gguf_import import nscas

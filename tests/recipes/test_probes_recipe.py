@@ -14,7 +14,7 @@ from nscas.recipes.common.conversations import validate_conversations
 from nscas.recipes.conversations.probes import prompt_set, prompt_set_bytes
 from nscas.runs.runner import StepResult
 from nscas.store.writer import Store
-from nscas.verifiers.probes import PROMPTS_SHA256
+from nscas.verifiers.evaluation.probes import PROMPTS_SHA256
 from tests.pipelines import run_pipeline, step, tiny_pipeline
 
 PIPELINE = (tiny_pipeline()

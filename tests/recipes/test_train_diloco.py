@@ -25,7 +25,7 @@ from nscas.recipes.train.exchange import parameter_digest
 from nscas.recipes.train.journal import effective_outer_steps, effective_steps, read_journal
 from nscas.recipes.train.launch import TrainOutcome, run_training
 from nscas.runs.config import parse_params
-from nscas.verifiers.training import diloco_checks
+from nscas.verifiers.training.diloco import diloco_checks
 from tests.recipes.test_train_errors import DEAD_RANK_TIMEOUT, assert_killing_rank_one_stops_the_run
 from tests.recipes.test_train_fixtures import THREADS, make_documents, make_spec, tiny  # noqa: F401
 

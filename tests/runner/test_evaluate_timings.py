@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from nscas.store.writer import init_store
-from nscas.verifiers.closure import Objects
-from nscas.verifiers.evaluation import (
+from nscas.verifiers.evaluation.scoring import (
     GENERATION_KEYS,
     TIMED_GENERATION_KEYS,
     Scored,
@@ -20,7 +19,8 @@ from nscas.verifiers.evaluation import (
     generation_keys,
     timing_checks,
 )
-from nscas.verifiers.sources import StoreSource
+from nscas.verifiers.records.closure import Objects
+from nscas.verifiers.records.store import StoreSource
 
 GENERATIONS = [{"id": "t1", "output_ids": [1, 2, 3, 4]}, {"id": "t2", "output_ids": [5]}]
 TIMINGS = [{"id": "t1", "seconds": 0.5, "tokens_per_second": 8.0},

@@ -15,7 +15,7 @@ from nscas.runs.recipe import Recipe, blob_part
 from nscas.runs.runner import run_file
 from nscas.runs.verdicts import compare_outputs
 from nscas.store.writer import Store
-from nscas.verifiers.schemas import schema_problems
+from nscas.verifiers.records.schemas import schema_problems
 from tests.runner.helpers import CHAIN, RECEIPT, opened, snapshot, write
 
 Nscas = Callable[..., Result]

@@ -1,4 +1,4 @@
-"""Sweeps (docs/format.md §6.12): an array set on a param that takes none, or a ``[sweep]``
+"""Sweeps (docs/format.md §6.13): an array set on a param that takes none, or a ``[sweep]``
 table, runs the step once per value and its downstream steps once per arm, each arm with its
 own step names and refs; ``nscas compare --pipeline`` shows the arms as one table."""
 

@@ -14,7 +14,7 @@ from nscas.runs.recipe import Recipe
 from nscas.runs.runner import run_file
 from nscas.runs.variants import check_name, variant_name, variant_prefix
 from nscas.store.writer import Store, check_ref_name
-from nscas.verifiers.schemas import schema_problems
+from nscas.verifiers.records.schemas import schema_problems
 from tests.runner.helpers import RECEIPT, opened, snapshot, write
 
 Nscas = Callable[..., Result]

@@ -20,7 +20,7 @@ from nscas.recipes.serve.processes import ReplicaGroup, ReplicaStartError
 from nscas.recipes.serve.recipe import RECIPE, ServeParams
 from nscas.runs.recipe import NullProgress, RunContext
 from nscas.store.opening import open_store
-from nscas.verifiers.throughput import check_serving
+from nscas.verifiers.serving.throughput import check_serving
 from tests.waiting import STARTUP
 
 from .conftest import MAX_NEW_TOKENS, Served, start_replicas
@@ -164,7 +164,7 @@ def test_params_are_checked() -> None:
 
 
 def test_the_verifiers_take_instances_on_trust_and_refuse_impossible_counts() -> None:
-    from nscas.verifiers.actionparams import params_checks
+    from nscas.verifiers.records.actionparams import params_checks
 
     honest = params_checks("serve.x", "serve@1", {"instances": 2, "requests": 8})
     assert [c.status for c in honest] == ["passed", "skipped"]

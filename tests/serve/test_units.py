@@ -24,7 +24,7 @@ from nscas.recipes.serve.protocol import (
     parse_json_body,
     parse_text_completion,
 )
-from nscas.verifiers.throughput import check_serving, read_log, recompute
+from nscas.verifiers.serving.throughput import check_serving, read_log, recompute
 
 
 @pytest.mark.parametrize(("body", "status", "fragment"), [

@@ -319,7 +319,7 @@ def verify_here(target: str | Path, *, store: Path | None = None,
                 strict: bool = False) -> Verdict:
     """The same verification in this process (much faster than a subprocess): the report's
     JSON form and the exit code the command would give."""
-    from nscas.verifiers.errors import VerifierError
+    from nscas.verifiers.core.errors import VerifierError
     from nscas.verifiers.verify import error_exit_code, exit_code, verify
 
     try:

@@ -419,15 +419,15 @@ class Rewrite:
 
 def relayout(root: Path, objects: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Move the closure's object files to the paths the exporter gives them (docs/bundle.md
-    "Paths", as ``nscas.verifiers.layout`` derives them from the records now in the bundle),
+    "Paths", as ``nscas.verifiers.bundle.layout`` derives them from the records now in the bundle),
     as a careful forger would: an edited receipt's ``<recipe>-<short ID>`` folder, a task set
     relabelled to another role, an output whose bytes now sniff as another file type; objects
     the target does not reach stay where they are. ``manifest.json`` must describe the files
     already; old path -> new path."""
-    from nscas.verifiers.closure import Objects, walk
-    from nscas.verifiers.layout import derive, role_choices
-    from nscas.verifiers.layoutcheck import closure_view
-    from nscas.verifiers.sources import BUNDLE_FORMAT_V1, BundleSource
+    from nscas.verifiers.bundle.layout import derive, role_choices
+    from nscas.verifiers.bundle.layoutcheck import closure_view
+    from nscas.verifiers.bundle.source import BUNDLE_FORMAT_V1, BundleSource
+    from nscas.verifiers.records.closure import Objects, walk
 
     (root / MANIFEST).write_bytes(_dumps_manifest(root, objects))
     bundle = BundleSource(root)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from nscas.verifiers import verify as verify_module
-from nscas.verifiers.errors import VerifierCrash
-from nscas.verifiers.report import Check
+from nscas.verifiers.core.errors import VerifierCrash
+from nscas.verifiers.core.results import Check
 
 VERIFIERS = Path(__file__).resolve().parents[2] / "verifiers"
 CONSTRUCTORS = ("passed", "failed", "skipped", "verdict")
@@ -24,13 +24,14 @@ CONSTRUCTORS = ("passed", "failed", "skipped", "verdict")
 
 def _calls() -> list[tuple[str, int, str, ast.Call]]:
     found = []
-    for path in sorted(VERIFIERS.glob("*.py")):
+    for path in sorted(VERIFIERS.rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "Check"
                     and node.func.attr in CONSTRUCTORS):
-                found.append((path.name, node.lineno, node.func.attr, node))
+                found.append((path.relative_to(VERIFIERS).as_posix(), node.lineno, node.func.attr,
+                              node))
     return found
 
 

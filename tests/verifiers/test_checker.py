@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nscas.verifiers.checker import (
+from nscas.verifiers.core.errors import TaskError
+from nscas.verifiers.tasks.checker import (
     MAX_ANSWER_BYTES,
     check_answer,
     check_task,
@@ -21,7 +22,6 @@ from nscas.verifiers.checker import (
     task_identity,
     visible_records,
 )
-from nscas.verifiers.errors import TaskError
 
 OK, BAD, INV = "correct", "wrong_schema_or_value", "invalid_json_object"
 

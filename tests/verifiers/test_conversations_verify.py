@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nscas.recipes.common.conversations import conversations_jsonl
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import step, tiny_pipeline
 from tests.recipes.test_conversations_select import _run

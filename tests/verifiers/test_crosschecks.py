@@ -11,11 +11,16 @@ from typing import Any
 
 import pytest
 
-from nscas.verifiers.compare import Exact, Tolerance, compare
-from nscas.verifiers.environment import environment_check
-from nscas.verifiers.errors import LogFormatError
-from nscas.verifiers.throughput import ServeRun, check_serving
-from nscas.verifiers.training import bytes_check, lr_check, run_values, weighted_targets_check
+from nscas.verifiers.core.compare import Exact, Tolerance, compare
+from nscas.verifiers.core.errors import LogFormatError
+from nscas.verifiers.records.environment import environment_check
+from nscas.verifiers.serving.throughput import ServeRun, check_serving
+from nscas.verifiers.training.journals import (
+    bytes_check,
+    lr_check,
+    run_values,
+    weighted_targets_check,
+)
 
 # --- class 4: numbers ------------------------------------------------------------------
 

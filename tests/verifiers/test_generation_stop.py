@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verifiers.evaluation import GENERATION_KEYS, Scored, generation_checks
+from verifiers.evaluation.scoring import GENERATION_KEYS, Scored, generation_checks
 
 EOT = 2
 

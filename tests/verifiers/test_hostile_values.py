@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import rfc8785
 
-from nscas.verifiers.closure import BLOB, declared_kind, expected_kind
-from nscas.verifiers.errors import RecordParseError
-from nscas.verifiers.records import parse_json
-from nscas.verifiers.sources import safe_relative
+from nscas.verifiers.bundle.source import safe_relative
+from nscas.verifiers.core.errors import RecordParseError
+from nscas.verifiers.records.closure import BLOB, declared_kind, expected_kind
+from nscas.verifiers.records.reading import parse_json
 
 
 @pytest.mark.parametrize("text", [

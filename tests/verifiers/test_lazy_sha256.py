@@ -11,8 +11,8 @@ from safetensors.numpy import save_file
 
 from nscas.objects.digests import Digest
 from nscas.store.writer import init_store
-from nscas.verifiers.closure import Objects
-from nscas.verifiers.sources import StoreSource
+from nscas.verifiers.records.closure import Objects
+from nscas.verifiers.records.store import StoreSource
 
 
 def _store_with_tensor(tmp_path: Path) -> tuple[Path, Digest]:

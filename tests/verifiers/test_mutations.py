@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nscas.verifiers.errors import VerifierError
+from nscas.verifiers.core.errors import VerifierError
 from nscas.verifiers.verify import verify
 from tests.verifiers.conftest import Demo, nscas_verify
 from tests.verifiers.mutations import (

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-import nscas.verifiers.paramdiff as paramdiff
+import nscas.verifiers.training.paramdiff as paramdiff
 from nscas.models.checkpoints import put_checkpoint
 from nscas.models.distance import compare_params
 from nscas.objects.digests import Digest
 from nscas.store.writer import Store
-from nscas.verifiers.reportchecks import REL_TOL
+from nscas.verifiers.report.strict import REL_TOL
 
 
 class _Files:

@@ -14,9 +14,9 @@ import pytest
 import rfc8785
 from safetensors.numpy import save_file
 
-from nscas.verifiers.errors import InvalidArgument, SafetensorsError
-from nscas.verifiers.params import params_digest, read_header, sha256_stream
-from nscas.verifiers.records import parse_record
+from nscas.verifiers.core.errors import InvalidArgument, SafetensorsError
+from nscas.verifiers.records.reading import parse_record
+from nscas.verifiers.training.params import params_digest, read_header, sha256_stream
 
 DTYPES = {np.float32: "F32", np.float16: "F16", np.int64: "I64", np.int8: "I8",
           np.uint8: "U8", np.float64: "F64", np.bool_: "BOOL"}

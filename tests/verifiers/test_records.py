@@ -10,9 +10,9 @@ import blake3
 import pytest
 import rfc8785
 
-from nscas.verifiers.errors import RecordParseError
-from nscas.verifiers.objects import digests, file_digests
-from nscas.verifiers.records import (
+from nscas.verifiers.core.errors import RecordParseError
+from nscas.verifiers.records.objects import digests, file_digests
+from nscas.verifiers.records.reading import (
     KINDS,
     check_record,
     extract_links,
@@ -201,7 +201,7 @@ def test_large_integral_numbers_are_the_doubles_they_denote() -> None:
     value whose canonical form is those same bytes."""
     import rfc8785
 
-    from nscas.verifiers.records import parse_json
+    from nscas.verifiers.records.reading import parse_json
 
     data = rfc8785.dumps({"big": 1e20, "small": 3})
     value = parse_json(data, jcs=True)

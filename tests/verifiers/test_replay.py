@@ -12,19 +12,15 @@ from typing import Any
 
 import pytest
 
-from nscas.verifiers.closure import Objects
-from nscas.verifiers.evaluation import load_tokenizer
-from nscas.verifiers.greedy import Tolerance, answer_scores
-from nscas.verifiers.replay import (
-    ReplayOptions,
-    _model,
-    answers_check,
-    replay_answer,
-    replay_evaluations,
-    sample_tasks,
-)
-from nscas.verifiers.runs import Run
-from nscas.verifiers.sources import StoreSource
+from nscas.verifiers.core.runs import Run
+from nscas.verifiers.evaluation.scoring import load_tokenizer
+from nscas.verifiers.records.closure import Objects
+from nscas.verifiers.records.store import StoreSource
+from nscas.verifiers.replay.answers import answers_check, replay_answer
+from nscas.verifiers.replay.greedy import Tolerance, answer_scores
+from nscas.verifiers.replay.models import loaded_model
+from nscas.verifiers.replay.options import ReplayOptions, sample_tasks
+from nscas.verifiers.replay.receipts import replay_evaluations
 from tests.verifiers.conftest import Pipeline, nscas_verify
 
 
@@ -108,7 +104,7 @@ def test_an_exact_tie_taken_the_other_way_is_consistent_not_failed(pipeline: Pip
     out = line["output_ids"]
     _tokenizer, stops = load_tokenizer(objects, run.inputs["model"])
     tolerance = Tolerance(run="fp32", replay="fp32")
-    with _model(objects, run.inputs["model"], "cpu") as model:
+    with loaded_model(objects, run.inputs["model"], "cpu") as model:
         import torch
 
         # Token b becomes a copy of the greedy first token a (embeddings are tied): the two
@@ -142,7 +138,7 @@ def test_a_bf16_run_replayed_in_fp32_leaves_a_small_deficit_unrechecked(
     target = sample_tasks([g["id"] for g in lines], ReplayOptions(count=4, seed=7))[1]
     out = next(g for g in lines if g["id"] == target)
     tolerance = Tolerance(run="bf16", replay="fp32")
-    with _model(objects, run.inputs["model"], "cpu") as model:
+    with loaded_model(objects, run.inputs["model"], "cpu") as model:
         last = answer_scores(model, out["prompt_ids"], out["output_ids"], "cpu", "fp32")[-1]
     top = float(last.max())
     deficit = top - last

@@ -21,8 +21,9 @@ from nscas.errors import InvalidInput
 from nscas.objects.digests import Digest
 from nscas.recipes.train.config import TrainParams
 from nscas.store.writer import Store
-from nscas.verifiers.replay import ReplayOptions
-from nscas.verifiers.replaystep import (
+from nscas.verifiers.core.runs import Run
+from nscas.verifiers.replay.options import ReplayOptions
+from nscas.verifiers.replay.step import (
     Document,
     ReplayStepError,
     Request,
@@ -30,9 +31,8 @@ from nscas.verifiers.replaystep import (
     compute,
     environment,
 )
-from nscas.verifiers.replaystep import main as replaystep_main
-from nscas.verifiers.replaytrain import reproducible
-from nscas.verifiers.runs import Run
+from nscas.verifiers.replay.step import main as replaystep_main
+from nscas.verifiers.replay.training import reproducible
 from nscas.verifiers.verify import verify
 from tests.pipelines import run_pipeline, step, tiny_pipeline
 from tests.verifiers.conftest import nscas_verify
@@ -318,7 +318,7 @@ def test_bad_digest_and_state_params_are_refused(changes: dict[str, Any], words:
 
 
 def test_a_batch_tokenised_otherwise_than_the_journal_says_is_named() -> None:
-    from nscas.verifiers.replaytrain import count_problems
+    from nscas.verifiers.replay.training import count_problems
 
     docs = {0: Document(input_ids=(1, 2, 3), labels=(-100, 2, 3), weight=8),
             1: Document(input_ids=(4, 5), labels=(-100, 5), weight=1)}
@@ -350,7 +350,8 @@ def test_the_training_replay_loads_the_bundle_model_folder(
     """From a bundle, the replay loads the model from ``models/<arm>/``, the folder a reader
     gives to ``from_pretrained``, and it reproduces the journal there too."""
     from nscas.bundle.exporting import export_bundle
-    from nscas.verifiers import loading, replay
+    from nscas.verifiers.bundle import loading
+    from nscas.verifiers.replay import answers as replay
 
     export_bundle(trained.store, Digest.parse(trained.receipt), tmp_path / "bundle")
     loaded: list[Path] = []

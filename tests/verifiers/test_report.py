@@ -7,9 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from nscas.verifiers.compare import compare, differences
-from nscas.verifiers.errors import InvalidArgument
-from nscas.verifiers.report import Check, Report
+from nscas.verifiers.core.compare import compare, differences
+from nscas.verifiers.core.errors import InvalidArgument
+from nscas.verifiers.core.results import Check, Report
 
 
 def test_report_json_shape() -> None:

@@ -11,8 +11,8 @@ import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nscas.verifiers.errors import InvalidArgument, LogFormatError
-from nscas.verifiers.schedule import (
+from nscas.verifiers.core.errors import InvalidArgument, LogFormatError
+from nscas.verifiers.training.schedule import (
     check_journal,
     check_step_documents,
     document_schedule,

@@ -11,16 +11,10 @@ import pytest
 import rfc8785
 
 from nscas.objects.digests import Digest
-from nscas.verifiers.closure import Objects
-from nscas.verifiers.sources import (
-    BadTarget,
-    BundleSource,
-    SourceError,
-    StoreSource,
-    find_store_dir,
-    read_all,
-    safe_relative,
-)
+from nscas.verifiers.bundle.source import BundleSource, safe_relative
+from nscas.verifiers.records.closure import Objects
+from nscas.verifiers.records.sources import BadTarget, SourceError, read_all
+from nscas.verifiers.records.store import StoreSource, find_store_dir
 
 from .conftest import Pipeline
 
@@ -142,7 +136,7 @@ def test_the_store_reader_never_inflates_a_chunk_past_its_record(tmp_path: Path,
     import zstandard
 
     from nscas.store.writer import init_store
-    from nscas.verifiers.sources import Unreadable
+    from nscas.verifiers.records.sources import Unreadable
 
     store = init_store(tmp_path)
     oid = store.put_bytes(bytes(range(16)) * 4096)

@@ -17,7 +17,7 @@ import pytest
 
 from nscas.recipes.common.conversations import conversations_jsonl, standin_conversations
 from nscas.runs.runner import run_file
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import prepare_step, run_pipeline
 
@@ -175,7 +175,7 @@ def test_a_set_given_as_input_must_be_that_input(prepared: Pipeline, tmp_path: P
 @pytest.mark.parametrize("kind", ["replay", "retention"])
 @pytest.mark.parametrize("seed", [0, -3, 20260913, 2**70])
 def test_the_verifier_generator_matches_nscas_byte_for_byte(kind: str, seed: int) -> None:
-    from nscas.verifiers.standin import jsonl_bytes, standin_set
+    from nscas.verifiers.tasks.standin import jsonl_bytes, standin_set
 
     for count in (0, 1, 40):
         want = standin_conversations(kind, count, seed)

@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from nscas.verifiers.errors import InvalidArgument
-from nscas.verifiers.stats import (
+from nscas.verifiers.core.errors import InvalidArgument
+from nscas.verifiers.evaluation.stats import (
     accuracy_gain,
     mcnemar_p,
     meets_contract,

@@ -20,10 +20,10 @@ from nscas.bundle.exporting import export_bundle
 from nscas.objects.digests import Digest
 from nscas.signing.signatures import load_key, new_key, pae, statement
 from nscas.store.opening import open_store
-from nscas.verifiers.errors import RecordParseError
-from nscas.verifiers.records import parse_json
-from nscas.verifiers.report import Report
-from nscas.verifiers.signatures import BadTrustKey, load_trusted
+from nscas.verifiers.core.errors import RecordParseError
+from nscas.verifiers.core.results import Report
+from nscas.verifiers.records.reading import parse_json
+from nscas.verifiers.signatures.checks import BadTrustKey, load_trusted
 from nscas.verifiers.verify import verify
 from tests.verifiers.conftest import Demo, nscas_verify
 from tests.verifiers.mutations import reseal

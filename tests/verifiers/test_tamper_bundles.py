@@ -27,7 +27,7 @@ from nscas.bundle.format import sha256sums
 from nscas.objects.digests import Digest
 from nscas.runs.runner import StepResult, run_file
 from nscas.store.writer import Store
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import evaluate_step, run_pipeline, serve_step, tiny_pipeline
 from tests.verifiers.rewrite import relayout

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from nscas.verifiers.errors import LogFormatError
-from nscas.verifiers.throughput import check_serving, nearest_rank_p95, read_log, recompute
+from nscas.verifiers.core.errors import LogFormatError
+from nscas.verifiers.serving.throughput import check_serving, nearest_rank_p95, read_log, recompute
 
 OUT = {"t1": [5, 6, 7], "t2": [8], "t3": [9, 9]}
 

@@ -1,6 +1,6 @@
 """Journal step order: numeric, resume-aware (a run of more than nine steps)."""
 
-from nscas.verifiers.training import effective_steps
+from nscas.verifiers.training.entries import effective_steps
 
 
 def test_steps_come_back_in_numeric_order() -> None:

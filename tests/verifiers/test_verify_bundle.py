@@ -12,7 +12,7 @@ import pytest
 
 from nscas.bundle.exporting import export_bundle
 from nscas.objects.digests import Digest
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import exit_code, verify
 
 from .conftest import Pipeline

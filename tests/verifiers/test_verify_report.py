@@ -28,7 +28,7 @@ from nscas.bundle.exporting import export_bundle
 from nscas.objects.digests import Digest
 from nscas.runs.runner import StepResult
 from nscas.store.writer import Store
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import exit_code, verify
 from tests.pipelines import run_pipeline
 

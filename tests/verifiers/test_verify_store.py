@@ -10,9 +10,9 @@ from fractions import Fraction
 import pytest
 
 from nscas.objects.digests import Digest
-from nscas.verifiers.errors import MissingObject
-from nscas.verifiers.report import Report
-from nscas.verifiers.sources import BadTarget, SourceError
+from nscas.verifiers.core.errors import MissingObject
+from nscas.verifiers.core.results import Report
+from nscas.verifiers.records.sources import BadTarget, SourceError
 from nscas.verifiers.verify import exit_code, verify
 
 from .conftest import Pipeline

@@ -14,7 +14,7 @@ import pytest
 
 from nscas.objects.digests import Digest
 from nscas.runs.runner import run_file
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import NoEvidence, exit_code, verify
 
 from .conftest import Pipeline
@@ -238,7 +238,7 @@ def test_every_finding_is_reported_not_the_first(pipeline: Pipeline) -> None:
 
 
 def test_edited_tasks_fail_regeneration(pipeline: Pipeline) -> None:
-    from nscas.verifiers.checker import task_identity
+    from nscas.verifiers.tasks.checker import task_identity
 
     test_set = pipeline.output("prepare", "test")
     record = pipeline.record(test_set)

@@ -1,5 +1,5 @@
 """``verify`` on train and serve receipts built by hand (the recipes' own runs are too slow
-here): journals hash-chained as verifiers/schedule.py documents, documents per the seeded
+here): journals hash-chained as verifiers/training/schedule.py documents, documents per the seeded
 schedule, the ranks' agreed digest computed with the training code's own function."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import rfc8785
 
 from nscas.objects.digests import Digest
 from nscas.recipes.train.schedule import document_schedule
-from nscas.verifiers.report import Report
+from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import exit_code, verify
 
 from .conftest import Pipeline
@@ -325,7 +325,7 @@ def test_a_serve_receipt_without_its_evidence_proves_nothing(pipeline: Pipeline)
 
 def test_the_schedule_check_uses_indices_not_positions(tmp_path: Path) -> None:
     # Same documents in another order within a step are another batch: not allowed.
-    from nscas.verifiers.training import schedule_check
+    from nscas.verifiers.training.journals import schedule_check
 
     schedule = document_schedule(10, steps=2, batch=3, seed=SEED)
     steps = [{"step": s + 1, "indices": list(b), "documents": [f"d{i}" for i in b]}

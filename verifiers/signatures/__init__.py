@@ -1,0 +1,1 @@
+"""Receipt signatures (docs/format.md §3.11): DSSE envelopes over in-toto Statements, checked against trusted keys."""
