@@ -49,11 +49,11 @@ from safetensors.numpy import save_file
 from nscas.objects import canonical, kinds
 from nscas.objects.digests import Digest
 from nscas.store.config import S3Settings, StoreConfig
-from nscas.store.fsck import fsck
 from nscas.store.lineage import lineage
 from nscas.store.opening import open_store
 from nscas.store.reading import StoreReader
 from nscas.store.writer import Store, init_store
+from nscas.upkeep.fsck import fsck
 
 REPO = Path(__file__).resolve().parents[1]
 NSCAS = REPO / ".venv" / "bin" / "nscas"

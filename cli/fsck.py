@@ -10,7 +10,7 @@ import typer
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import StoreError
-from nscas.store.fsck import fsck as check_store
+from nscas.upkeep.fsck import fsck as check_store
 
 app = command_app()
 

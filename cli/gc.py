@@ -8,8 +8,8 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, finite, open_cli_store
-from nscas.store.fsck import DEFAULT_MIN_AGE
-from nscas.store.fsck import gc as collect
+from nscas.upkeep.fsck import DEFAULT_MIN_AGE
+from nscas.upkeep.fsck import gc as collect
 
 app = command_app()
 _REASONS = {"succeeded": "its action has succeeded", "process-gone": "its process is gone",

@@ -33,7 +33,6 @@ from nscas.errors import (
 from nscas.objects import canonical, kinds
 from nscas.objects.chunks import ChunkFiles, Segment, plan_segments
 from nscas.objects.digests import Digest, Readable, blake3_hex, sha256_hex
-from nscas.runs.workarea import WorkArea, WorkAreas
 from nscas.store.backends import chunk_backend
 from nscas.store.config import StoreConfig, read_config, render_config
 from nscas.store.locating import (
@@ -47,6 +46,7 @@ from nscas.store.locating import (
 from nscas.store.protocol import tree_record
 from nscas.store.putting import Leaf, Putter
 from nscas.store.reading import _UNREAD, Link, ObjectInfo, RefEntry, StoreReader
+from nscas.store.workarea import WorkArea, WorkAreas
 
 # The reads live in nscas.store.reading, which imports no SQLAlchemy; their names stay importable here.
 # Opening a store (reader or writer) is nscas.store.opening's.

@@ -8,8 +8,8 @@ from pathlib import Path
 from nscas.bundle.exporting import export_bundle
 from nscas.bundle.importing import import_bundle
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck
 from tests.export.conftest import Published
 
 

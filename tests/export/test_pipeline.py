@@ -13,8 +13,8 @@ import pytest
 from nscas.bundle.exporting import export_bundle
 from nscas.bundle.format import FORMAT_V1
 from nscas.bundle.importing import import_bundle
-from nscas.store.fsck import fsck
 from nscas.store.writer import init_store
+from nscas.upkeep.fsck import fsck
 from tests.export.conftest import read_tree
 from tests.pipelines import evaluate_step, tiny_pipeline
 

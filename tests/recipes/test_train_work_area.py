@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from nscas.runs.runner import run_file
-from nscas.runs.workarea import read_owner
-from nscas.store.fsck import gc
 from nscas.store.opening import open_store
+from nscas.store.workarea import read_owner
+from nscas.upkeep.fsck import gc
 from tests.pipelines import init_step, prepare_step, run_pipeline, tokenizer_step
 from tests.waiting import GENEROUS, wait_until
 

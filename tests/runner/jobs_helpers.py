@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nscas.runs.workarea import process_start
+from nscas.store.workarea import process_start
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = """\

@@ -9,9 +9,9 @@ import pytest
 
 from nscas.runs.recipe import Recipe
 from nscas.runs.runner import StepFailed, run_file
-from nscas.runs.workarea import read_owner
-from nscas.store.fsck import gc
+from nscas.store.workarea import read_owner
 from nscas.store.writer import init_store
+from nscas.upkeep.fsck import gc
 from tests.runner.helpers import write
 
 

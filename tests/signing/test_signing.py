@@ -21,8 +21,8 @@ from nscas.errors import DestinationExists, InvalidInput
 from nscas.objects.digests import Digest
 from nscas.runs.runner import run_file
 from nscas.signing.signatures import KeySigner, load_key, new_key, signature_record, statement
-from nscas.store.fsck import fsck, gc
 from nscas.store.writer import Store, init_store
+from nscas.upkeep.fsck import fsck, gc
 from tests.pipelines import tiny_pipeline
 
 BIN = Path(sys.executable).parent

@@ -10,11 +10,11 @@ import pytest
 
 from nscas.errors import IntegrityError, InvalidInput, NotFound
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck
 from nscas.store.lineage import lineage
 from nscas.store.opening import open_store
 from nscas.store.provenance import producers, producers_of
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck
 from tests.store.helpers import raw_insert, raw_update
 
 

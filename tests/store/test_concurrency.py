@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck
 from tests.store.helpers import b3, random_bytes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import pytest
 
 from nscas.errors import InvalidInput, NotFound, RefConflict, TagImmutable
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck, gc
 from nscas.store.writer import RefEntry, Store
+from nscas.upkeep.fsck import fsck, gc
 from tests.store.helpers import (
     b3,
     build_records,

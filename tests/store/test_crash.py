@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck, gc
 from nscas.store.opening import open_store
 from nscas.store.writer import init_store
+from nscas.upkeep.fsck import fsck, gc
 from tests.waiting import GENEROUS
 
 REPO = Path(__file__).resolve().parents[2]

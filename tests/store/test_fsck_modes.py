@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck, gc
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck, gc
 from tests.store.helpers import b3, random_f32, raw_update, write_safetensors
 
 N = 2048  # floats per tensor: 8 KiB, above the inline limit, so each tensor is a chunk file

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck, gc
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck, gc
 from tests.store.helpers import b3, chunk_path, random_bytes, random_f32, write_safetensors
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ from alembic.config import Config
 
 from nscas.database.revision import SCHEMA_HEAD, migrations_dir
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck, gc
 from nscas.store.opening import open_store
 from nscas.store.reading import StoreReader
 from nscas.store.writer import Store, init_store
+from nscas.upkeep.fsck import fsck, gc
 from tests.store.helpers import b3, random_f32, raw_db, raw_update, sha256, write_safetensors
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import blake3
 
-from nscas.store.fsck import fsck
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = 1 << 30

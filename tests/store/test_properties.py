@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from nscas.errors import RecordError
 from nscas.objects import canonical
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck
 from nscas.store.opening import open_store
 from nscas.store.writer import Store, init_store
+from nscas.upkeep.fsck import fsck
 from tests.store.helpers import b3, chunk_path, flip_byte, rewrite_inline, sha256, small_chunks
 
 SETTINGS = settings(max_examples=60, deadline=None,

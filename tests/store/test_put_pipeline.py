@@ -14,8 +14,8 @@ from nscas.errors import IntegrityError
 from nscas.objects import chunks
 from nscas.objects.digests import Digest
 from nscas.store import putting
-from nscas.store.fsck import fsck
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck
 from tests.store.helpers import b3, random_f32, row_counts, sha256, small_chunks, write_safetensors
 from tests.waiting import GENEROUS
 

@@ -16,8 +16,8 @@ import pytest
 from nscas.objects import chunks
 from nscas.objects.digests import Digest
 from nscas.store import putting
-from nscas.store.fsck import fsck
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck
 from tests.store.helpers import b3, chunk_files, sha256, small_chunks, write_safetensors
 
 

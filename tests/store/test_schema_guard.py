@@ -13,9 +13,9 @@ from nscas.database import revision
 from nscas.database.schema import INSERT_ONLY, metadata
 from nscas.errors import DamagedStore, StoreError
 from nscas.objects.digests import Digest
-from nscas.store.fsck import fsck, gc
 from nscas.store.opening import open_store
 from nscas.store.writer import Store
+from nscas.upkeep.fsck import fsck, gc
 from tests.store.helpers import raw_db
 
 

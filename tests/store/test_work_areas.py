@@ -15,9 +15,9 @@ import pytest
 
 from nscas.objects.digests import Digest
 from nscas.runs.runner import environment
-from nscas.runs.workarea import WorkAreaBusy, read_owner
-from nscas.store.fsck import gc
+from nscas.store.workarea import WorkAreaBusy, read_owner
 from nscas.store.writer import Store, init_store
+from nscas.upkeep.fsck import gc
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from nscas.objects.digests import Digest
 from nscas.store.config import render_config
-from nscas.store.fsck import fsck
 from nscas.store.opening import open_store
 from nscas.store.writer import init_store
+from nscas.upkeep.fsck import fsck
 from tests.store.helpers import b3, random_bytes
 from tests.store.services import TeamServices
 from tests.team.cli import nscas

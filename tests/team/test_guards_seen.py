@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from nscas.database.pgschema import GUARD_FUNCTION, PG_TRIGGERS, TRUNCATE_FUNCTION
-from nscas.store.fsck import fsck
 from nscas.store.writer import init_store
+from nscas.upkeep.fsck import fsck
 from tests.store.services import TeamServices
 from tests.team.cli import nscas, team_store
 

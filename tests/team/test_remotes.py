@@ -17,9 +17,9 @@ import pytest
 from nscas.objects.digests import Digest
 from nscas.remotes.transfer import _closure
 from nscas.signing.signatures import KeySigner, load_key, new_key
-from nscas.store.fsck import fsck
 from nscas.store.opening import open_store
 from nscas.store.writer import Store, init_store
+from nscas.upkeep.fsck import fsck
 from tests.store.helpers import build_records, random_bytes, write_safetensors
 from tests.store.services import TeamServices
 from tests.team.cli import nscas, team_store

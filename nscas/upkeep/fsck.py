@@ -42,8 +42,8 @@ from nscas.objects.digests import Digest, blake3_hex
 from nscas.store.locating import is_tag
 
 if TYPE_CHECKING:
-    from nscas.runs.workarea import AreaVerdict
     from nscas.store.reading import ObjectInfo, RefEntry, StoreReader
+    from nscas.store.workarea import AreaVerdict
     from nscas.store.writer import Store
 
 Severity = Literal["error", "note"]
@@ -392,7 +392,7 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE,
     (see ``WorkAreas.collect``). ``now`` (default: the clock) is the time ages are measured
     from: tests pass a later one to age what an S3 service timestamps itself.
     """
-    from nscas.runs.workarea import WorkAreas
+    from nscas.store.workarea import WorkAreas
 
     if min_age < 0:
         raise InvalidInput(f"gc minimum age must be at least 0 seconds, not {min_age:g}")

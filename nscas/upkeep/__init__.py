@@ -1,0 +1,1 @@
+"""Upkeep of a store: fsck (every check, never just the first finding) and garbage collection."""
