@@ -14,7 +14,7 @@ def named_paths(text: str) -> list[str]:
     """Backticked or linked paths under a top-level folder, or files at the top."""
     found = re.findall(r"`([^`\s]+)`", text) + re.findall(r"\]\(([^)\s]+)\)", text)
     return sorted({p.rstrip(",.") for p in found
-                   if "<" not in p and p.startswith(TOP) or p in ("pyproject.toml", "alembic.ini", "Makefile")})
+                   if ("<" not in p and p.startswith(TOP)) or p in ("pyproject.toml", "alembic.ini", "Makefile")})
 
 
 def test_every_path_architecture_names_exists() -> None:

@@ -11,7 +11,6 @@ then the outcome (the step's result, pickled: only the scheduler that started it
 from __future__ import annotations
 
 import base64
-import ctypes
 import json
 import os
 import pickle
@@ -29,7 +28,6 @@ from nscas.objects.digests import Digest
 
 PROGRESS_INTERVAL_S = 0.5
 """The least time between two progress events of one job (starts, notes and ends always go)."""
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,15 +143,15 @@ def _stop_on_term(signum: int, frame: FrameType | None) -> None:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when the scheduler that started it dies (even by
-    SIGKILL), so that no job outlives its run."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the scheduler died before the request took
-        raise KeyboardInterrupt("the scheduler is gone")
+    """End this job when the scheduler that started it dies (even by SIGKILL), so that no job
+    outlives its run: the scheduler holds the write end of this process's stdin and never
+    writes, so a read returns end-of-file exactly when it is gone."""
+
+    def watch() -> None:
+        sys.stdin.buffer.read()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="scheduler-watch", daemon=True).start()
 
 
 def main(argv: list[str]) -> int:

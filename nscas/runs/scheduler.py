@@ -231,7 +231,7 @@ class _Run:
         with log.open("ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "nscas.runs.job", spec.to_json()], env=env,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=(write_end,), start_new_session=True)
         os.close(write_end)
         job = _Job(step=step, process=process, grant=grant, needs=self.needs[step],
