@@ -351,7 +351,7 @@ def test_the_training_replay_loads_the_bundle_model_folder(
     gives to ``from_pretrained``, and it reproduces the journal there too."""
     from nscas.bundle.exporting import export_bundle
     from nscas.verifiers.bundle import loading
-    from nscas.verifiers.replay import answers as replay
+    from nscas.verifiers.replay import models as replay
 
     export_bundle(trained.store, Digest.parse(trained.receipt), tmp_path / "bundle")
     loaded: list[Path] = []
