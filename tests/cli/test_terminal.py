@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -113,18 +117,28 @@ def test_a_mistyped_step_is_refused_with_a_suggestion(nscas: Nscas, tmp_path: Pa
     assert "did you mean" not in nscas("run", str(pipeline), "--only", "zzzzzz").stderr
 
 
+def _from_bash(*args: str, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``nscas ARGS`` typed at a bash prompt: typer finds the shell among its parent processes
+    (whatever runs the suite, a terminal or a detached CI job, may have none)."""
+    env = {k: v for k, v in os.environ.items() if k != "NSCAS_STORE"}
+    env.update({"HOME": str(home)} if home is not None else {})
+    line = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "nscas.cli.main", *args))
+    return subprocess.run(["bash", "-c", f"{line}; exit $?"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
 def test_shell_completion_installs(tmp_path: Path) -> None:
     r = run_process("--help", cwd=tmp_path)
     assert "--install-completion" in r.stdout and "--show-completion" in r.stdout
-    r = run_process("--show-completion", "bash", cwd=tmp_path)
-    assert r.exit_code == 0 and "_NSCAS_COMPLETE=complete_bash" in r.stdout
+    shown = _from_bash("--show-completion", cwd=tmp_path)
+    assert shown.returncode == 0 and "_NSCAS_COMPLETE=complete_bash" in shown.stdout, shown.stderr
     r = run_process(cwd=tmp_path, env={"_NSCAS_COMPLETE": "complete_bash",
                                        "COMP_WORDS": "nscas comp", "COMP_CWORD": "1"})
     assert r.stdout.split() == ["compare"]
     home = tmp_path / "home"
     home.mkdir()
-    r = run_process("--install-completion", "bash", cwd=tmp_path, env={"HOME": str(home)})
-    assert r.exit_code == 0, r.stderr
+    installed = _from_bash("--install-completion", cwd=tmp_path, home=home)
+    assert installed.returncode == 0, installed.stderr
     assert "_NSCAS_COMPLETE" in (home / ".bash_completions" / "nscas.sh").read_text()
 
 
