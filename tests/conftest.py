@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,22 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s = init_store(tmp_path)
     yield s
     s.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread per process unless the caller says otherwise: the suite runs several
+    workers on few cores, and every process it starts (a CLI run, a torchrun rank, the demo)
+    inherits this. torch's default of a thread per core, times the workers, made CPU trains
+    spin against each other (a single-rank train: 19 s alone with one thread, 238-270 s with
+    the default on a busy 2-core machine). Tests of the scheduler's thread counts set their own.
+    """
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    # A suite started in the background of a script (`make test &`, a detached CI job) inherits
+    # SIGINT ignored, and so would every process it starts: the tests that stop a run with
+    # Ctrl-C need the default, which an exec restores from Python's handler.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _scope(item: pytest.Item) -> str:
