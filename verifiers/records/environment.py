@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..core.results import Check
 
@@ -38,7 +38,7 @@ _CU_TAG = re.compile(r"\+cu([0-9]{2,4})$")
 _SHOWN = 5
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..core.compare import ABS_TOL, REL_TOL, compare
 from ..core.errors import LogFormatError, RecordParseError
@@ -74,7 +74,7 @@ class PhaseStats:
     p95_latency_seconds: float | None
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
