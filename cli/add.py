@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 import typer
 
@@ -13,6 +13,16 @@ from nscas.errors import InvalidInput
 from nscas.store.writer import check_ref_name
 
 app = command_app()
+
+
+class _Added(TypedDict):
+    """One added path, as --json prints it."""
+
+    path: str
+    id: str
+    sha256: str
+    size: int
+    kind: str
 
 
 @app.command()
@@ -43,7 +53,7 @@ def add(
     if special:  # a FIFO, socket or device: its bytes are not a file's to content-address
         raise InvalidInput(f"not a regular file or directory: {', '.join(special)}; "
                            "nothing was added")
-    rows = []
+    rows: list[_Added] = []
     with open_cli_store(ctx) as store:
         for path in paths:
             oid = store.put_tree(path) if path.is_dir() else store.put_file(path)

@@ -159,8 +159,8 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, title: str |
             text(title)
         widths = [max(len(str(c)) for c in col) for col in zip(columns, *rows, strict=False)]
         for row in (columns, *rows):
-            cells = [f"{cell:<{w}}" for cell, w in zip(row[:-1], widths, strict=False)]
-            text("  ".join([*cells, str(row[-1])]).rstrip())
+            padded = [f"{cell:<{w}}" for cell, w in zip(row[:-1], widths, strict=False)]
+            text("  ".join([*padded, str(row[-1])]).rstrip())
         return
     from rich import box
     from rich.markup import escape

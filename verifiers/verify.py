@@ -241,7 +241,9 @@ def _pinned_id(objects: Objects, pin: str, oid: str) -> Check:
         receipt = objects.record(oid)
     except Unusable:
         receipt = {}
-    outputs = receipt.get("outputs") if isinstance(receipt.get("outputs"), dict) else {}
+    outputs = receipt.get("outputs")
+    if not isinstance(outputs, dict):
+        outputs = {}
     produced = sorted(name for name, value in outputs.items() if value == pin)
     if produced and receipt.get("status") == "succeeded":
         return Check.passed("expect", claimed=pin, recomputed=oid,

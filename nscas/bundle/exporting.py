@@ -123,10 +123,12 @@ def export_bundle(store: StoreReader, target: Digest, dest: Path, *, weights: bo
         inner = _manifest(known, bare, bundle_format) if weights else manifest
         sums[TARBALL] = _write_tar(tmp / TARBALL, {p: tmp / p for p in bare.files}, inner)
         _write_new(tmp / SUMS, sha256sums(sums))
-        signed = model_folders(plan.files) if model_signer is not None else ()
-        for arm in signed:
-            (tmp / MODEL_SIGNATURES).mkdir(exist_ok=True)
-            model_signer(tmp / "models" / arm, tmp / MODEL_SIGNATURES / f"{arm}.sig")
+        signed: tuple[str, ...] = ()
+        if model_signer is not None:
+            signed = model_folders(plan.files)
+            for arm in signed:
+                (tmp / MODEL_SIGNATURES).mkdir(exist_ok=True)
+                model_signer(tmp / "models" / arm, tmp / MODEL_SIGNATURES / f"{arm}.sig")
         try:
             os.rename(tmp, dest)
         except OSError:  # someone filled ``dest`` meanwhile

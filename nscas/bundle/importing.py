@@ -14,6 +14,7 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -121,17 +122,17 @@ def _import(store: Store, b: _Bundle, source: Path, ref_prefix: str | None) -> I
 
     for path, e in sorted(m.objects.items()):
         if e.kind is None:
-            put(e.id, path, lambda p=path: store.put_file(b.root / p))
+            put(e.id, path, partial(store.put_file, b.root / path))
     for t, (r, _sha) in sorted(m.derived.items()):
         put(t, f"bytes {r.offset}..+{r.size} of {m.paths[r.source]}",
-            lambda r=r: store.put_bytes(_read_range(b.root / m.paths[r.source], r)))
+            partial(_put_range, store, b.root / m.paths[r.source], r))
     missing = {d for d in m.omitted if not store.has(d)}
     skipped: set[Digest] = set()
     for rid in b.order:  # a record that needs what the store lacks would break the closure
         if rid not in before and any(d in missing or d in skipped for d in b.children[rid]):
             skipped.add(rid)
         else:
-            put(rid, m.paths[rid], lambda rid=rid: store.put_record(b.records[rid]))
+            put(rid, m.paths[rid], partial(store.put_record, b.records[rid]))
     refs = []
     for name, oid in wanted.items():  # children first: every record a ref names is in now
         if store.has(oid):
@@ -141,6 +142,10 @@ def _import(store: Store, b: _Bundle, source: Path, ref_prefix: str | None) -> I
                         imported=tuple(sorted(ids - before - skipped)), present=len(before),
                         omitted=tuple(sorted(m.omitted)), skipped=tuple(sorted(skipped)),
                         refs=tuple(refs), refs_left=len(wanted) - len(refs))
+
+
+def _put_range(store: Store, path: Path, r: Range) -> Digest:
+    return store.put_bytes(_read_range(path, r))
 
 
 def _read_range(path: Path, r: Range) -> bytes:

@@ -274,7 +274,11 @@ def _run_dirs(c: Closure, roles: Mapping[Digest, BundleRole | None],
             dirs[next(iter(runs))] = folder
             continue
         names = {r: name or label[r] for r, name in runs.items()}
-        for r, name in _unique(names, lambda r, n=names: f"{n[r]}-{r.short}").items():
+
+        def fallback(r: Digest, n: Mapping[Digest, str] = names) -> str:
+            return f"{n[r]}-{r.short}"
+
+        for r, name in _unique(names, fallback).items():
             dirs[r] = f"{folder}/{name}"
     return dirs
 

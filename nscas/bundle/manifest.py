@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import rfc8785
 
@@ -68,7 +68,7 @@ class _ManifestReader:
     def __init__(self, where: str) -> None:
         self.where = where
 
-    def fail(self, at: str, problem: str) -> Any:
+    def fail(self, at: str, problem: str) -> NoReturn:
         raise InvalidBundle(self.where, MANIFEST, f"{at}: {problem}")
 
     def exactly(self, value: Any, at: str, names: set[str]) -> dict[str, Any]:

@@ -95,7 +95,9 @@ def _members(tar: tarfile.TarFile, where: str, limits: ImportLimits) -> Iterator
     most ``limits.members`` of them, safe paths, regular files or directories only."""
     count = 0
     while (member := tar.next()) is not None:
-        tar.members.clear()  # tarfile keeps every header it read; nothing here needs them
+        # tarfile keeps every header it read; nothing here needs them. typeshed lacks the
+        # attribute (getmembers() would read the whole archive first).
+        tar.members.clear()  # type: ignore[attr-defined]
         count += 1
         if count > limits.members:
             raise InvalidBundle(where, None, f"holds more than {limits.members} members "

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg.conninfo import make_conninfo
 
 from nscas.database.connections import Connection, Cursor, Dialect
 from nscas.errors import DamagedStore, ReadOnlyStore, StoreError
@@ -42,7 +43,9 @@ class PgConnection:
     dialect: Dialect = "postgresql"
 
     def __init__(self, url: str) -> None:
-        self._c = psycopg.connect(url, autocommit=True, **_OPTIONS)
+        # The settings go into the conninfo (as connect would put them), not as keywords of
+        # connect, whose own keywords (autocommit, context, ...) are typed otherwise.
+        self._c = psycopg.connect(make_conninfo(url, **_OPTIONS), autocommit=True)
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
         # No statement of the queries holds a '?' or a '%' of its own: each is a placeholder.

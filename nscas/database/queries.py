@@ -158,7 +158,8 @@ def ref_target(c: Connection, name: str) -> str | None:
 def refs(c: Connection, prefix: str) -> list[tuple[str, str]]:
     """(name, target) of the refs whose names start with ``prefix``, sorted by code point (a
     PostgreSQL database's collation may order otherwise)."""
-    sql, args = "SELECT name, target FROM refs", ()
+    sql = "SELECT name, target FROM refs"
+    args: tuple[int, str] | tuple[()] = ()
     if prefix:
         # Case-sensitive on both engines, as ref names are (SQLite's LIKE ignores ASCII case,
         # PostgreSQL's does not): the name's first characters equal the prefix exactly.

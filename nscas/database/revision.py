@@ -9,9 +9,11 @@ by the writer (nscas.db).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from nscas.database.connections import Cursor
 from nscas.errors import DamagedStore, NoSpace, ReadOnlyStore, StoreError
 from nscas.store.locating import DB_NAME
 
@@ -169,7 +171,14 @@ def newer_schema(rev: str, where: Path) -> StoreError:
                       f"({SCHEMA_HEAD!r}); upgrade nscas")
 
 
-def schema_revision(c: sqlite3.Connection) -> str | None:
+class Executes(Protocol):
+    """What reading the revision needs of a SQLite connection: ``sqlite3``'s own, or the
+    engine's (nscas.database.connections.Connection)."""
+
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Cursor: ...
+
+
+def schema_revision(c: Executes) -> str | None:
     """The store's alembic revision, or None before its first migration."""
     if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
                  "AND name = 'alembic_version'").fetchone() is None:
@@ -178,7 +187,7 @@ def schema_revision(c: sqlite3.Connection) -> str | None:
     return row[0] if row else None
 
 
-def check_revision(c: sqlite3.Connection, where: Path, rev: str | None = "") -> None:
+def check_revision(c: Executes, where: Path, rev: str | None = "") -> None:
     """Refuse a store of another schema version than this code's (``rev``: the revision as
     already read, e.g. from a team store's PostgreSQL; else read from ``c``)."""
     rev = schema_revision(c) if rev == "" else rev

@@ -379,8 +379,13 @@ def param_takes_array(cls: type, path: tuple[str, ...]) -> bool:
             args = [a for a in typing.get_args(tp) if a is not type(None)]
             tp = args[0] if len(args) == 1 else args
     options = tp if isinstance(tp, list) else [tp]
-    return any(typing.get_origin(o) in (list, tuple) or o in (list, tuple) or o is Any
-               for o in options)
+    return any(_is_array_type(o) for o in options)
+
+
+def _is_array_type(tp: Any) -> bool:
+    # get_origin's first overload (ParamSpecArgs -> ParamSpec) is what mypy picks for Any.
+    origin: object = typing.get_origin(tp)
+    return origin in (list, tuple) or tp in (list, tuple) or tp is Any
 
 
 def params_to_json(obj: Any) -> Any:

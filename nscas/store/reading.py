@@ -121,7 +121,7 @@ class StoreReader:
         c = self._pool.engine.connect()
         try:
             c.execute("BEGIN")
-            check_revision(c, self.root)  # type: ignore[arg-type]
+            check_revision(c, self.root)
         finally:
             c.close()
 

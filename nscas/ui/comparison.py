@@ -75,16 +75,17 @@ class CompareView:
     columns: CompareColumns
     per_task: bool
     why_not: str | None
-    """Why there is no per-task table, when there is none."""
-    pairs: tuple[PairRow, ...]
-    tasks: tuple[TaskRow, ...]
-    matching: int
+    """Why there is no per-task table, when there is none (the members below keep their
+    empty defaults then)."""
+    pairs: tuple[PairRow, ...] = ()
+    tasks: tuple[TaskRow, ...] = ()
+    matching: int = 0
     """Tasks passing the filters (``tasks`` is one page of them)."""
-    total: int
-    families: tuple[str, ...]
-    variants: tuple[str, ...]
-    page: int
-    pages: int
+    total: int = 0
+    families: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()
+    page: int = 1
+    pages: int = 1
 
 
 def compare_view(store: StoreReader, targets: Sequence[str], f: CompareFilter) -> CompareView:
@@ -95,12 +96,10 @@ def compare_view(store: StoreReader, targets: Sequence[str], f: CompareFilter) -
     arms = tuple(Arm(receipt=r.receipt, label=label)
                  for r, label in zip(comparison.runs, run_labels(comparison.runs, TASK_COLUMNS), strict=True))
     columns = column_labels(comparison)
-    empty = {"pairs": (), "tasks": (), "matching": 0, "total": 0, "families": (),
-             "variants": (), "page": 1, "pages": 1}
     why = _why_not_per_task(comparison)
     if why is not None:
         return CompareView(targets=tuple(targets), comparison=comparison, arms=arms,
-                           columns=columns, per_task=False, why_not=why, **empty)
+                           columns=columns, per_task=False, why_not=why)
     first = comparison.runs[0]
     records = _jsonl(store, Digest.parse(store.get_record(first.inputs["tasks"])["records"]))
     ids = [str(r.get("id")) for r in records]
@@ -114,13 +113,15 @@ def compare_view(store: StoreReader, targets: Sequence[str], f: CompareFilter) -
             return CompareView(targets=tuple(targets), comparison=comparison, arms=arms,
                                columns=columns, per_task=False,
                                why_not=f"{arms[len(checks) - 1].label} scored "
-                               "other tasks than its task set lists", **empty)
+                               "other tasks than its task set lists")
     outcomes = [[(i, c[i].get("correct") is True) for i in ids] for c in checks]
     pairs = tuple(PairRow(baseline=arms[0], candidate=arms[k], paired=paired(outcomes[0], outcomes[k]))
                   for k in range(1, len(arms)))
     rows = []
     for index, r in enumerate(records):
-        task = r.get("task") if isinstance(r.get("task"), dict) else {}
+        task = r.get("task")
+        if not isinstance(task, dict):
+            task = {}
         rows.append(TaskRow(
             index=index + 1, id=str(r.get("id")), family=str(task.get("family", "")),
             variant=str(task.get("variant", "")), prompt=_as_text(r.get("prompt")),

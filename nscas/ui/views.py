@@ -211,7 +211,7 @@ def receipt(store: StoreReader, oid: Digest) -> ReceiptView:
             (float(e["step"]), float(e["lr"])) for e in updates if _num(e.get("lr"), e["step"]))))
         journals.append(JournalRow(id=jid, rank=jrec.get("rank"), world=jrec.get("world"),
                                    entries=len(entries), updates=len(updates)))
-    charts = ()
+    charts: tuple[Markup, ...] = ()
     if journals:
         charts = (line_chart("loss", loss), line_chart("learning rate", lr))
     claims = tuple(ClaimRow(name=k, value=v.get("value"), verifier=str(v.get("verifier")))

@@ -44,7 +44,6 @@ from nscas.store.locating import is_tag
 if TYPE_CHECKING:
     from nscas.store.reading import ObjectInfo, RefEntry, StoreReader
     from nscas.store.workarea import AreaVerdict
-    from nscas.store.writer import Store
 
 Severity = Literal["error", "note"]
 Mode = Literal["rows", "deep", "full"]
@@ -378,9 +377,10 @@ def _check_lazy_sha256(store: StoreReader, oid: Digest, recorded: str) -> list[F
     return []
 
 
-def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE,
+def gc(store: StoreReader, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE,
        now: float | None = None) -> GcReport:
-    """Remove objects no ref, tag or receipt reaches, plus temporary and orphan chunk files.
+    """Remove objects no ref, tag or receipt reaches, plus temporary and orphan chunk files
+    (``store`` is a ``Store``; a dry run, which writes nothing, takes a reader too).
 
     Nothing younger than ``min_age`` seconds goes. A put in another process writes its chunk
     files before it inserts their rows, and names what it stored (a ref, a receipt) only after
@@ -433,6 +433,10 @@ def gc(store: Store, *, dry_run: bool = False, min_age: float = DEFAULT_MIN_AGE,
     temps = tuple(p for p in every_temp if store.chunks.written_before(p, cutoff))
     removed = [info.id for info in doomed.values()]
     if not dry_run:
+        from nscas.store.writer import Store  # loaded already: the caller opened a Store
+
+        if not isinstance(store, Store):
+            raise TypeError("gc removes objects through a Store; a reader allows a dry run only")
         if removed:
             removed = store.delete_objects(removed, files_before=cutoff)
         for h in orphans:

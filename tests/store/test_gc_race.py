@@ -85,3 +85,20 @@ def test_gc_in_a_loop_never_breaks_a_put_in_another_process(store: Store, tmp_pa
     assert rounds > 1
     assert store.get_bytes(oid) == data
     assert fsck(store, deep=True).findings == ()
+
+
+def test_gc_through_a_reader_is_a_dry_run_only(store: Store) -> None:
+    # gc takes a reader for a dry run (nscas gc --dry-run opens one); a real collection through
+    # it is refused before anything is removed.
+    from nscas.store.opening import open_store
+
+    doomed = store.put_bytes(b"nothing reaches this")
+    reader = open_store(store.root, readonly=True)
+    try:
+        report = gc(reader, dry_run=True, min_age=0)
+        assert report.objects == (doomed,)
+        with pytest.raises(TypeError, match="dry run only"):
+            gc(reader, min_age=0)
+    finally:
+        reader.close()
+    assert store.has(doomed)

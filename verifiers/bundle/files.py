@@ -18,7 +18,7 @@ import re
 import tarfile
 import zlib
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import rfc8785
 
@@ -258,7 +258,7 @@ def _tar_manifest(bundle: BundleSource, data: bytes | None, entries: set[str]) -
     if data is None:
         return [f"the tarball holds no {MANIFEST}"]
     if data == bundle.manifest_bytes:
-        inner: dict[str, object] = bundle.manifest
+        inner: dict[str, Any] = bundle.manifest
     else:
         try:
             inner = parse_json(data, what=f"{TARBALL} {MANIFEST}")
@@ -271,7 +271,9 @@ def _tar_manifest(bundle: BundleSource, data: bytes | None, entries: set[str]) -
         problems.append(f"the tarball's {MANIFEST} is of another format")
     if inner.get("target") != bundle.manifest.get("target"):
         problems.append(f"the tarball's {MANIFEST} names another target")
-    objects = inner.get("objects") if isinstance(inner.get("objects"), dict) else {}
+    objects = inner.get("objects")
+    if not isinstance(objects, dict):
+        objects = {}
     left_out = {*_keys(inner.get("omitted")), *_keys(inner.get("derived"))}
     for path, entry in bundle.paths.items():
         if path in objects:

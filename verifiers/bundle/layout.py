@@ -284,7 +284,8 @@ def _run_name(c: ClosureView, r: str, role: Role, models: Mapping[str, str],
         base = _output_arm(c, r, role.arm_output, models) or label[r]
     if role.role_input is not None:
         tasks = c.link(inputs.get(role.role_input), "tasks/1")
-        name = clean(str(c.records[tasks].get("role", ""))) if tasks in c.records else None
+        name = (clean(str(c.records[tasks].get("role", "")))
+                if tasks is not None and tasks in c.records else None)
         if name is not None and name != role.plain_role:
             return f"{base or label[r]}-{name}"
     return base
@@ -304,7 +305,11 @@ def _run_dirs(c: ClosureView, roles: Mapping[str, Role | None], models: Mapping[
             dirs[next(iter(runs))] = folder
             continue
         names = {r: name or label[r] for r, name in runs.items()}
-        for r, name in unique(names, lambda r, n=names: f"{n[r]}-{short(r)}").items():
+
+        def fallback(r: str, n: Mapping[str, str] = names) -> str:
+            return f"{n[r]}-{short(r)}"
+
+        for r, name in unique(names, fallback).items():
             dirs[r] = f"{folder}/{name}"
     return dirs
 

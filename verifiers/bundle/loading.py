@@ -144,7 +144,7 @@ def model_folder(objects: Objects, checkpoint: str) -> Path | None:
     that holds anything else is ``Unusable``: the model a reader would load is not the one
     the records name."""
     source = objects.source
-    rel = objects.memo.get((MODEL_FOLDER, checkpoint))
+    rel: str | None = objects.memo.get((MODEL_FOLDER, checkpoint))  # the layout check's folder
     if not isinstance(source, BundleSource) or source.format == BUNDLE_FORMAT_V1 or rel is None:
         return None
     entries = _entries(objects, objects.record_of(checkpoint, "checkpoint/1")["files"])

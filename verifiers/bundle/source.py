@@ -106,9 +106,10 @@ class BundleSource:
         self.format: str = manifest["format"]
         self.manifest_bytes = data
         self.manifest: dict[str, Any] = manifest
-        self.target = manifest.get("target")
-        if not is_object_id(self.target):
+        target = manifest.get("target")
+        if not is_object_id(target):
             raise SourceError(str(root / MANIFEST), "'target' is not an object ID")
+        self.target: str = target
         self.paths: dict[str, dict[str, Any]] = {}
         self._by_id: dict[str, str] = {}
         self._derived: dict[str, Derived] = {}
@@ -140,13 +141,16 @@ class BundleSource:
         except OSError as exc:
             raise SourceError(str(path), exc.strerror or str(exc)) from None
 
+    def _section(self, name: str, *, required: bool) -> dict[str, Any]:
+        section = self.manifest.get(name) if required else self.manifest.get(name, {})
+        if not isinstance(section, dict):
+            raise SourceError(str(self.root / MANIFEST), f"'{name}' is not an object")
+        return section
+
     def _read_sections(self) -> None:
-        objects = self.manifest.get("objects")
-        derived = self.manifest.get("derived", {})
-        omitted = self.manifest.get("omitted", {})
-        for name, section in (("objects", objects), ("derived", derived), ("omitted", omitted)):
-            if not isinstance(section, dict):
-                raise SourceError(str(self.root / MANIFEST), f"'{name}' is not an object")
+        objects = self._section("objects", required=True)
+        derived = self._section("derived", required=False)
+        omitted = self._section("omitted", required=False)
         for path, entry in objects.items():
             why = safe_relative(path)
             if why is None and not (isinstance(entry, dict) and is_object_id(entry.get("id"))

@@ -174,7 +174,9 @@ class Report:
         """What the summary adds for a reader: what was not rechecked, by name and why, and
         which facts are self-reported."""
         lines = []
-        for needs, why in (("model", "needs a model run"), ("weights", "needs omitted weights")):
+        reasons: tuple[tuple[Needs, str], ...] = (("model", "needs a model run"),
+                                                  ("weights", "needs omitted weights"))
+        for needs, why in reasons:
             names = self.not_rechecked(needs)
             if names:
                 lines.append(f"not rechecked ({why}): {', '.join(names)}")

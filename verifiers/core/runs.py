@@ -21,15 +21,18 @@ class Run:
 
     @property
     def inputs(self) -> Mapping[str, str]:
-        return self.action["inputs"]
+        inputs: Mapping[str, str] = self.action["inputs"]  # record_of checked the record's schema
+        return inputs
 
     @property
     def outputs(self) -> Mapping[str, str]:
-        return self.receipt["outputs"]
+        outputs: Mapping[str, str] = self.receipt["outputs"]  # record_of checked the record's schema
+        return outputs
 
     @property
     def params(self) -> Mapping[str, Any]:
-        return self.action["params"]
+        params: Mapping[str, Any] = self.action["params"]  # record_of checked the record's schema
+        return params
 
     @property
     def claims(self) -> dict[str, Any]:

@@ -57,7 +57,8 @@ def lineage(objects: Objects, oid: str) -> set[str]:
         indexed = objects.source.parents(oid) is not None
         objects.memo[key] = provenance(objects, [oid]) if indexed else set(
             forward_records(objects, oid))
-    return objects.memo[key]
+    found: set[str] = objects.memo[key]  # the memo holds the set computed for this key
+    return found
 
 
 def test_sets(objects: Objects, reach: set[str]) -> dict[str, frozenset[str]]:
@@ -107,7 +108,9 @@ def test_scoring(objects: Objects, oid: str) -> tuple[bool, str]:
     sets = test_sets(objects, lineage(objects, oid))
     if tasks in sets:
         return True, "its task set is the test set of its lineage"
-    ids = record.get("ids") if isinstance(record.get("ids"), list) else []
+    ids = record.get("ids")
+    if not isinstance(ids, list):
+        ids = []
     shared = {i for i in ids if isinstance(i, str)} & set().union(*sets.values())
     if shared:
         return True, f"its task set shares {len(shared)} task id(s) with the test set"

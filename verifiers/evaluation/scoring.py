@@ -288,8 +288,9 @@ def load_tokenizer(objects: Objects, model_id: str) -> tuple[Any, set[int]]:
         token = config.get("eos_token") if isinstance(config, dict) else None
         if isinstance(token, dict):
             token = token.get("content")
-        if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
-            eos.add(tokenizer.token_to_id(token))
+        token_id = tokenizer.token_to_id(token) if isinstance(token, str) else None
+        if token_id is not None:
+            eos.add(token_id)
     return tokenizer, eos
 
 
@@ -321,6 +322,8 @@ def losses_of(objects: Objects, blob: str, probes: list[str]) -> dict[str, float
 
 
 def retention_claims(base: dict[str, float], cand: dict[str, float]) -> dict[str, Any]:
+    se: float | None
+    upper: float | None
     if len(cand) >= 2:
         r = retention(base, cand)
         mean, se, upper, improved, worsened = r.mean, r.se, r.upper, r.improved, r.worsened

@@ -410,7 +410,8 @@ def _omitted_weights(found: _Walk) -> tuple[list[str], list[str]]:
     files_trees = {child for child, links in found.linked.items()
                    if any(kind == "checkpoint/1" and path in ("/files", "/state")
                           for _, kind, path in links)}
-    weights, other = [], []
+    weights: list[str] = []
+    other: list[str] = []
     for oid in found.omitted:
         links = found.linked.get(oid, [])
         only_weights = bool(links) and all(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..core.results import Check
 
@@ -38,7 +38,7 @@ _CU_TAG = re.compile(r"\+cu([0-9]{2,4})$")
 _SHOWN = 5
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -128,13 +128,14 @@ def _device_problems(params: Mapping[str, Any], cuda: list[Mapping[str, Any]], t
 
 def _journal_problems(env: Mapping[str, Any], params: Mapping[str, Any],
                       cuda: list[Mapping[str, Any]],
-                      journals: Sequence[Mapping[str, Any]]) -> list[str]:
+                      journals: Sequence[object]) -> list[str]:
     problems = []
     single_node = params.get("nnodes", 1) == 1
     host = env.get("host")
     device = params.get("device")
     on_cuda = isinstance(device, str) and _CUDA_DEVICE.match(device) is not None
     memory = [d.get("memory_bytes") for d in cuda]
+    sizes = [m for m in memory if _is_int(m)]
     for record in journals:
         if not isinstance(record, Mapping):
             continue
@@ -143,10 +144,10 @@ def _journal_problems(env: Mapping[str, Any], params: Mapping[str, Any],
             problems.append(f"rank {rank}'s journal names host {record.get('host')!r}, the "
                             f"environment {host!r}")
         peak = record.get("peak_memory_bytes")
-        if (on_cuda and _is_int(peak) and memory and all(_is_int(m) for m in memory)
-                and peak > max(memory)):
+        if (on_cuda and _is_int(peak) and memory and len(sizes) == len(memory)
+                and peak > max(sizes)):
             problems.append(f"rank {rank}'s peak CUDA memory {peak} exceeds every listed "
-                            f"device's memory ({max(memory)})")
+                            f"device's memory ({max(sizes)})")
     return problems
 
 

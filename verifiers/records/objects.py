@@ -10,7 +10,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeGuard
 
 import blake3
 
@@ -27,7 +27,7 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def is_object_id(value: Any) -> bool:
+def is_object_id(value: object) -> TypeGuard[str]:
     """True for a string that is exactly ``blake3:`` + 64 lowercase hex digits."""
     return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
 

@@ -218,7 +218,7 @@ class StoreSource:
             if rows:
                 if not (isinstance(rows[0][0], str) and is_object_id("blake3:" + rows[0][0])):
                     raise BadTarget(text, "the ref's target in the database is not an ID")
-                return "blake3:" + rows[0][0]
+                return "blake3:" + str(rows[0][0])
         match = HEX_PREFIX.fullmatch(text)
         if match is None:
             raise BadTarget(text, "not an ID, a ref name of this store, or a hex prefix of at "
@@ -231,7 +231,7 @@ class StoreSource:
         if len(rows) > 1:
             shown = ", ".join(r[0][:16] for r in rows[:10])
             raise BadTarget(text, f"prefix is ambiguous ({shown}{', ...' if len(rows) > 10 else ''})")
-        return "blake3:" + rows[0][0]
+        return "blake3:" + str(rows[0][0])
 
     def parents(self, oid: str) -> list[str] | None:
         rows = self._query("SELECT DISTINCT parent FROM links WHERE child = ? ORDER BY parent",
@@ -299,10 +299,11 @@ class TeamStoreSource(StoreSource):
         self.label = f"store {root}"
         self._psycopg = psycopg
         try:
-            self._db = psycopg.connect(self.config.database, autocommit=True, connect_timeout=10,
+            self._pg = psycopg.connect(self.config.database, autocommit=True, connect_timeout=10,
                                        options="-c default_transaction_read_only=on",
                                        application_name="nscas-verify")
-            lazy = self._db.execute("SELECT to_regclass('object_sha256')").fetchone()[0]
+            row = self._pg.execute("SELECT to_regclass('object_sha256')").fetchone()
+            lazy = row[0] if row is not None else None
         except psycopg.Error as exc:
             raise SourceError(_redact(self.config.database),
                               f"cannot read the database: {_first_line(exc)}") from None
@@ -315,11 +316,11 @@ class TeamStoreSource(StoreSource):
             self._s3 = _s3_client(self.config.s3)
 
     def close(self) -> None:
-        self._db.close()
+        self._pg.close()
 
     def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:
-            return self._db.execute(sql.replace("?", "%s"), args, prepare=False).fetchall()
+            return self._pg.execute(sql.replace("?", "%s"), args, prepare=False).fetchall()
         except self._psycopg.Error as exc:
             raise SourceError(_redact(self.config.database),
                               f"cannot read the database: {_first_line(exc)}") from None

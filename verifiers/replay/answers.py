@@ -146,7 +146,8 @@ def _retention(objects: Objects, run: Run, model: Any, device: str,
             problems.append(f"probe {line.get('id')}: {exc}")
             continue
         loss = _mean_loss(model, ids, labels, device)
-        want = retained.get(line.get("id"))
+        probe = line.get("id")
+        want = retained.get(probe) if isinstance(probe, str) else None
         if want is None:
             continue  # losses_of checked the ids
         relative = abs(loss - want) / max(abs(want), 1e-12)

@@ -68,7 +68,8 @@ def loaded_model(objects: Objects, checkpoint: str, device: str) -> Iterator[Any
         except Exception as exc:  # transformers raises many kinds for a directory it cannot load
             raise Unusable(checkpoint, f"does not load as a model ({type(exc).__name__}: "
                            f"{exc})") from None
-        model.to(device).eval()
+        # transformers' decorated PreTrainedModel.to is typed as taking the model, not a device.
+        model.to(device).eval()  # type: ignore[arg-type]
         yield model
 
 
@@ -98,9 +99,9 @@ def _quiet() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
         yield
     finally:
         if shown:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated

@@ -243,7 +243,8 @@ def apply_settings(deterministic: bool) -> bool:
     process has torch's defaults). Returns whether CUDA had started before."""
     import torch
 
-    started = torch.cuda.is_available() and torch.cuda.is_initialized()
+    # torch.cuda.is_initialized has no annotations.
+    started = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     if deterministic:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
         torch.use_deterministic_algorithms(True)
@@ -313,13 +314,14 @@ def _load_model(model_dir: str, device: str) -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     except Exception as exc:  # transformers raises many kinds for a directory it cannot load
         raise ReplayStepError("the checkpoint", f"does not load as a model "
                               f"({type(exc).__name__}: {exc})") from None
-    return model.to(device)
+    # transformers' decorated PreTrainedModel.to is typed as taking the model, not a device.
+    return model.to(device)  # type: ignore[arg-type]
 
 
 def _optimizer(model: Any, request: Request, tensors: Mapping[str, Any]) -> Any:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -215,7 +215,7 @@ def _comparisons(ins: Inputs, scored: Mapping[str, Scored],
 
 # --- training ----------------------------------------------------------------------------
 
-def _rank_numbers(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def _rank_numbers(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     steps = effective_steps(entries)
     seconds = [float(e["seconds"]) for e in steps]
     total = math.fsum(seconds)

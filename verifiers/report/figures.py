@@ -34,7 +34,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.errors import RecordParseError
 from ..records.reading import parse_json
@@ -255,7 +255,10 @@ def embedded(fmt: str, data: bytes) -> Any:
         raise FigureError(exc.message) from None
 
 
-def _one(found: list[Any], what: str) -> Any:
+_T = TypeVar("_T")
+
+
+def _one(found: list[_T], what: str) -> _T:
     if len(found) != 1:
         raise FigureError(f"holds {len(found)} {what}, not exactly one")
     return found[0]
@@ -292,7 +295,8 @@ def _find_all(text: str, needle: str) -> list[int]:
 def _png_text(data: bytes) -> str:
     if not data.startswith(b"\x89PNG\r\n\x1a\n"):
         raise FigureError("not a PNG file")
-    at, found = 8, []
+    at = 8
+    found: list[tuple[bytes, bytes]] = []
     while at < len(data):
         if at + 12 > len(data):
             raise FigureError(f"a chunk at byte {at} is cut short")

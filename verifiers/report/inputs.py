@@ -108,7 +108,9 @@ def arm_order(prepare: Run, train: Mapping[str, Run],
 
 
 def commitment_subjects(objects: Objects, ins: Inputs) -> dict[str, str]:
-    return objects.record_of(ins.commit.outputs["commitment"], "commitment/1")["subjects"]
+    record = objects.record_of(ins.commit.outputs["commitment"], "commitment/1")
+    subjects: dict[str, str] = record["subjects"]  # record_of checked the commitment/1 schema
+    return subjects
 
 
 def link_problems(objects: Objects, ins: Inputs) -> list[str]:

@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..core.compare import ABS_TOL, REL_TOL, compare
 from ..core.errors import LogFormatError, RecordParseError
@@ -74,7 +74,7 @@ class PhaseStats:
     p95_latency_seconds: float | None
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -299,7 +299,7 @@ def serving_rules(attempts: list[Attempt], run: ServeRun, prefix: str) -> list[C
         if expected and set(requests) != expected:
             odd = sorted(set(requests) ^ expected)[:3]
             ids_problems.append(f"phase {phase}: request ids are not {run.run_id}-{phase}-0.."
-                                f"{n - 1} (differing: {odd})")
+                                f"{len(requests) - 1} (differing: {odd})")
         for rid, group in requests.items():
             tail = rid.rpartition("-")[2]
             if tail.isdigit() and len(tail) <= 9:
@@ -345,11 +345,11 @@ def _routing(phases: dict[str, dict[str, list[Attempt]]], index_of: dict[tuple[s
     order: list[str] = []
     pair = phases["pair"]
     for i in range(replicas):
-        rid = next((r for r in pair if index_of.get(("pair", r)) == i), None)
-        if rid is None:
+        shown = next((r for r in pair if index_of.get(("pair", r)) == i), None)
+        if shown is None:
             problems.append(f"the pair phase has no request {i} to show replica {i}'s endpoint")
             break
-        order.append(pair[rid][0].endpoint)
+        order.append(pair[shown][0].endpoint)
     if len(order) == replicas:
         if len(set(order)) != replicas:
             problems.append(f"the pair phase's first {replicas} requests went to "
@@ -362,11 +362,11 @@ def _routing(phases: dict[str, dict[str, list[Attempt]]], index_of: dict[tuple[s
                 problems.append(f"the pair phase used {len(used)} endpoint(s), not the "
                                 f"{replicas} replicas")
             for rid, group in phases[phase].items():
-                i = index_of.get((phase, rid))
-                if i is None:
+                at = index_of.get((phase, rid))
+                if at is None:
                     continue
                 for a in group:
-                    want = order[(i + a.attempt - 1) % replicas]
+                    want = order[(at + a.attempt - 1) % replicas]
                     if a.endpoint != want:
                         problems.append(f"{rid} attempt {a.attempt} went to {a.endpoint}, not "
                                         f"{want}")

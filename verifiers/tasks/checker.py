@@ -170,7 +170,7 @@ def json_equal(a: Any, b: Any) -> bool:
         return False
     if isinstance(a, list):
         return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
+    return bool(a == b)
 
 
 # --- tasks ---------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def _rows(case: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def _family(case: Mapping[str, Any]) -> str:
     family = case.get("family")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         raise TaskError(f"'family' must be one of {FAMILIES}, found {family!r}")
     return family
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 KINDS = ("replay", "retention")
 
@@ -88,7 +88,7 @@ def _belongs_to(text: str) -> str:
     return KINDS[hashlib.sha256(text.encode("utf-8")).digest()[0] % 2]
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

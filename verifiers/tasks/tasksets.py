@@ -83,7 +83,7 @@ def parse_wordings(data: bytes) -> Wordings:
 
 
 def make_prompt(case: Mapping[str, Any], wordings: Wordings) -> str:
-    instruction = wordings.instructions[case["family"]][case["variant"]]
+    instruction: str = wordings.instructions[case["family"]][case["variant"]]
     return wordings.header + instruction.replace("{q}", case["query"]) + visible_records(case)
 
 
@@ -248,7 +248,9 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
     records = {role: objects.record_of(outputs[role], "tasks/1")
                for role in (*GROUNDED, "damaged", *CONVERSATIONS) if role in outputs}
     seed = params.get("seed")
-    counts = params.get("counts") if isinstance(params.get("counts"), dict) else {}
+    counts = params.get("counts")
+    if not isinstance(counts, dict):
+        counts = {}
     wordings_id = inputs.get("wordings") or records.get("test", {}).get("wordings")
     problems = []
     for role, rec in records.items():
@@ -283,10 +285,10 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
         not check_answer(target_text(damaged_target(t.case)), t.clean).correct for t in damaged)
     set_problems = []
     for role, tasks in (*roles.items(), ("damaged", roles["train"])):
-        rec = records.get(role)
-        if rec is None:
+        made = records.get(role)
+        if made is None:
             set_problems.append(f"output {role!r} is missing")
-        elif rec["ids"] != [t.id for t in tasks]:
+        elif made["ids"] != [t.id for t in tasks]:
             set_problems.append(f"{role}: ids differ from the regenerated tasks")
     prompts = Counter(t.prompt for tasks in roles.values() for t in tasks)
     repeated = [p for p, n in prompts.items() if n > 1]
@@ -300,17 +302,18 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
             checks.append(_conversations_rebuilt(objects, records[kind], kind, params=params,
                                                  inputs=inputs, name=f"{name}.{kind}.regenerated"))
     for kind in CONVERSATIONS:
-        rec = records.get(kind)
-        if rec is None:
+        conversations = records.get(kind)
+        if conversations is None:
             skipped[f"{kind}_count"] = f"output {kind!r} is missing"
             continue
         try:
-            values[f"{kind}_count"] = len(read_lines(objects.bytes(rec["records"]), kind))
+            values[f"{kind}_count"] = len(read_lines(objects.bytes(conversations["records"]),
+                                                     kind))
         except RecordParseError as exc:
             skipped[f"{kind}_count"] = exc.message
     if "prepared" in outputs:
         subjects = objects.record_of(outputs["prepared"], "commitment/1")["subjects"]
-        expected = {k: v for k, v in outputs.items() if k != "prepared"}
+        expected: dict[str, str | None] = {k: v for k, v in outputs.items() if k != "prepared"}
         expected["wordings"] = wordings_id
         checks.append(_verdict(f"{name}.prepared", [] if subjects == expected else
                                ["the prepared commitment does not name exactly the outputs and "
@@ -352,7 +355,9 @@ def _conversations_rebuilt(objects: Objects, record: Mapping[str, Any], kind: st
     if record.get("standin") is not standin:
         problems.append(f"the record says standin {record.get('standin')!r}, but the run "
                         + ("had no" if standin else "had a") + f" {kind} input")
-    want_note = standin_note(count, seed) if standin else None
+    # standin_set accepted count and seed, so with a stand-in set both are integers.
+    want_note = (standin_note(count, seed)
+                 if standin and isinstance(count, int) and isinstance(seed, int) else None)
     if record.get("note") != want_note:
         problems.append(f"note {record.get('note')!r} is not {want_note!r}")
     if record.get("count") != len(expected):

@@ -153,7 +153,9 @@ def parameter_findings(objects: Objects, checkpoint: str) -> tuple[
     key = ("parameters", checkpoint)
     if key not in objects.memo:
         objects.memo[key] = _parameter_values(objects, checkpoint)
-    return objects.memo[key]
+    found: tuple[dict[str, Any], dict[str, str], dict[str, tuple[Needs, str]]]
+    found = objects.memo[key]  # the memo holds what _parameter_values returned for this key
+    return found
 
 
 def _parameter_values(objects: Objects, checkpoint: str) -> tuple[

@@ -106,7 +106,7 @@ def diloco_checks(ranks: Mapping[int, list[Mapping[str, Any]]], params: Mapping[
                             recomputed=len(expected)))
 
     agree_problems: list[str] = []
-    base_rank = min(per_rank) if per_rank else None
+    base_rank = min(per_rank, default=0)  # the loop below runs only when there is a rank
     for rank, outer in sorted(per_rank.items()):
         agreed = {e.get("step"): e.get("parameters") for e in ranks[rank]
                   if e.get("event") == "agreed"}
@@ -115,7 +115,7 @@ def diloco_checks(ranks: Mapping[int, list[Mapping[str, Any]]], params: Mapping[
             if step in agreed and agreed[step] != digest:
                 agree_problems.append(f"rank {rank} step {step}: the outer digest is not the "
                                       "one agreed at that step")
-            if rebuilt and step in rebuilt and rebuilt[step] != digest:
+            if rebuilt and isinstance(step, int) and step in rebuilt and rebuilt[step] != digest:
                 agree_problems.append(f"rank {rank} step {step}: the outer digest is not that "
                                       "of the checkpoint's weights")
         if rank == base_rank:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..core.results import Check
 
@@ -35,7 +35,9 @@ def effective_steps(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
     for entry in entries:
         if entry.get("event") == "resume":
             start = entry.get("from_step")
-            kept = {s: e for s, e in kept.items() if isinstance(s, int) and s <= start}
+            # A resume without an integer step keeps nothing (as for the outer events).
+            kept = {s: e for s, e in kept.items()
+                    if isinstance(s, int) and is_int(start) and s <= start}
         elif "step" in entry and "event" not in entry:
             kept[entry["step"]] = entry
     # Numeric order for integer steps (10 after 9); anything else after them, by its text.
@@ -46,24 +48,24 @@ def effective_steps(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
 def close_enough(a: Any, b: Any) -> bool:
     if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
         return math.isclose(a, b, rel_tol=FLOAT_NOISE, abs_tol=1e-12)
-    return a == b
+    return bool(a == b)
 
 
 def is_diloco(params: Mapping[str, Any]) -> bool:
     """A DiLoCo run (``sync = "diloco"``); actions from before the param are ddp."""
-    return params.get("sync", "ddp") == "diloco"
+    return bool(params.get("sync", "ddp") == "diloco")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_real(value: Any) -> bool:
+def is_real(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 HEX_DIGEST = frozenset("0123456789abcdef")
 
 
-def is_hex_digest(value: Any) -> bool:
+def is_hex_digest(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) == 64 and set(value) <= HEX_DIGEST

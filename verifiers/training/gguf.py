@@ -73,7 +73,7 @@ class _Reader:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
     def count(self, what: str) -> int:
-        n = self.scalar("<Q")
+        n: int = self.scalar("<Q")
         if n > _MAX_COUNT:
             raise GgufError(f"{what} count {n} is impossible")
         return n

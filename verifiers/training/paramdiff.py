@@ -171,7 +171,8 @@ def compare_checkpoints(objects: Objects, baseline: str, candidate: str) -> dict
                                   f"different tensor names (e.g. {only[0]!r})")
         files = {path: stack.enter_context(path.open("rb"))
                  for path in {t.path for t in (*a.tensors.values(), *b.tensors.values())}}
-        total, layers, by_tensor, identical = _Sums(), {}, [], 0
+        total, by_tensor, identical = _Sums(), [], 0
+        layers: dict[int, _Sums] = {}
         for name in sorted(a.tensors):
             x, y = a.tensors[name], b.tensors[name]
             if (x.spec.dtype, x.spec.shape) != (y.spec.dtype, y.spec.shape):

@@ -86,12 +86,13 @@ def _read_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     return value, None if canonical == line else "not in RFC 8785 canonical form"
 
 
-def read_journal(data: bytes) -> list[dict[str, Any]]:
+def read_journal(data: bytes) -> list[Mapping[str, Any]]:
     """The entries of a journal blob; raises ``LogFormatError`` listing every unreadable line.
 
     Only readability is checked here; ``check_journal`` checks the chain.
     """
-    entries, problems = [], []
+    entries: list[Mapping[str, Any]] = []
+    problems: list[tuple[int, str]] = []
     for number, line in enumerate(_lines(data), start=1):
         entry, problem = _read_line(line)
         if entry is None:

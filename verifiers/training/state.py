@@ -59,10 +59,10 @@ def parameter_digest_checks(objects: Objects, run: Any,
     local = is_diloco(run.params)
     checkpoints = run_checkpoints(objects, run)
     rebuilt: dict[int, str] = {}
-    for step, checkpoint in checkpoints.items():
+    for at, checkpoint in checkpoints.items():
         values, _failed, _needs = parameter_findings(objects, checkpoint)
         if "agreed_parameters" in values:
-            rebuilt[step] = values["agreed_parameters"]
+            rebuilt[at] = values["agreed_parameters"]
     problems: list[str] = []
     between: dict[str, str] = {}
     for rank, entries in sorted(ranks.items()):
