@@ -37,6 +37,7 @@ from nscas.runs.config import step_reference
 from nscas.runs.job import JobSpec, Outcome
 from nscas.runs.planning import Planned, Source
 from nscas.runs.resources import Grant, Machine, Needs, Pool, needs_of, this_machine
+from nscas.runs.run_state import LOGS, RunStateFile
 from nscas.runs.runner import (
     RunPlan,
     StepResult,
@@ -48,8 +49,6 @@ from nscas.store.writer import Store
 
 STOP_GRACE_S = 10.0
 """How long a stopped job has to end (its recipe's cleanup) before its group is killed."""
-LOGS = "logs"
-"""The store directory holding each scheduled run's job logs: ``logs/<run>/<step>.log``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,10 +172,17 @@ class _Run:
         self.planned = planned
         self.items: dict[str, Planned] = {item.step.name: item for item in planned.steps}
         self.sources: dict[str, Source] = dict(planned.sources)
-        self.needs, self.deps, self.emit = needs, deps, emit
+        self.needs, self.deps = needs, deps
         self.rerun, self.sets, self.name, self.sign_key = rerun, sets, name, sign_key
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.logs = store.root / LOGS / f"{stamp}-{os.getpid()}"
+        self.state = RunStateFile(self.logs, file=str(path), steps=planned.names)
+
+        def shown(event: StepEvent) -> None:  # the UI's view of the run, then the caller's
+            self.state.record(event)
+            emit(event)
+
+        self.emit = shown
         self.events: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
         self.running: dict[str, _Job] = {}
         self.results: list[StepResult] = []
@@ -215,6 +221,8 @@ class _Run:
         except BaseException:
             self._stop_all()  # Ctrl-C, a kill of this run: no job outlives it
             raise
+        finally:
+            self.state.close()
         if self.failed or self.stopped:
             raise StepsFailed(self.failed, self.results, tuple(self.stopped))
         return self.results
