@@ -279,7 +279,10 @@ class _Run:
                        upstream={d: str(self.receipts[d]) for d in self.deps[step]},
                        cores=grant.cores, events=write_end,
                        sign_key=str(self.sign_key) if self.sign_key else None)
-        env = {**os.environ, **grant.environment(self.needs[step])}
+        # The job imports what this process does (its recipes above all: the scheduler found
+        # the cached ones by their code), however this process's path was made.
+        env = {**os.environ, **grant.environment(self.needs[step]),
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with log.open("ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "nscas.runs.job", spec.to_json()], env=env,
