@@ -118,11 +118,12 @@ def run(
         render_step(result, pipeline=pipeline, wide=wide)
 
     asked = jobs or spec.jobs
-    if spec.pipeline and (asked > 1 if asked else len(chosen) > 1 and default_jobs() > 1):
+    at_once = asked or (default_jobs() if spec.pipeline and len(chosen) > 1 else 1)
+    if spec.pipeline and at_once > 1:
         from nscas.cli.run_jobs import run_with_jobs
 
         with open_cli_store(ctx) as store:
-            run_with_jobs(store, file, jobs=asked or default_jobs(), gpu_share=gpu_share,
+            run_with_jobs(store, file, jobs=at_once, gpu_share=gpu_share,
                           keep_going=keep_going, rerun=rerun, sets=set_texts, only=only_steps,
                           start=start, name=name, variant=variant.name if variant else None,
                           sign_key=sign_key, wide=wide, as_json=as_json,
