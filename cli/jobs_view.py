@@ -48,13 +48,14 @@ class _Row:
 class LiveTable:
     """A rich table of the run's steps on stderr, redrawn as events arrive (a terminal only)."""
 
-    def __init__(self, on_finished: Callable[[StepEvent], None]) -> None:
+    def __init__(self, then: Callable[[StepEvent], None]) -> None:
+        """``then`` gets every event after the table has shown it."""
         from rich.console import Console
         from rich.live import Live
 
         self._rows: dict[str, _Row] = {}
         self._lock = threading.Lock()
-        self._finished = on_finished
+        self._then = then
         self._started = False
         self._live = Live(console=Console(file=sys.stderr), auto_refresh=True,
                           refresh_per_second=2, get_renderable=self._table, transient=False)
@@ -83,8 +84,7 @@ class LiveTable:
                 row.seconds = event.seconds
             if event.state in ("failed", "not-run", "stopped") and event.message:
                 row.progress = event.message
-        if event.state in ("cached", "done", "failed"):
-            self._finished(event)
+        self._then(event)
 
     def _table(self) -> Any:
         from rich.table import Table
@@ -104,10 +104,10 @@ class LiveTable:
 
 
 class PlainLines:
-    """One line on stderr as each step starts, stops or fails; finished steps reported."""
+    """One line on stderr as each step starts or stops; every event then handed to ``then``."""
 
-    def __init__(self, on_finished: Callable[[StepEvent], None]) -> None:
-        self._finished = on_finished
+    def __init__(self, then: Callable[[StepEvent], None]) -> None:
+        self._then = then
 
     def __enter__(self) -> PlainLines:
         return self
@@ -121,5 +121,4 @@ class PlainLines:
         elif event.state in ("stopped", "not-run"):
             why = f" ({event.message})" if event.message else ""
             sys.stderr.write(f"step {event.step}: {_SHOWN[event.state]}{why}\n")
-        if event.state in ("cached", "done", "failed"):
-            self._finished(event)
+        self._then(event)

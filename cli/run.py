@@ -56,8 +56,10 @@ def run(
              "'nscas key new'); default: $NSCAS_SIGNING_KEY, if set.")] = None,
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", metavar="N", min=1, max=1024, show_default=False,
-        help="Run up to N ready steps at once, each in its own process with the CPU cores and "
-             "GPUs its recipe declares (default: the file's jobs, else one at a time).")] = None,
+        help="Run up to N ready steps of a pipeline at once, each in its own process with the "
+             "CPU cores and GPUs its recipe declares (default: the file's jobs, else as many "
+             "as this machine has CPU cores or GPUs); 1: one step at a time, in this "
+             "process.")] = None,
     gpu_share: Annotated[int, typer.Option(
         "--gpu-share", metavar="K", min=1, max=64,
         help="With --jobs: let up to K steps use one GPU at once (their memory estimates "
@@ -79,13 +81,17 @@ def run(
     --name) the run is a variant: its refs are its own (<refs>/variants/NAME/..., and
     REF/variants/NAME for each output ref), and --only/--from read the variant's earlier runs.
     The last line counts the steps cached, ran and failed, and gives a rerun's verdict.
-    With --jobs N (or jobs = N in the file) ready steps run at once (docs/pipelines.md): a
-    live table on a terminal, one JSON event a line with --json, each job's log under the
-    store's logs/; the actions and outputs are those of a run one step at a time.
+    A pipeline's ready steps run at once (docs/pipelines.md), up to --jobs N (or jobs = N in
+    the file; by default as many as the machine has CPU cores or GPUs), each step within the
+    resources its recipe declares: a live table on a terminal, each job's log under the
+    store's logs/, finished steps reported in run order; with an explicit --jobs (or jobs),
+    --json prints one JSON event a line. The actions and outputs are those of a run one step
+    at a time, which --jobs 1 is (in this process).
 
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
+    from nscas.runs.resources import default_jobs
     from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps, variant_of
     from nscas.runs.variants import variant_prefix
     from nscas.signing.signatures import KeySigner, configured_key
@@ -111,15 +117,17 @@ def run(
             render.note(f"variant {variant.name}: refs under {where}")
         render_step(result, pipeline=pipeline, wide=wide)
 
-    if (jobs or spec.jobs) and spec.pipeline:
+    asked = jobs or spec.jobs
+    at_once = asked or (default_jobs() if spec.pipeline and len(chosen) > 1 else 1)
+    if spec.pipeline and at_once > 1:
         from nscas.cli.run_jobs import run_with_jobs
 
         with open_cli_store(ctx) as store:
-            run_with_jobs(store, file, jobs=jobs or spec.jobs or 1, gpu_share=gpu_share,
+            run_with_jobs(store, file, jobs=at_once, gpu_share=gpu_share,
                           keep_going=keep_going, rerun=rerun, sets=set_texts, only=only_steps,
                           start=start, name=name, variant=variant.name if variant else None,
-                          sign_key=sign_key, wide=wide,
-                          as_json=as_json, steps=len(chosen), on_step=on_step)
+                          sign_key=sign_key, wide=wide, as_json=as_json,
+                          events=asked is not None, steps=len(chosen), on_step=on_step)
         return
     with open_cli_store(ctx) as store:
         try:

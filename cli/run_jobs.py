@@ -18,27 +18,49 @@ from nscas.store.writer import Store
 
 def run_with_jobs(store: Store, file: Path, *, jobs: int, gpu_share: int, keep_going: bool,
                   rerun: bool, sets: tuple[str, ...], only: tuple[str, ...], start: str | None,
-                  name: str | None, variant: str | None, sign_key: Path | None, wide: bool, as_json: bool,
-                  steps: int, on_step: Callable[[StepResult], None]) -> None:
-    """Run the pipeline scheduled; each finished step reported through ``on_step`` (as a
-    sequential run reports it), then the summary line (with ``--json``: a last event)."""
+                  name: str | None, variant: str | None, sign_key: Path | None, wide: bool,
+                  as_json: bool, events: bool, steps: int,
+                  on_step: Callable[[StepResult], None]) -> None:
+    """Run the pipeline scheduled; each finished step reported through ``on_step`` as a
+    sequential run reports it, in run order, then the summary line. With ``--json``:
+    ``events`` (one JSON object a line as steps change, then a last event), else the list a
+    sequential ``--json`` run prints."""
+    order: list[str] = []
+    ended: dict[str, StepEvent | None] = {}
+    reported: list[str] = []
     results: list[StepResult] = []
 
-    def finished(event: StepEvent) -> None:
+    def report(event: StepEvent) -> None:
         if event.result is not None:
             results.append(event.result)
             on_step(event.result)
         elif not as_json:
             render.text(f"step {event.step}: failed: {event.message}")
 
-    def view_json(event: StepEvent) -> None:
-        json_events(event)
+    def in_order(event: StepEvent) -> None:
+        """Steps end in any order; they are reported in run order, as a sequential run
+        reports them, each once every step before it has ended."""
+        if event.state == "waiting":
+            order.append(event.step)
+            return
         if event.state in ("cached", "done", "failed"):
-            finished(event)
+            ended[event.step] = event
+        elif event.state in ("stopped", "not-run"):
+            ended[event.step] = None
+        while len(reported) < len(order) and order[len(reported)] in ended:
+            step = order[len(reported)]
+            reported.append(step)
+            if (done := ended[step]) is not None:
+                report(done)
+
+    def view_json(event: StepEvent) -> None:
+        if events:
+            json_events(event)
+        in_order(event)
 
     options = Options(jobs=jobs, gpu_share=gpu_share, keep_going=keep_going)
     live = render.is_tty() and not as_json
-    view = LiveTable(finished) if live else PlainLines(finished)
+    view = LiveTable(in_order) if live else PlainLines(in_order)
     failure: StepsFailed | None = None
     with view, _terminate_as_interrupt():
         try:
@@ -50,9 +72,12 @@ def run_with_jobs(store: Store, file: Path, *, jobs: int, gpu_share: int, keep_g
     crashed = sum(1 for step in (failure.failed if failure else {})
                   if not any(r.step == step for r in results))
     line = summary_line(results, steps=steps, rerun=rerun, crashed=bool(crashed))
-    if as_json:
+    if as_json and events:
         json_line({"event": "finished", "summary": line,
                    "results": results_json(results, pipeline=True, variant=variant)})
+    elif as_json:
+        if results:
+            render.json_out(results_json(results, pipeline=True, variant=variant))
     else:
         render.note(line)
     if failure is not None:

@@ -25,6 +25,10 @@ class StepConfig:
     inputs: dict[str, str]
     params: dict[str, Any]
     outputs: dict[str, str]
+    share: int | None = None
+    """How many steps at once (this one counted) this step lets use a GPU it runs on (a
+    pipeline step's ``share``); None: as ``--gpu-share`` says. Where it runs, not what it
+    computes: not part of the action."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +69,8 @@ class Override:
     value: Any
 
 
-_STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs"}
+_STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs", "share"}
+SHARE_MAX = 64
 _PIPELINE_KEYS = {"step", "name", "refs", "jobs", "sweep"}
 JOBS_MAX = 1024
 
@@ -208,9 +213,15 @@ def _step(raw: Any, where: str, index: int | None) -> StepConfig:
     label = f"[[step]] #{index + 1}" if index is not None else "the recipe file"
     if not isinstance(raw, dict):
         raise ConfigError(where, f"{label} must be a table")
-    extra = sorted(set(raw) - _STEP_KEYS)
+    # A recipe file's one step runs in this process, alone: it shares nothing.
+    extra = sorted(set(raw) - (_STEP_KEYS if index is not None else _STEP_KEYS - {"share"}))
     if extra:
         raise ConfigError(where, f"unknown key(s) in {label}: {', '.join(extra)}")
+    share = raw.get("share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, int)
+                              or not 1 <= share <= SHARE_MAX):
+        raise ConfigError(where, f"'share' of {label} must be an integer from 1 to {SHARE_MAX} "
+                                 f"(the steps that may use one GPU at once), got {share!r}")
     for key in ("name", "recipe"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise ConfigError(where, f"{label} needs '{key}' as a non-empty string")
@@ -225,7 +236,7 @@ def _step(raw: Any, where: str, index: int | None) -> StepConfig:
             if not isinstance(value, str) or not value:
                 raise ConfigError(where, f"{key}.{name} of {label} must be an ID or ref name string")
     return StepConfig(name=raw["name"], recipe=raw["recipe"], inputs=tables["inputs"],
-                      params=tables["params"], outputs=tables["outputs"])
+                      params=tables["params"], outputs=tables["outputs"], share=share)
 
 
 def step_reference(value: str) -> tuple[str, str] | None:

@@ -2,8 +2,9 @@
 
 The scheduler (nscas.runs.scheduler) starts this module with a ``JobSpec`` (JSON) as its one
 argument, in a new process group, with the step's devices already in its environment. It runs
-the one step through ``run_file`` (so it is checked and cached exactly as in a sequential run),
-taking the outputs of the steps it reads from the receipts the spec names, and writes its
+the one step through the runner (so it is cached exactly as in a sequential run), planning only
+that step (the scheduler checked the whole file) and importing only its recipe, taking the
+outputs of the steps it reads from the receipts the spec names, and writes its
 events, one JSON object a line, to the file descriptor the spec names: progress while it runs,
 then the outcome (the step's result, pickled: only the scheduler that started it reads it).
 """
@@ -114,7 +115,7 @@ class EventProgress:
 
 
 def run_job(spec: JobSpec, events: _Events) -> Outcome:
-    from nscas.runs.runner import StepFailed, StepResult, run_file
+    from nscas.runs.runner import StepFailed, StepResult, plan_one_step, run_plan
     from nscas.signing.signatures import KeySigner, configured_key
     from nscas.store.writer import Store
 
@@ -122,11 +123,12 @@ def run_job(spec: JobSpec, events: _Events) -> Outcome:
     key = configured_key(Path(spec.sign_key) if spec.sign_key else None)
     with Store(Path(spec.store)) as store:
         try:
-            run_file(store, Path(spec.file), rerun=spec.rerun,
-                     progress=lambda _: EventProgress(events), on_step=seen.append,
-                     sets=spec.sets, only=(spec.step,), name=spec.name,
-                     signer=KeySigner(key) if key is not None else None,
-                     upstream={k: Digest.parse(v) for k, v in spec.upstream.items()})
+            # The scheduler checked the whole file: plan (and import the recipe of) this step only.
+            planned = plan_one_step(store, Path(spec.file), spec.step, sets=spec.sets,
+                                    name=spec.name, upstream={
+                                        k: Digest.parse(v) for k, v in spec.upstream.items()})
+            run_plan(store, planned, rerun=spec.rerun, progress=lambda _: EventProgress(events),
+                     on_step=seen.append, signer=KeySigner(key) if key is not None else None)
         except StepFailed as exc:
             return Outcome(result=seen[0] if seen else None, error=exc.message,
                            exit_code=exc.exit_code, receipt=exc.receipt)

@@ -103,19 +103,32 @@ def plan(store: Store, spec: RunFile, where: str, load: Callable[[str], Recipe],
             owners.setdefault(ref, (s.name, output, here))
     params = {s.name: _check_step(s, recipes[s.name], recipes, where, labels[s.name])
               for s in steps}
-    planned = []
-    for s in steps:
-        inputs = _direct_inputs(store, s, recipes[s.name], where, labels[s.name])
-        item = Planned(step=s, recipe=recipes[s.name], params=params[s.name],
-                       label=labels[s.name], inputs=inputs, refs=refs[s.name],
-                       expected_refs={ref: store.ref_get(ref) for _, ref in refs[s.name]})
-        if len(inputs) == len(s.inputs) and set_tags(item.expected_refs):
-            # Every input known now: the action's ID, and so its cached receipt, without a write.
-            action = action_id(item.recipe, code_id(item.recipe), inputs, item.params)
-            check_tags(store, item.refs, item.expected_refs, find_receipt(store, action), where,
-                       item.label)
-        planned.append(item)
-    return planned
+    return [_planned(store, s, recipes[s.name], params[s.name], refs[s.name], where,
+                     labels[s.name]) for s in steps]
+
+
+def plan_step(store: Store, spec: RunFile, name: str, where: str, load: Callable[[str], Recipe],
+              variant: str | None) -> Planned:
+    """Step ``name`` of ``spec`` planned alone, for a file ``plan`` checked whole already:
+    only its own recipe is loaded, only its params parsed and its inputs and refs resolved."""
+    step = next(s for s in spec.steps if s.name == name)
+    label = _step_label(spec, step)
+    recipe = _load_recipe_for(load, step, where, label)
+    return _planned(store, step, recipe, parse_step_params(recipe, step, where, label),
+                    _output_refs(spec, step, recipe, label, variant), where, label)
+
+
+def _planned(store: Store, step: StepConfig, recipe: Recipe, params: Any,
+             refs: tuple[tuple[str, str], ...], where: str, label: str) -> Planned:
+    inputs = _direct_inputs(store, step, recipe, where, label)
+    item = Planned(step=step, recipe=recipe, params=params, label=label, inputs=inputs,
+                   refs=refs, expected_refs={ref: store.ref_get(ref) for _, ref in refs})
+    if len(inputs) == len(step.inputs) and set_tags(item.expected_refs):
+        # Every input known now: the action's ID, and so its cached receipt, without a write.
+        action = action_id(item.recipe, code_id(item.recipe), inputs, item.params)
+        check_tags(store, item.refs, item.expected_refs, find_receipt(store, action), where,
+                   item.label)
+    return item
 
 
 def _load_recipe_for(load: Callable[[str], Recipe], step: StepConfig, where: str,

@@ -73,6 +73,8 @@ class Grant:
 
     cores: tuple[int, ...]
     gpus: tuple[int, ...] = ()
+    share: int = 1
+    """How many steps at once (this one counted) it let each of its GPUs have."""
 
     def environment(self, needs: Needs) -> dict[str, str]:
         """The variables a step's process starts with: its GPUs, and its thread count (its
@@ -90,6 +92,14 @@ def this_machine() -> Machine:
     """The cores this process may run on and the GPUs ``nvidia-smi`` lists (none without it)."""
     cores = tuple(sorted(os.sched_getaffinity(0)))
     return Machine(cores=cores, gpus=tuple(_nvidia_gpus()))
+
+
+def default_jobs(machine: Machine | None = None) -> int:
+    """How many steps a pipeline run starts at once unless told: as many as the machine (by
+    default this one) has CPU cores or GPUs, the larger; what each step declares still bounds
+    what starts together."""
+    machine = machine or this_machine()
+    return max(1, len(machine.cores), len(machine.gpus))
 
 
 def _nvidia_gpus() -> Iterable[Gpu]:
@@ -127,7 +137,7 @@ def needs_of(recipe: str, params: Any) -> Needs:
 
 class Pool:
     """The free part of a machine. ``gpu_share``: how many steps may use one GPU at once
-    (1: a GPU is one step's)."""
+    (1: a GPU is one step's), unless a step says otherwise (its ``share``)."""
 
     def __init__(self, machine: Machine, *, gpu_share: int = 1) -> None:
         if gpu_share < 1:
@@ -135,7 +145,8 @@ class Pool:
         self.machine = machine
         self.gpu_share = gpu_share
         self._free_cores = list(machine.cores)
-        self._slots = {g.index: gpu_share for g in machine.gpus}
+        self._on: dict[int, list[int]] = {g.index: [] for g in machine.gpus}
+        """Each GPU's steps now, by the share each allows."""
         self._memory = {g.index: g.memory_gb for g in machine.gpus}
 
     def never_fits(self, needs: Needs) -> str | None:
@@ -154,33 +165,37 @@ class Pool:
         return (f"it needs {needs.describe()}; this machine has {self.machine.describe()} "
                 f"(short of {' and '.join(problems)})")
 
-    def take(self, needs: Needs) -> Grant | None:
+    def take(self, needs: Needs, share: int | None = None) -> Grant | None:
         """Hand out what ``needs`` asks for, or None if it is not free now. Cores are given
-        whole (a step with more cores than are free waits); a GPU takes one slot of
-        ``gpu_share``, and its memory estimate must fit what the GPU's other steps left."""
+        whole (a step with more cores than are free waits). A GPU takes a step while it would
+        then have no more steps than the least ``share`` among them allows (``share``: this
+        step's, default ``gpu_share``); a shared GPU's step must fit its memory estimate in
+        what the GPU's other steps left."""
+        share = share or self.gpu_share
         cores = min(needs.cores, len(self.machine.cores))
         if cores > len(self._free_cores):
             return None
         chosen: list[int] = []
-        for index in sorted(self._slots, key=lambda i: (-self._slots[i], i)):
+        for index in sorted(self._on, key=lambda i: (len(self._on[i]), i)):
             if len(chosen) == needs.gpus:
                 break
-            whole = self.gpu_share == 1
-            if self._slots[index] > 0 and (whole or self._memory[index] >= needs.gpu_memory_gb):
+            on = self._on[index]
+            fits = len(on) + 1 <= min([share, *on])
+            if fits and (share == 1 or self._memory[index] >= needs.gpu_memory_gb):
                 chosen.append(index)
         if len(chosen) < needs.gpus:
             return None
         given = tuple(self._free_cores[:cores])
         del self._free_cores[:cores]
         for index in chosen:
-            self._slots[index] -= 1
+            self._on[index].append(share)
             self._memory[index] -= needs.gpu_memory_gb
-        return Grant(cores=given, gpus=tuple(sorted(chosen)))
+        return Grant(cores=given, gpus=tuple(sorted(chosen)), share=share)
 
     def give_back(self, grant: Grant, needs: Needs) -> None:
         self._free_cores = sorted({*self._free_cores, *grant.cores})
         for index in grant.gpus:
-            self._slots[index] += 1
+            self._on[index].remove(grant.share)
             self._memory[index] += needs.gpu_memory_gb
 
 

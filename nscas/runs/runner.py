@@ -29,10 +29,12 @@ from nscas.runs.config import (
 )
 from nscas.runs.environment import environment
 from nscas.runs.planning import (
+    Planned,
     Source,
     check_tags,
     parse_step_params,
     plan,
+    plan_step,
     set_tags,
     step_inputs,
 )
@@ -119,6 +121,22 @@ def load_recipe(name: str) -> Recipe:
     return recipe
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPlan:
+    """A run checked before anything runs: its steps to run (``steps``, in run order) and the
+    results of the steps they read but the run does not run (``sources``)."""
+
+    spec: RunFile
+    where: str
+    runs: PreviousRuns
+    steps: tuple[Planned, ...]
+    sources: Mapping[str, Source]
+
+    @property
+    def names(self) -> list[str]:
+        return [item.step.name for item in self.steps]
+
+
 def run_file(store: Store, path: Path, *, rerun: bool = False,
              progress: ProgressFactory | None = None,
              on_step: Callable[[StepResult], None] | None = None,
@@ -142,31 +160,64 @@ def run_file(store: Store, path: Path, *, rerun: bool = False,
     ``upstream`` names receipts to take the outputs of steps not run here from, before their
     previous runs (how a scheduler hands one job what other jobs of its run gave).
     """
-    spec, chosen, runs, planned, sources = _prepare(store, path, sets, only, start, name,
-                                                    upstream or {})
-    where = str(path)
-    results: dict[str, StepResult] = {}
-    for item in planned:
-        if item.step.name not in chosen:
-            continue
-        inputs = {**item.inputs, **step_inputs(store, item, sources, where)}
-        result = run_step(store, item.recipe, item.step, inputs, where=where, rerun=rerun,
-                          params=item.params,
-                          progress=progress(item.step.name) if progress else NullProgress(),
-                          expected_refs=item.expected_refs, refs=item.refs,
-                          names=_names(spec, item.step, runs.variant),
-                          previous_run=runs.latest(item.step.name) if rerun else None,
-                          last_run=partial(runs.latest, item.step.name, original=True))
-        if signer is not None and not result.cached:
-            signer.sign(store, result.receipt)
-        results[item.step.name] = result
+    planned = plan_file(store, path, sets=sets, only=only, start=start, name=name,
+                        upstream=upstream or {})
+    return run_plan(store, planned, rerun=rerun, progress=progress, on_step=on_step,
+                    signer=signer)
+
+
+def run_plan(store: Store, planned: RunPlan, *, rerun: bool = False,
+             progress: ProgressFactory | None = None,
+             on_step: Callable[[StepResult], None] | None = None,
+             signer: ReceiptSigner | None = None) -> list[StepResult]:
+    """Run a checked plan's steps one after another (``run_file`` once it has checked)."""
+    sources = dict(planned.sources)
+    results: list[StepResult] = []
+    for item in planned.steps:
+        result = run_planned_step(store, planned, item, sources, rerun=rerun,
+                                  progress=progress, signer=signer)
+        results.append(result)
         sources[item.step.name] = Source(receipt=result.receipt, outputs=result.outputs)
         if on_step is not None:
             on_step(result)
         if result.status != "succeeded":
             raise StepFailed(step=result.step, recipe=result.recipe, receipt=result.receipt,
                              error=result.error or "unknown error")
-    return list(results.values())
+    return results
+
+
+def run_planned_step(store: Store, planned: RunPlan, item: Planned,
+                     sources: Mapping[str, Source], *, rerun: bool = False,
+                     progress: ProgressFactory | None = None,
+                     signer: ReceiptSigner | None = None) -> StepResult:
+    """Run one step of a checked plan, its ``step.<name>`` inputs taken from ``sources``."""
+    where = planned.where
+    inputs = {**item.inputs, **step_inputs(store, item, sources, where)}
+    result = run_step(store, item.recipe, item.step, inputs, where=where, rerun=rerun,
+                      params=item.params,
+                      progress=progress(item.step.name) if progress else NullProgress(),
+                      expected_refs=item.expected_refs, refs=item.refs,
+                      names=_names(planned.spec, item.step, planned.runs.variant),
+                      previous_run=planned.runs.latest(item.step.name) if rerun else None,
+                      last_run=partial(planned.runs.latest, item.step.name, original=True))
+    if signer is not None and not result.cached:
+        signer.sign(store, result.receipt)
+    return result
+
+
+def cached_receipt(store: Store, item: Planned, sources: Mapping[str, Source],
+                   where: str) -> Digest | None:
+    """The succeeded receipt of the action this step would run now, if there is one; found
+    without writing anything (a scheduler answers such a step without starting a job)."""
+    inputs = {**item.inputs, **step_inputs(store, item, sources, where)}
+    return find_receipt(store, action_id(item.recipe, code_id(item.recipe), inputs,
+                                         item.params))
+
+
+def source_of(store: Store, receipt: Digest) -> Source:
+    """A step's results as later steps read them, from its receipt."""
+    outputs = store.get_record(receipt)["outputs"]
+    return Source(receipt=receipt, outputs={k: Digest.parse(v) for k, v in outputs.items()})
 
 
 def check_file(store: Store, path: Path, *, sets: tuple[str, ...] = (),
@@ -174,41 +225,57 @@ def check_file(store: Store, path: Path, *, sets: tuple[str, ...] = (),
                name: str | None = None) -> list[str]:
     """Check a run file as ``run_file`` does before it runs anything (writing nothing); the
     names of the steps it would run, in run order."""
-    _, chosen, _, planned, _ = _prepare(store, path, sets, only, start, name, {})
-    return [item.step.name for item in planned if item.step.name in chosen]
+    return plan_file(store, path, sets=sets, only=only, start=start, name=name).names
 
 
-def _prepare(store: Store, path: Path, sets: tuple[str, ...], only: tuple[str, ...],
-             start: str | None, name: str | None, upstream: Mapping[str, Digest],
-             ) -> tuple[RunFile, set[str], PreviousRuns, list[Any], dict[str, Source]]:
-    """The checked plan of a run, and the results of the steps it reads but does not run."""
+def plan_file(store: Store, path: Path, *, sets: tuple[str, ...] = (),
+              only: tuple[str, ...] = (), start: str | None = None, name: str | None = None,
+              upstream: Mapping[str, Digest] | None = None) -> RunPlan:
+    """The checked plan of a run (the whole file checked; nothing written)."""
     spec = load_plan_file(path, sets)
-    where = str(path)
     chosen = select_steps(spec, only, start)
     variant = variant_of(path, sets, name)
+    planned = plan(store, spec, str(path), load_recipe, variant.name if variant else None)
+    return _with_sources(store, spec, path, variant,
+                         [item for item in planned if item.step.name in chosen], upstream or {})
+
+
+def plan_one_step(store: Store, path: Path, step: str, *, sets: tuple[str, ...] = (),
+                  name: str | None = None,
+                  upstream: Mapping[str, Digest] | None = None) -> RunPlan:
+    """The plan of one step of a file that ``plan_file`` checked whole already (a scheduled
+    job's): only that step's recipe is loaded and only its inputs and refs are resolved."""
+    spec = load_plan_file(path, sets)
+    variant = variant_of(path, sets, name)
+    item = plan_step(store, spec, step, str(path), load_recipe,
+                     variant.name if variant else None)
+    return _with_sources(store, spec, path, variant, [item], upstream or {})
+
+
+def _with_sources(store: Store, spec: RunFile, path: Path, variant: Variant | None,
+                  steps: list[Planned],
+                  upstream: Mapping[str, Digest]) -> RunPlan:
+    """The plan of these steps, with the results of the steps they read but do not run."""
+    where = str(path)
     runs = PreviousRuns(store, spec, variant)
-    planned = plan(store, spec, where, load_recipe, runs.variant)
+    chosen = {item.step.name for item in steps}
     sources: dict[str, Source] = {}
     for earlier in _read_from_earlier(spec, chosen):
         found = upstream.get(earlier) or runs.latest(earlier)
         if found is None:
-            within = f" of variant {variant.name!r}" if variant is not None else ""
+            within = f" of variant {runs.variant!r}" if runs.variant is not None else ""
             raise ConfigError(where, f"step {earlier!r} is not run here and has no earlier "
                                      f"succeeded run in pipeline {spec.name!r}{within} to take "
                                      "its outputs from (run it too)")
-        record = store.get_record(found)
-        sources[earlier] = Source(receipt=found, outputs={
-            k: Digest.parse(v) for k, v in record["outputs"].items()})
-    for item in planned:
-        if item.step.name not in chosen:
-            continue
+        sources[earlier] = source_of(store, found)
+    for item in steps:
         for value in item.step.inputs.values():
             ref = step_reference(value)
             if (ref is not None and ref[0] in sources and ref[1] != "receipt"
                     and ref[1] not in sources[ref[0]].outputs):
                 raise ConfigError(where, f"{item.label}the earlier run of step {ref[0]!r} "
                                          f"({sources[ref[0]].receipt}) has no output {ref[1]!r}")
-    return spec, chosen, runs, planned, sources
+    return RunPlan(spec=spec, where=where, runs=runs, steps=tuple(steps), sources=sources)
 
 
 def load_plan_file(path: Path, sets: tuple[str, ...] = ()) -> RunFile:
@@ -438,12 +505,18 @@ def _now() -> str:
 __all__ = [
     "OutputRefConflict",
     "RunNames",
+    "RunPlan",
     "StepFailed",
     "StepResult",
+    "cached_receipt",
     "check_file",
     "load_plan_file",
     "load_recipe",
+    "plan_file",
+    "plan_one_step",
     "run_file",
+    "run_plan",
+    "run_planned_step",
     "run_step",
     "select_steps",
     "variant_of",

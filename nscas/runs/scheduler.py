@@ -1,10 +1,12 @@
 """Run a pipeline's ready steps at once on one machine, each in a process of its own.
 
-The run file is checked whole first (``check_file``: bad input writes nothing). Then every step
-whose upstream steps have succeeded starts as soon as a job slot and its declared resources
+The run file is checked whole first (``plan_file``: bad input writes nothing). Then every step
+whose upstream steps have succeeded is answered here if its action has a succeeded receipt
+already (through the runner, under the action's claim, as a sequential run answers it: no job
+started), and otherwise starts as soon as a job slot and its declared resources
 (nscas.runs.resources) are free, as ``python -m nscas.runs.job`` in a new process group, with
 its CPUs (affinity, thread count) and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its
-one step through ``run_file``, so actions, outputs and IDs are those of a sequential run; two
+one step through the runner, so actions, outputs and IDs are those of a sequential run; two
 jobs (or runs) of one action run it once (nscas.store.claims). A failed step stops the steps
 that depend on it, and by default every other job too; a stopped or interrupted run ends every
 job's process group before it returns.
@@ -31,16 +33,22 @@ from typing import IO, Any
 
 from nscas.errors import NscasError
 from nscas.objects.digests import Digest
-from nscas.runs.config import parse_params, step_reference
+from nscas.runs.config import step_reference
 from nscas.runs.job import JobSpec, Outcome
+from nscas.runs.planning import Planned, Source
 from nscas.runs.resources import Grant, Machine, Needs, Pool, needs_of, this_machine
-from nscas.runs.runner import StepResult, check_file, load_plan_file, load_recipe
+from nscas.runs.run_state import LOGS, RunStateFile
+from nscas.runs.runner import (
+    RunPlan,
+    StepResult,
+    cached_receipt,
+    plan_file,
+    run_planned_step,
+)
 from nscas.store.writer import Store
 
 STOP_GRACE_S = 10.0
 """How long a stopped job has to end (its recipe's cleanup) before its group is killed."""
-LOGS = "logs"
-"""The store directory holding each scheduled run's job logs: ``logs/<run>/<step>.log``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,24 +140,22 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
                   on_event: Callable[[StepEvent], None] | None = None) -> list[StepResult]:
     """Run the file's chosen steps at most ``options.jobs`` at once; their results in the order
     they ended. Raises ``StepsFailed`` (after every job has ended) if a step failed."""
-    chosen = check_file(store, path, sets=sets, only=only, start=start, name=name)
-    spec = load_plan_file(path, sets)
-    steps = {s.name: s for s in spec.steps if s.name in chosen}
-    deps = {n: {ref[0] for v in s.inputs.values() if (ref := step_reference(v)) is not None
-                and ref[0] in steps} for n, s in steps.items()}
+    planned = plan_file(store, path, sets=sets, only=only, start=start, name=name)
+    chosen = planned.names
+    deps = {item.step.name: {ref[0] for v in item.step.inputs.values()
+                             if (ref := step_reference(v)) is not None and ref[0] in chosen}
+            for item in planned.steps}
     pool = Pool(options.machine or this_machine(), gpu_share=options.gpu_share)
     needs: dict[str, Needs] = {}
-    for step_name, step in steps.items():
-        recipe = load_recipe(step.recipe)
-        needs[step_name] = needs_of(recipe.name, parse_params(recipe.params, step.params,
-                                                              str(path)))
-        why = pool.never_fits(needs[step_name])
+    for item in planned.steps:
+        needs[item.step.name] = needs_of(item.recipe.name, item.params)
+        why = pool.never_fits(needs[item.step.name])
         if why is not None:
-            raise StepNeverFits(step_name, why)
+            raise StepNeverFits(item.step.name, why)
     emit = on_event or (lambda _: None)
     for step_name in chosen:
         emit(StepEvent(step=step_name, state="waiting"))
-    run = _Run(store, path, options, pool, needs, deps, emit, rerun=rerun, sets=sets,
+    run = _Run(store, path, planned, options, pool, needs, deps, emit, rerun=rerun, sets=sets,
                name=name, sign_key=sign_key)
     return run.go(chosen)
 
@@ -158,15 +164,25 @@ class _Run:
     """One scheduled run's state, owned by the thread that called ``run_scheduled``; the
     jobs' reader threads only put events on its queue."""
 
-    def __init__(self, store: Store, path: Path, options: Options, pool: Pool,
-                 needs: Mapping[str, Needs], deps: Mapping[str, set[str]],
+    def __init__(self, store: Store, path: Path, planned: RunPlan, options: Options,
+                 pool: Pool, needs: Mapping[str, Needs], deps: Mapping[str, set[str]],
                  emit: Callable[[StepEvent], None], *, rerun: bool, sets: tuple[str, ...],
                  name: str | None, sign_key: Path | None) -> None:
         self.store, self.path, self.options, self.pool = store, path, options, pool
-        self.needs, self.deps, self.emit = needs, deps, emit
+        self.planned = planned
+        self.items: dict[str, Planned] = {item.step.name: item for item in planned.steps}
+        self.sources: dict[str, Source] = dict(planned.sources)
+        self.needs, self.deps = needs, deps
         self.rerun, self.sets, self.name, self.sign_key = rerun, sets, name, sign_key
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.logs = store.root / LOGS / f"{stamp}-{os.getpid()}"
+        self.state = RunStateFile(self.logs, file=str(path), steps=planned.names)
+
+        def shown(event: StepEvent) -> None:  # the UI's view of the run, then the caller's
+            self.state.record(event)
+            emit(event)
+
+        self.emit = shown
         self.events: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
         self.running: dict[str, _Job] = {}
         self.results: list[StepResult] = []
@@ -179,16 +195,19 @@ class _Run:
         stopping = False
         try:
             while waiting or self.running:
+                failed: list[str] = []
                 if not stopping:
-                    waiting = self._start_ready(waiting)
-                if not self.running:
-                    break  # what waits can never start: an upstream step failed
-                kind, step, event = self.events.get()
-                if kind == "event":
-                    self._relay(step, event)
-                    continue
-                ok = self._ended(self.running.pop(step))
-                if not ok:
+                    waiting = self._start_ready(waiting, failed)
+                if not failed:
+                    if not self.running:
+                        break  # what waits can never start: an upstream step failed
+                    kind, step, event = self.events.get()
+                    if kind == "event":
+                        self._relay(step, event)
+                        continue
+                    if not self._ended(self.running.pop(step)):
+                        failed.append(step)
+                for step in failed:
                     blocked = _downstream_of(step, waiting, self.deps)
                     for other in blocked:
                         self.emit(StepEvent(step=other, state="not-run",
@@ -202,21 +221,54 @@ class _Run:
         except BaseException:
             self._stop_all()  # Ctrl-C, a kill of this run: no job outlives it
             raise
+        finally:
+            self.state.close()
         if self.failed or self.stopped:
             raise StepsFailed(self.failed, self.results, tuple(self.stopped))
         return self.results
 
-    def _start_ready(self, waiting: list[str]) -> list[str]:
+    def _start_ready(self, waiting: list[str], failed: list[str]) -> list[str]:
+        """Answer or start what is ready (in run order, so that a chain of cached steps is
+        answered in one pass); the steps still waiting. A step that failed here joins
+        ``failed``."""
         left = []
         for step in waiting:
             ready = self.deps[step] <= self.receipts.keys()
-            grant = (self.pool.take(self.needs[step])
+            if ready and not self.rerun and self._answer_cached(step, failed):
+                continue
+            grant = (self.pool.take(self.needs[step], self.items[step].step.share)
                      if ready and len(self.running) < self.options.jobs else None)
             if grant is None:
                 left.append(step)
                 continue
             self._start(step, grant)
         return left
+
+    def _answer_cached(self, step: str, failed: list[str]) -> bool:
+        """Answer a step whose action has a succeeded receipt here, as a sequential run would
+        (under the action's claim, moving its refs), without starting a job; whether it was
+        (or failed trying)."""
+        item = self.items[step]
+        began = time.monotonic()
+        try:
+            if cached_receipt(self.store, item, self.sources, self.planned.where) is None:
+                return False
+            result = run_planned_step(self.store, self.planned, item, self.sources)
+        except NscasError as exc:
+            self.failed[step] = None
+            failed.append(step)
+            self.emit(StepEvent(step=step, state="failed", message=exc.message,
+                                seconds=time.monotonic() - began))
+            return True
+        self.results.append(result)
+        self._succeeded(step, result)
+        self.emit(StepEvent(step=step, state="cached" if result.cached else "done",
+                            result=result, seconds=time.monotonic() - began))
+        return True
+
+    def _succeeded(self, step: str, result: StepResult) -> None:
+        self.receipts[step] = result.receipt
+        self.sources[step] = Source(receipt=result.receipt, outputs=result.outputs)
 
     def _start(self, step: str, grant: Grant) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -227,7 +279,10 @@ class _Run:
                        upstream={d: str(self.receipts[d]) for d in self.deps[step]},
                        cores=grant.cores, events=write_end,
                        sign_key=str(self.sign_key) if self.sign_key else None)
-        env = {**os.environ, **grant.environment(self.needs[step])}
+        # The job imports what this process does (its recipes above all: the scheduler found
+        # the cached ones by their code), however this process's path was made.
+        env = {**os.environ, **grant.environment(self.needs[step]),
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with log.open("ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "nscas.runs.job", spec.to_json()], env=env,
@@ -276,7 +331,7 @@ class _Run:
             self.results.append(result)
         if result is not None and result.status == "succeeded" and outcome is not None \
                 and outcome.error is None:
-            self.receipts[job.step] = result.receipt
+            self._succeeded(job.step, result)
             self.emit(StepEvent(step=job.step, state="cached" if result.cached else "done",
                                 result=result, seconds=seconds, log=job.log))
             return True

@@ -25,6 +25,7 @@ from aiohttp.helpers import content_disposition_header
 
 from nscas.errors import InvalidInput
 from nscas.objects.digests import Digest
+from nscas.runs.run_state import runs_in_progress
 from nscas.store.lineage import HIDE_CLASSES, MAX_NODES, lineage, parse_hide, to_dot
 from nscas.ui import comparison, views
 from nscas.ui.files import END, FOLDER_KINDS, folder, padding
@@ -111,6 +112,13 @@ async def experiments(request: web.Request) -> web.Response:
     view = await asyncio.to_thread(views.experiments, _store(request), f)
     return html(page("experiments.jinja", view=view, f=f, nav="experiments",
                      store=str(_store(request).root)))
+
+
+async def running(request: web.Request) -> web.Response:
+    Query(request, ())
+    store = _store(request)
+    runs = await asyncio.to_thread(runs_in_progress, store.root)
+    return html(page("running.jinja", runs=runs, nav="running", store=str(store.root)))
 
 
 async def receipt(request: web.Request) -> web.StreamResponse:
@@ -349,6 +357,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/lineage/{target:.+}", lineage_page)
     app.router.add_get("/dot/{target:.+}", dot)
     app.router.add_get("/compare", compare_page)
+    app.router.add_get("/running", running)
     app.router.add_get("/raw/{target:.+}", raw)
     app.router.add_get("/files/{target:.+}", files)
     app.router.add_get("/verify/{target:.+}", verify_stream)

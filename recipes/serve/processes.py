@@ -58,7 +58,7 @@ class ReplicaOptions:
     max_new_tokens: int = 96
     """New tokens per answer."""
     device: str = "cpu"
-    """``cpu``, or ``cuda`` with replica k on GPU k (``CUDA_VISIBLE_DEVICES``)."""
+    """``cpu``, or ``cuda`` (each replica's GPU: ``replica_environment``)."""
     precision: str = "bf16"
     """On CUDA: ``bf16`` autocast or ``fp32`` (batch-shape-independent tokens, slower)."""
     cuda_graphs: bool = True
@@ -66,6 +66,22 @@ class ReplicaOptions:
     --cuda-graphs``)."""
     cpus: str | None = None
     """CPUs to keep the replica on (``serve-model --cpus``), or None for anywhere."""
+
+
+def replica_environment(device: str, index: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """What replica ``index`` starts with on ``device``: on CUDA, the ``index``-th of the GPUs
+    this process may use (``CUDA_VISIBLE_DEVICES`` in ``environ``, as a scheduler gives them;
+    where it is not set, every GPU of the machine, by index), round again where there are more
+    replicas than GPUs."""
+    if device != "cuda":
+        return {}
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return {"CUDA_VISIBLE_DEVICES": str(index)}
+    given = [v.strip() for v in visible.split(",") if v.strip()]
+    if not given:
+        raise RecipeError("device = cuda, but CUDA_VISIBLE_DEVICES names no GPU")
+    return {"CUDA_VISIBLE_DEVICES": given[index % len(given)]}
 
 
 def replica_command(checkpoint: str, *, store_path: Path, tasks: str | None,

@@ -19,6 +19,7 @@ by a survivor under the same request id.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ from nscas.runs.recipe import (
 
 from .client import Attempt, LoadPlan, first_failure, run_phase
 from .metrics import log_jsonl, read_log, serving_claims
-from .processes import ReplicaGroup, ReplicaOptions, replica_command
+from .processes import ReplicaGroup, ReplicaOptions, replica_command, replica_environment
 from .replica import MAX_INSTANCES
 
 VERSION = "1"
@@ -75,7 +76,7 @@ class ServeParams:
     max_new_tokens: int = 96
     """New tokens per answer (greedy)."""
     device: str = "cpu"
-    """``cpu``, or ``cuda`` with replica k on GPU k."""
+    """``cpu``, or ``cuda`` with replica k on the k-th GPU this step was given."""
     precision: str = "bf16"
     """On CUDA: ``bf16`` autocast, or ``fp32`` (no autocast, no TF32) so that batching cannot
     move a token; on CPU both are FP32."""
@@ -121,7 +122,8 @@ def run(ctx: RunContext) -> RecipeResult:
                            options=options)
     ctx.progress.start(None, f"starting {p.replicas} replicas")
     with ReplicaGroup(ctx.workdir) as group:
-        started = [group.start(argv, env=_device_env(p.device, k)) for k in range(p.replicas)]
+        started = [group.start(argv, env=replica_environment(p.device, k, os.environ))
+                   for k in range(p.replicas)]
         endpoints = tuple(group.wait_ready(started, timeout=p.timeout,
                                            model_digest=model_digest))
         ctx.progress.note(f"replicas ready at {', '.join(endpoints)}")
@@ -180,10 +182,6 @@ def reproducible_log(data: bytes) -> list[list[Any]]:
     """A request log's reproducible part: those members of each attempt, in request order."""
     lines = [[a.get(k) for k in REPRODUCIBLE] for a in read_log(data)]
     return sorted(lines, key=lambda line: (str(line[0]), str(line[3])))
-
-
-def _device_env(device: str, index: int) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": str(index)} if device == "cuda" else {}
 
 
 RECIPE = Recipe(

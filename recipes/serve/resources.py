@@ -1,5 +1,5 @@
 """What a serve step needs (nscas.runs.resources): on the CPU, each replica's instances'
-threads; on CUDA, one GPU per replica (replica k runs on the step's GPU k) and a core each.
+threads; on CUDA, one GPU per replica (replica k runs on the k-th GPU the step is given) and a core each.
 Not imported by the recipe (no part of its code identity)."""
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def _run_json(home: Path, site: Path, file: Path, *args: object) -> list[dict[st
 def test_jobs_give_the_actions_and_outputs_of_a_sequential_run(tmp_path: Path, site: Path) -> None:
     one, two = _home(tmp_path, "one"), _home(tmp_path, "two")
     file = write(tmp_path, "diamond.toml", DIAMOND)
-    sequential = {r["step"]: r for r in _run_json(one, site, file)}
+    sequential = {r["step"]: r for r in _run_json(one, site, file, "--jobs", "1")}
     jobs = {r["step"]: r for r in _run_json(two, site, file, "--jobs", "3")}
     assert set(jobs) == {"a", "b", "c", "d"}
     for step in ("a", "b", "c"):
@@ -97,7 +97,7 @@ def test_jobs_give_the_actions_and_outputs_of_a_sequential_run(tmp_path: Path, s
     assert action["inputs"] == {"first": jobs["a"]["receipt"],
                                 "left": jobs["b"]["outputs"]["seen"],
                                 "right": jobs["c"]["outputs"]["seen"]}
-    again = _run_json(two, site, file)  # one step at a time, after the jobs: all cached
+    again = _run_json(two, site, file, "--jobs", "1")  # one at a time, after: all cached
     assert all(r["cached"] for r in again)
     assert {r["step"]: r["receipt"] for r in again} == {s: r["receipt"] for s, r in jobs.items()}
     with Store(two / ".nscas") as store:  # the refs a sequential run moves, moved
@@ -339,7 +339,7 @@ def test_stopping_the_run_stops_every_job_and_a_later_run_resumes(
 def test_real_recipes_give_the_same_ids_with_jobs(tmp_path: Path, site: Path) -> None:
     one, two = _home(tmp_path, "one"), _home(tmp_path, "two")
     file = write(tmp_path, "pipeline.toml", PIPELINE)
-    sequential = {r["step"]: r for r in _run_json(one, site, file)}
+    sequential = {r["step"]: r for r in _run_json(one, site, file, "--jobs", "1")}
     jobs = {r["step"]: r for r in _run_json(two, site, file, "--jobs", "2")}
     assert {s: (r["action"], r["outputs"]) for s, r in jobs.items()} == \
         {s: (r["action"], r["outputs"]) for s, r in sequential.items()}
@@ -352,7 +352,7 @@ def test_a_sweep_runs_its_arms_as_jobs(tmp_path: Path, site: Path) -> None:
                                                'b.label=["x","y","z"]')}
     assert set(results) == {"a", "c", "b.label-x", "b.label-y", "b.label-z", "d.b.label-x",
                             "d.b.label-y", "d.b.label-z"}
-    again = _run_json(home, site, file, "--set", 'b.label=["x","y","z"]')
+    again = _run_json(home, site, file, "--jobs", "1", "--set", 'b.label=["x","y","z"]')
     assert all(r["cached"] for r in again)
 
 
@@ -373,3 +373,83 @@ def test_bad_jobs_in_the_file_is_one_line(tmp_path: Path, site: Path, jobs: str)
     assert done.returncode == 2
     assert "'jobs' of a pipeline file must be an integer from 1 to 1024" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _events(done: Any) -> list[dict[str, Any]]:
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_a_cached_step_is_answered_without_a_job(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", DIAMOND)
+    first = _events(nscas_process(home, site, "run", file, "--jobs", "2", "--json"))
+    changed = write(tmp_path, "changed.toml", DIAMOND.replace('label = "d"', 'label = "d2"'))
+    events = _events(nscas_process(home, site, "run", changed, "--jobs", "2", "--json"))
+    assert [e["step"] for e in events if e["event"] == "running"] == ["d"]  # the one that runs
+    assert {e["step"] for e in events if e["event"] == "cached"} == {"a", "b", "c"}
+    assert all("log" not in e for e in events if e["event"] == "cached")
+    before = {e["step"]: e for e in first[-1]["results"]}
+    now = {e["step"]: e for e in events[-1]["results"]}
+    assert all(now[s]["receipt"] == before[s]["receipt"] for s in ("a", "b", "c"))
+    assert [r["step"] for r in events[-1]["results"]] == ["a", "b", "c", "d"]  # run order
+    again = _run_json(home, site, changed, "--jobs", "1")  # one at a time, after: all cached
+    assert all(r["cached"] for r in again)
+    assert {r["step"]: r["receipt"] for r in again} == {s: r["receipt"] for s, r in now.items()}
+    with Store(home / ".nscas") as store:  # the cached answer moved d's... and a's refs
+        assert str(store.ref_get("exp/diamond/d/receipt")) == now["d"]["receipt"]
+        assert str(store.ref_get("exp/diamond/a/receipt")) == now["a"]["receipt"]
+
+
+def test_a_pipeline_runs_scheduled_by_default_and_reports_as_one_at_a_time(
+        tmp_path: Path, site: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the default is one step at a time on a machine of one core")
+    one, two = _home(tmp_path, "one"), _home(tmp_path, "two")
+    file = write(tmp_path, "diamond.toml", DIAMOND)
+    sequential = nscas_process(one, site, "run", file, "--jobs", "1")
+    default = nscas_process(two, site, "run", file)
+    assert sequential.returncode == default.returncode == 0, default.stderr
+    assert "running on cpu" in default.stderr and "running on" not in sequential.stderr
+
+    def shape(out: str) -> list[str]:  # receipts hold times: each run's own IDs
+        return [" ".join("ID" if len(w) > 40 else w for w in line.split())
+                for line in out.splitlines()]
+
+    assert shape(default.stdout) == shape(sequential.stdout)
+    assert default.stdout.splitlines()[-1] == "4 steps: 0 cached, 4 ran, 0 failed"
+    as_json = json.loads(nscas_process(two, site, "run", file, "--json").stdout)
+    assert [r["step"] for r in as_json] == ["a", "b", "c", "d"]  # a sequential run's list
+    assert all(r["cached"] for r in as_json)
+
+
+@pytest.mark.parametrize("share", ["0", "true", '"4"', "65", "2.5"])
+def test_a_bad_share_is_one_line_and_runs_nothing(tmp_path: Path, site: Path,
+                                                  share: str) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "diamond.toml", DIAMOND.replace(
+        'params = { label = "b" }', f'params = {{ label = "b" }}\nshare = {share}'))
+    with Store(home / ".nscas") as store:
+        before = snapshot(store)
+    done = nscas_process(home, site, "run", file, "--jobs", "2")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "'share' of [[step]] #2 must be an integer from 1 to 64" in done.stderr
+    with Store(home / ".nscas") as store:
+        assert snapshot(store) == before
+
+
+def test_a_recipe_file_has_no_share(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    file = write(tmp_path, "one.toml", 'recipe = "probe"\nshare = 2\n')
+    done = nscas_process(home, site, "run", file)
+    assert done.returncode == 2 and "unknown key(s) in the recipe file: share" in done.stderr
+
+
+def test_a_steps_share_is_not_part_of_its_action(tmp_path: Path, site: Path) -> None:
+    home = _home(tmp_path, "home")
+    plain = _run_json(home, site, write(tmp_path, "a.toml", DIAMOND), "--jobs", "2")
+    shared = _run_json(home, site, write(tmp_path, "b.toml", DIAMOND.replace(
+        'params = { label = "c" }', 'params = { label = "c" }\nshare = 4')), "--jobs", "2")
+    assert all(r["cached"] for r in shared)
+    assert [r["action"] for r in shared] == [r["action"] for r in plain]

@@ -78,7 +78,7 @@ def test_bad_refs_prefix_is_one_line_and_writes_nothing(probe: Recipe, home: Pat
     path = write(home, "p.toml", text)
     with opened(home) as store:
         before = snapshot(store)
-    result = nscas("--store", home, "run", path)
+    result = nscas("--store", home, "run", "--jobs", "1", path)
     assert result.exit_code == 2 and said in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1
     with opened(home) as store:
@@ -119,7 +119,7 @@ def test_bad_set_only_from_is_one_line_and_writes_nothing(probe: Recipe, home: P
     path = write(home, "p.toml", CHAIN)
     with opened(home) as store:
         before = snapshot(store)
-    result = nscas("--store", home, "run", path, *args)
+    result = nscas("--store", home, "run", "--jobs", "1", path, *args)
     assert result.exit_code == 2 and said in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1
     with opened(home) as store:
@@ -146,8 +146,8 @@ def test_only_and_from_read_earlier_runs(probe: Recipe, home: Path) -> None:
 def test_a_fully_cached_pipeline_prints_one_line_per_step(probe: Recipe, home: Path,
                                                           nscas: Nscas) -> None:
     path = write(home, "p.toml", CHAIN)
-    assert nscas("--store", home, "run", path).exit_code == 0
-    again = nscas("--store", home, "run", path)
+    assert nscas("--store", home, "run", "--jobs", "1", path).exit_code == 0
+    again = nscas("--store", home, "run", "--jobs", "1", path)
     assert again.exit_code == 0
     *lines, summary = again.stdout.splitlines()
     assert [line.split(",")[0] for line in lines] == [f"step {s}: cached" for s in "abc"]

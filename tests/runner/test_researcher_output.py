@@ -57,10 +57,10 @@ def test_changes_between_gives_every_input_and_param_old_to_new() -> None:
 def test_every_step_that_ran_says_what_changed_old_to_new(probe: Recipe, home: Path,
                                                            nscas: Nscas) -> None:
     path = write(home, "p.toml", CHAIN)
-    first = json.loads(nscas("--store", home, "run", path, "--json").stdout)
+    first = json.loads(nscas("--store", home, "run", "--jobs", "1", path, "--json").stdout)
     path.write_text(CHAIN.replace('params = { label = "a" }',
                                   'params = { label = "z", count = 3 }'))
-    again = nscas("--store", home, "run", path)
+    again = nscas("--store", home, "run", "--jobs", "1", path)
     assert again.exit_code == 0, again.output
     with opened(home) as store:
         a_receipt = store.ref_get("exp/chain/a/receipt")
@@ -71,14 +71,14 @@ def test_every_step_that_ran_says_what_changed_old_to_new(probe: Recipe, home: P
     assert ["changed", "input", f"first: {first[0]['receipt']} -> {a_receipt}"] in found  # b
     assert ["changed", "input", f"source: {first[1]['outputs']['seen']} -> {b_seen}"] in found
     assert [r[:2] for r in found].count(["since", "receipt"]) == 3  # every step that ran
-    js = json.loads(nscas("--store", home, "run", path, "--json").stdout)  # cached now: no miss
+    js = json.loads(nscas("--store", home, "run", "--jobs", "1", path, "--json").stdout)  # cached now: no miss
     assert all("miss" not in s for s in js)
 
 
 def test_a_miss_in_json_gives_old_and_new(probe: Recipe, home: Path, nscas: Nscas) -> None:
     path = write(home, "p.toml", CHAIN)
-    nscas("--store", home, "run", path)
-    out = json.loads(nscas("--store", home, "run", path, "--set", "a.count=2", "--json").stdout)
+    nscas("--store", home, "run", "--jobs", "1", path)
+    out = json.loads(nscas("--store", home, "run", "--jobs", "1", path, "--set", "a.count=2", "--json").stdout)
     assert out[0]["variant"] == "a.count-2"
     assert out[0]["miss"]["params"] == ["count"]
     assert out[0]["miss"]["changes"] == [{"what": "param", "name": "count", "old": 0, "new": 2}]
@@ -87,22 +87,22 @@ def test_a_miss_in_json_gives_old_and_new(probe: Recipe, home: Path, nscas: Nsca
 
 def test_every_run_ends_with_one_summary_line(probe: Recipe, home: Path, nscas: Nscas) -> None:
     path = write(home, "p.toml", CHAIN)
-    assert nscas("--store", home, "run", path).stdout.splitlines()[-1] == (
+    assert nscas("--store", home, "run", "--jobs", "1", path).stdout.splitlines()[-1] == (
         "3 steps: 0 cached, 3 ran, 0 failed")
-    cached = nscas("--store", home, "run", path, "--only", "b")
+    cached = nscas("--store", home, "run", "--jobs", "1", path, "--only", "b")
     assert cached.stdout.splitlines()[-1] == "1 step: 1 cached, 0 ran, 0 failed"
-    rerun = nscas("--store", home, "run", path, "--rerun")  # b reads a's receipt: it differs
+    rerun = nscas("--store", home, "run", "--jobs", "1", path, "--rerun")  # b reads a's receipt: it differs
     assert rerun.stdout.splitlines()[-1] == (
         "3 steps: 0 cached, 3 ran, 0 failed; rerun verdict: different (2 of 3 outputs: "
         "b.seen, c.seen)")
     pure = write(home, "q.toml", CHAIN.replace(', first = "step.a.receipt"', "").replace(
         "exp/chain", "exp/pure"))
-    nscas("--store", home, "run", pure)
-    assert nscas("--store", home, "run", pure, "--rerun").stdout.splitlines()[-1] == (
+    nscas("--store", home, "run", "--jobs", "1", pure)
+    assert nscas("--store", home, "run", "--jobs", "1", pure, "--rerun").stdout.splitlines()[-1] == (
         "3 steps: 0 cached, 3 ran, 0 failed; rerun verdict: reproduced (3 identical)")
     path.write_text(CHAIN.replace('first = "step.a.receipt" }',
                                   'first = "step.a.receipt" }\nparams = { fail = "error" }'))
-    failed = nscas("--store", home, "run", path, "--rerun")
+    failed = nscas("--store", home, "run", "--jobs", "1", path, "--rerun")
     assert failed.exit_code == 1
     assert failed.stdout.splitlines()[-1] == (
         "3 steps: 0 cached, 1 ran, 1 failed, 1 not run; rerun verdict: not reproduced "
@@ -110,15 +110,15 @@ def test_every_run_ends_with_one_summary_line(probe: Recipe, home: Path, nscas: 
     assert len(failed.stderr.splitlines()) == 1
     path.write_text(CHAIN.replace('first = "step.a.receipt" }',
                                   'first = "step.a.receipt" }\nparams = { fail = "crash" }'))
-    crashed = nscas("--store", home, "run", path)
+    crashed = nscas("--store", home, "run", "--jobs", "1", path)
     assert crashed.exit_code == 1 and "probe crashed on purpose" in crashed.stderr
     assert crashed.stdout.splitlines()[-1] == "3 steps: 1 cached, 0 ran, 1 failed, 1 not run"
 
 
 def test_log_and_compare_show_the_variant(probe: Recipe, home: Path, nscas: Nscas) -> None:
     path = write(home, "p.toml", CHAIN)
-    nscas("--store", home, "run", path)
-    nscas("--store", home, "run", path, "--set", "a.label=x")
+    nscas("--store", home, "run", "--jobs", "1", path)
+    nscas("--store", home, "run", "--jobs", "1", path, "--set", "a.label=x")
     log = nscas("--store", home, "log", "--kind", "receipt/1")
     header, *lines = log.stdout.splitlines()
     assert header.split()[4:6] == ["step", "variant"]
@@ -146,8 +146,8 @@ def test_log_and_compare_show_the_variant(probe: Recipe, home: Path, nscas: Nsca
 
 
 @pytest.mark.parametrize("args", [
-    ("run", "p.toml", "--set", "a.label=a-rather-long-label-for-a-param-value"),
-    ("run", "p.toml", "--rerun"),
+    ("run", "--jobs", "1", "p.toml", "--set", "a.label=a-rather-long-label-for-a-param-value"),
+    ("run", "--jobs", "1", "p.toml", "--rerun"),
     ("log",),
     ("log", "--kind", "receipt/1"),
     ("compare", "--pipeline", "exp/chain"),
@@ -159,8 +159,8 @@ def test_tables_fit_an_80_column_terminal(probe: Recipe, home: Path, nscas: Nsca
                                           monkeypatch: pytest.MonkeyPatch,
                                           args: tuple[str, ...]) -> None:
     path = write(home, "p.toml", CHAIN)
-    nscas("--store", home, "run", path)
-    nscas("--store", home, "run", path, "--set", "a.label=x")
+    nscas("--store", home, "run", "--jobs", "1", path)
+    nscas("--store", home, "run", "--jobs", "1", path, "--set", "a.label=x")
     monkeypatch.chdir(home)
     monkeypatch.setattr(render, "is_tty", lambda: True)
     monkeypatch.setenv("COLUMNS", "80")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nscas.errors import ConfigError
-from nscas.runs.resources import Gpu, Machine, Needs, Pool, needs_of
+from nscas.runs.resources import Gpu, Machine, Needs, Pool, default_jobs, needs_of
 
 MACHINE = Machine(cores=(0, 1, 2, 3), gpus=(Gpu(index=0, memory_gb=80.0),
                                            Gpu(index=1, memory_gb=80.0)))
@@ -79,3 +79,33 @@ def test_recipes_declare_their_needs_from_their_params() -> None:
     assert needs_of("evaluate", EvaluateParams(device="cuda", threads=3)) == Needs(cores=3,
                                                                                   gpus=1)
     assert needs_of("prepare", object()) == Needs()  # none declared: one core
+
+
+def test_a_steps_share_bounds_the_steps_on_its_gpu() -> None:
+    pool = Pool(Machine(cores=tuple(range(8)), gpus=(Gpu(index=0, memory_gb=139.0),)))
+    train = Needs(cores=1, gpus=1, gpu_memory_gb=30.0)
+    four = [pool.take(train, 4) for _ in range(4)]
+    assert all(g is not None and g.gpus == (0,) and g.share == 4 for g in four)
+    assert pool.take(train, 4) is None  # four at once is what each allows
+    assert pool.take(Needs(cores=1, gpus=1)) is None  # whole (no --gpu-share): not beside them
+    first = four[0]
+    assert first is not None
+    pool.give_back(first, train)
+    assert pool.take(Needs(cores=1, gpus=1, gpu_memory_gb=10.0), 2) is None  # 4 there: > 2
+    assert pool.take(train, 8) is not None  # its share allows 8, theirs 4: the fourth again
+
+
+def test_a_step_that_shares_waits_for_a_gpu_held_whole() -> None:
+    pool = Pool(Machine(cores=(0, 1, 2), gpus=(Gpu(index=0, memory_gb=80.0),)))
+    whole = pool.take(Needs(gpus=1))
+    assert whole is not None
+    assert pool.take(Needs(gpus=1, gpu_memory_gb=1.0), 4) is None
+    pool.give_back(whole, Needs(gpus=1))
+    assert pool.take(Needs(gpus=1, gpu_memory_gb=1.0), 4) is not None
+
+
+def test_the_default_job_count_is_the_machines_cores_or_gpus() -> None:
+    assert default_jobs(MACHINE) == 4
+    assert default_jobs(Machine(cores=(0,), gpus=(Gpu(index=0, memory_gb=1.0),
+                                                   Gpu(index=1, memory_gb=1.0)))) == 2
+    assert default_jobs(Machine(cores=(3,))) == 1

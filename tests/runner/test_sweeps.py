@@ -113,7 +113,7 @@ def test_a_bad_sweep_is_one_line_and_writes_nothing(home: Path, probe: Recipe, n
     file = write(home, "p.toml", PIPELINE)
     with opened(home) as store:
         before = snapshot(store)
-    result = nscas("--store", home, "run", file, *args)
+    result = nscas("--store", home, "run", "--jobs", "1", file, *args)
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
     with opened(home) as store:
@@ -125,14 +125,14 @@ def test_a_bad_sweep_is_one_line_and_writes_nothing(home: Path, probe: Recipe, n
 def test_a_bad_sweep_table_is_refused(home: Path, probe: Recipe, nscas: Nscas,
                                       table: str) -> None:
     file = write(home, "p.toml", PIPELINE + table)
-    result = nscas("--store", home, "run", file)
+    result = nscas("--store", home, "run", "--jobs", "1", file)
     assert result.exit_code == 2
     assert "sweep" in result.output and "Traceback" not in result.output
 
 
 def test_compare_shows_the_sweep_as_one_table(home: Path, probe: Recipe, nscas: Nscas) -> None:
     file = write(home, "p.toml", PIPELINE)
-    assert nscas("--store", home, "run", file, "--set", 'b.label=["x","y"]').exit_code == 0
+    assert nscas("--store", home, "run", "--jobs", "1", file, "--set", 'b.label=["x","y"]').exit_code == 0
     shown = nscas("--store", home, "compare", "--pipeline", "swept", "--json")
     assert shown.exit_code == 0, shown.output
     runs = {run["step"]: run for run in json.loads(shown.output)["runs"]}

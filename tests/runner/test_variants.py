@@ -131,7 +131,7 @@ def test_only_in_a_variant_that_never_ran_the_step_is_refused(probe: Recipe, hom
     with opened(home) as store:
         run_file(store, path)
         before = snapshot(store)
-    result = nscas("--store", home, "run", path, "--set", "b.label=y", "--only", "c")
+    result = nscas("--store", home, "run", "--jobs", "1", path, "--set", "b.label=y", "--only", "c")
     assert result.exit_code == 2, result.output
     assert "step 'b' is not run here" in result.stderr and "variant 'b.label-y'" in result.stderr
     assert len(result.stderr.splitlines()) == 1
@@ -141,14 +141,14 @@ def test_only_in_a_variant_that_never_ran_the_step_is_refused(probe: Recipe, hom
 
 def test_a_named_variant(probe: Recipe, home: Path, nscas: Nscas) -> None:
     path = write(home, "p.toml", PREFIXED)
-    result = nscas("--store", home, "run", path, "--set", "b.label=x", "--name", "try-1")
+    result = nscas("--store", home, "run", "--jobs", "1", path, "--set", "b.label=x", "--name", "try-1")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[0].startswith("variant try-1")
     with opened(home) as store:
         assert store.ref_get("exp/chain/variants/try-1/b/receipt") is not None
         assert store.ref_get("exp/chain/b/receipt") is None
         assert not any("b.label" in name for name, _ in store.ref_list())
-    bad = nscas("--store", home, "run", path, "--name", "no/slash")
+    bad = nscas("--store", home, "run", "--jobs", "1", path, "--name", "no/slash")
     assert bad.exit_code == 2 and "cannot name a variant" in bad.stderr
     assert len(bad.stderr.splitlines()) == 1
 
@@ -174,7 +174,7 @@ def test_a_variant_of_a_tag_is_a_tag(probe: Recipe, home: Path) -> None:
 
 def test_variant_refs_too_long_are_one_line(probe: Recipe, home: Path, nscas: Nscas) -> None:
     path = write(home, "r.toml", 'recipe = "probe"\noutputs = { seen = "' + "x" * 240 + '" }\n')
-    result = nscas("--store", home, "run", path, "--set", "label=q")
+    result = nscas("--store", home, "run", "--jobs", "1", path, "--set", "label=q")
     assert result.exit_code == 2 and "invalid ref name" in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1
 
