@@ -102,7 +102,7 @@ def main() -> None:
             rows = {}
             for name, extra in (("local", ("--executor", "local")),
                                 ("ray", ("--executor", "ray", "--ray-address", address))):
-                home = base / name
+                home = base / f"store-{name}"
                 home.mkdir()
                 subprocess.run([sys.executable, "-m", "nscas.cli", "init"], cwd=home,
                                check=True, capture_output=True)

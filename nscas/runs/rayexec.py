@@ -144,6 +144,7 @@ class _Task:
     def __init__(self, ray: Any, ref: Any) -> None:
         self._ray, self._ref = ray, ref
         self._why = "the Ray task ended"
+        self._ended = threading.Event()
 
     def follow(self, log: Path, post: Post) -> None:
         """Wait for the task; its output to ``log``, its outcome to ``post`` (this thread's
@@ -156,16 +157,22 @@ class _Task:
             with log.open("ab") as out:
                 out.write(text)
             post({"event": "outcome", "pickle": base64.b64encode(outcome).decode("ascii")})
+        self._ended.set()
         post(None)
 
+    # Ray must not be asked to cancel a task that has ended (its core worker aborts the
+    # driver on a finished task's retried attempt): both ask only while it runs.
     def stop(self) -> None:
-        self._ray.cancel(self._ref)  # a KeyboardInterrupt in the task: a failed receipt
+        if not self._ended.is_set():
+            self._ray.cancel(self._ref)  # a KeyboardInterrupt in the task: a failed receipt
 
     def wait(self, timeout: float) -> None:
-        self._ray.wait([self._ref], timeout=timeout)
+        self._ended.wait(timeout)
 
     def kill(self) -> None:
-        self._ray.cancel(self._ref, force=True)  # ends its worker; nothing once it has ended
+        if not self._ended.is_set():
+            self._ray.cancel(self._ref, force=True)  # ends its worker
+        self._ended.wait()
 
     def why_ended(self) -> str:
         return self._why
