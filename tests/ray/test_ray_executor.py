@@ -20,7 +20,7 @@ import pytest
 from nscas.store.writer import Store, init_store
 from tests.ray.cluster import Cluster, local_cluster
 from tests.runner.helpers import PIPELINE, write
-from tests.runner.jobs_helpers import facts, release_fifo, wait_running
+from tests.runner.jobs_helpers import facts, release_fifo, wait_gone, wait_running
 from tests.waiting import wait_until
 
 pytest.importorskip("ray")
@@ -118,7 +118,9 @@ def test_a_worker_killed_mid_step_is_retried_to_the_same_action(tmp_path: Path,
                            stderr=subprocess.PIPE, text=True)
     try:
         first = wait_running(fifo)  # the step runs in a worker
-        os.kill(facts(hold, "held")[0]["pid"], signal.SIGKILL)
+        killed = facts(hold, "held")[0]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        assert wait_gone(killed)  # else its reading end, still open, would release the retry
         os.close(first)
         os.close(wait_running(fifo))  # Ray ran it again: let the retry finish
         out, err = run.communicate(timeout=600)
