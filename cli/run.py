@@ -10,7 +10,7 @@ import typer
 
 from nscas.cli import completion, render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
-from nscas.errors import NscasError
+from nscas.errors import InvalidInput, NscasError
 
 if TYPE_CHECKING:
     from nscas.runs.changes import CacheMiss
@@ -67,6 +67,14 @@ def run(
     keep_going: Annotated[bool, typer.Option(
         "--keep-going", help="With --jobs: after a step fails, finish the steps that do not "
                              "depend on it (default: stop every job).")] = False,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", metavar="local|ray", show_default=False,
+        help="Where a pipeline's steps run: local (processes on this machine) or ray (tasks "
+             "on a Ray cluster; default: the file's [executor], else local).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", metavar="ADDRESS", show_default=False,
+        help="With --executor ray: the cluster's address (default: the file's [executor] "
+             "address, else $RAY_ADDRESS, else a cluster started on this host).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run a recipe or pipeline file and print each step's receipt, outputs and claims.
@@ -87,10 +95,12 @@ def run(
     store's logs/, finished steps reported in run order; with an explicit --jobs (or jobs),
     --json prints one JSON event a line. The actions and outputs are those of a run one step
     at a time, which --jobs 1 is (in this process).
+    With --executor ray each step is a task on a Ray cluster, against the same store.
 
     Example: nscas run examples/cooperative-learning/experiment.toml --set init.seed=1 --from init
     """
     from nscas.cli.progress import progress_for
+    from nscas.runs.config import EXECUTORS
     from nscas.runs.resources import default_jobs
     from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps, variant_of
     from nscas.runs.variants import variant_prefix
@@ -117,6 +127,24 @@ def run(
             render.note(f"variant {variant.name}: refs under {where}")
         render_step(result, pipeline=pipeline, wide=wide)
 
+    kind = executor or (spec.executor.kind if spec.executor else "local")
+    if kind not in EXECUTORS:
+        raise InvalidInput(f"--executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    if kind == "ray" and not spec.pipeline:
+        raise InvalidInput(f"{file}: --executor ray runs a pipeline file's steps; this is a "
+                           "recipe file")
+    if kind == "ray":
+        from nscas.cli.run_jobs import run_on_ray
+
+        address = ray_address or (spec.executor.address if spec.executor else None)
+        with open_cli_store(ctx) as store:
+            run_on_ray(store, file, address=address, jobs=jobs or spec.jobs,
+                       gpu_share=gpu_share, keep_going=keep_going, rerun=rerun,
+                       sets=set_texts, only=only_steps, start=start, name=name,
+                       variant=variant.name if variant else None, sign_key=sign_key,
+                       wide=wide, as_json=as_json, events=(jobs or spec.jobs) is not None,
+                       steps=len(chosen), on_step=on_step)
+        return
     asked = jobs or spec.jobs
     at_once = asked or (default_jobs() if spec.pipeline and len(chosen) > 1 else 1)
     if spec.pipeline and at_once > 1:

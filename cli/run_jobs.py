@@ -7,10 +7,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from nscas.cli import render
 from nscas.cli.jobs_view import LiveTable, PlainLines, json_events, json_line
 from nscas.cli.run import results_json, summary_line
+from nscas.runs.config import JOBS_MAX
+from nscas.runs.executor import Executor
+from nscas.runs.resources import Machine
 from nscas.runs.runner import StepResult
 from nscas.runs.scheduler import Options, StepEvent, StepsFailed, run_scheduled
 from nscas.store.writer import Store
@@ -20,11 +24,12 @@ def run_with_jobs(store: Store, file: Path, *, jobs: int, gpu_share: int, keep_g
                   rerun: bool, sets: tuple[str, ...], only: tuple[str, ...], start: str | None,
                   name: str | None, variant: str | None, sign_key: Path | None, wide: bool,
                   as_json: bool, events: bool, steps: int,
-                  on_step: Callable[[StepResult], None]) -> None:
-    """Run the pipeline scheduled; each finished step reported through ``on_step`` as a
-    sequential run reports it, in run order, then the summary line. With ``--json``:
-    ``events`` (one JSON object a line as steps change, then a last event), else the list a
-    sequential ``--json`` run prints."""
+                  on_step: Callable[[StepResult], None],
+                  executor: Executor | None = None, machine: Machine | None = None) -> None:
+    """Run the pipeline scheduled (by ``executor``: default, local processes); each finished
+    step reported through ``on_step`` as a sequential run reports it, in run order, then the
+    summary line. With ``--json``: ``events`` (one JSON object a line as steps change, then a
+    last event), else the list a sequential ``--json`` run prints."""
     order: list[str] = []
     ended: dict[str, StepEvent | None] = {}
     reported: list[str] = []
@@ -58,7 +63,8 @@ def run_with_jobs(store: Store, file: Path, *, jobs: int, gpu_share: int, keep_g
             json_events(event)
         in_order(event)
 
-    options = Options(jobs=jobs, gpu_share=gpu_share, keep_going=keep_going)
+    options = Options(jobs=jobs, gpu_share=gpu_share, keep_going=keep_going,
+                      executor=executor, machine=machine)
     live = render.is_tty() and not as_json
     view = LiveTable(in_order) if live else PlainLines(in_order)
     failure: StepsFailed | None = None
@@ -82,6 +88,20 @@ def run_with_jobs(store: Store, file: Path, *, jobs: int, gpu_share: int, keep_g
         render.note(line)
     if failure is not None:
         raise failure
+
+
+def run_on_ray(store: Store, file: Path, *, address: str | None, jobs: int | None,
+               gpu_share: int, **rest: Any) -> None:
+    """Run the pipeline scheduled, each step a task on the Ray cluster at ``address``, at
+    most ``jobs`` at once (default: as many as the cluster's resources hold)."""
+    from nscas.runs.rayexec import connect
+
+    cluster = connect(address, store=store, gpu_share=gpu_share)
+    try:
+        run_with_jobs(store, file, jobs=jobs or JOBS_MAX, gpu_share=gpu_share,
+                      executor=cluster, machine=cluster.machine(), **rest)
+    finally:
+        cluster.close()
 
 
 @contextmanager

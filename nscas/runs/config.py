@@ -52,10 +52,26 @@ class RunFile:
     jobs: int | None = None
     """How many steps may run at once (``jobs`` of a pipeline file); None: one at a time, in
     this process, unless ``--jobs`` says otherwise (nscas.runs.scheduler)."""
+    executor: ExecutorConfig | None = None
+    """The ``[executor]`` table: where the steps run (``--executor`` overrides it)."""
 
     def receipt_names(self) -> tuple[str | None, bool]:
         """(the pipeline name to record, whether to record the step name)."""
         return self.name, self.pipeline or self.step_named
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorConfig:
+    """A pipeline file's ``[executor]`` table."""
+
+    kind: str = "local"
+    """``local`` (processes on this machine) or ``ray`` (tasks on a Ray cluster)."""
+    address: str | None = None
+    """With ``ray``: the cluster's address (default: ``RAY_ADDRESS``, else a cluster started
+    on this host)."""
+
+
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +87,7 @@ class Override:
 
 _STEP_KEYS = {"name", "recipe", "inputs", "params", "outputs", "share"}
 SHARE_MAX = 64
-_PIPELINE_KEYS = {"step", "name", "refs", "jobs", "sweep"}
+_PIPELINE_KEYS = {"step", "name", "refs", "jobs", "sweep", "executor"}
 JOBS_MAX = 1024
 
 
@@ -127,9 +143,28 @@ def load_run_file(path: Path) -> RunFile:
             raise ConfigError(where, f"step name(s) used twice: {', '.join(dupes)}")
         return RunFile(path=path, steps=_ordered(steps, where), pipeline=True,
                        name=raw.get("name") or raw.get("refs") or path.stem, refs=raw.get("refs"),
-                       jobs=jobs, sweep=_sweep_table(raw.get("sweep", {}), where))
+                       jobs=jobs, sweep=_sweep_table(raw.get("sweep", {}), where),
+                       executor=_executor_table(raw.get("executor"), where))
     step = _step({"name": raw.get("recipe", "step"), **raw}, where, None)
     return RunFile(path=path, steps=(step,), pipeline=False, step_named="name" in raw)
+
+
+def _executor_table(raw: Any, where: str) -> ExecutorConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(where, "'executor' must be a table ([executor])")
+    extra = sorted(set(raw) - {"kind", "address"})
+    if extra:
+        raise ConfigError(where, f"unknown key(s) in [executor]: {', '.join(extra)}")
+    kind = raw.get("kind", "local")
+    if kind not in EXECUTORS:
+        raise ConfigError(where, f"[executor] kind must be one of {', '.join(EXECUTORS)}, "
+                                 f"got {kind!r}")
+    address = raw.get("address")
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ConfigError(where, "[executor] address must be a non-empty string")
+    return ExecutorConfig(kind=kind, address=address)
 
 
 def _sweep_table(raw: Any, where: str) -> tuple[tuple[tuple[str, ...], tuple[Any, ...]], ...]:

@@ -22,10 +22,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from nscas.errors import NscasError
 from nscas.objects.digests import Digest
+
+if TYPE_CHECKING:
+    from nscas.store.writer import Store
 
 PROGRESS_INTERVAL_S = 0.5
 """The least time between two progress events of one job (starts, notes and ends always go)."""
@@ -70,8 +73,8 @@ class Outcome:
     receipt: Digest | None = None
 
 
-class _Events:
-    """Writes a job's events to its pipe; thread-safe (a recipe may report from threads)."""
+class Events:
+    """Writes a job's events to a stream (its pipe); thread-safe (a recipe may report from threads)."""
 
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
@@ -86,7 +89,7 @@ class _Events:
 class EventProgress:
     """``Progress`` as events: the scheduler shows them in its table."""
 
-    def __init__(self, events: _Events) -> None:
+    def __init__(self, events: Events) -> None:
         self._events = events
         self._done = 0
         self._total: int | None = None
@@ -114,27 +117,33 @@ class EventProgress:
         self._events.send({"event": "note", "message": message})
 
 
-def run_job(spec: JobSpec, events: _Events) -> Outcome:
+def run_job(spec: JobSpec, events: Events) -> Outcome:
+    from nscas.store.writer import Store
+
+    with Store(Path(spec.store)) as store:
+        return run_in(store, spec, events)
+
+
+def run_in(store: Store, spec: JobSpec, events: Events) -> Outcome:
+    """Run the spec's step in ``store`` (opened by the caller: the spec's, as a node sees it)."""
     from nscas.runs.runner import StepFailed, StepResult, plan_one_step, run_plan
     from nscas.signing.signatures import KeySigner, configured_key
-    from nscas.store.writer import Store
 
     seen: list[StepResult] = []
     key = configured_key(Path(spec.sign_key) if spec.sign_key else None)
-    with Store(Path(spec.store)) as store:
-        try:
-            # The scheduler checked the whole file: plan (and import the recipe of) this step only.
-            planned = plan_one_step(store, Path(spec.file), spec.step, sets=spec.sets,
-                                    name=spec.name, upstream={
-                                        k: Digest.parse(v) for k, v in spec.upstream.items()})
-            run_plan(store, planned, rerun=spec.rerun, progress=lambda _: EventProgress(events),
-                     on_step=seen.append, signer=KeySigner(key) if key is not None else None)
-        except StepFailed as exc:
-            return Outcome(result=seen[0] if seen else None, error=exc.message,
-                           exit_code=exc.exit_code, receipt=exc.receipt)
-        except NscasError as exc:
-            return Outcome(result=seen[0] if seen else None, error=exc.message,
-                           exit_code=exc.exit_code)
+    try:
+        # The scheduler checked the whole file: plan (and import the recipe of) this step only.
+        planned = plan_one_step(store, Path(spec.file), spec.step, sets=spec.sets,
+                                name=spec.name, upstream={
+                                    k: Digest.parse(v) for k, v in spec.upstream.items()})
+        run_plan(store, planned, rerun=spec.rerun, progress=lambda _: EventProgress(events),
+                 on_step=seen.append, signer=KeySigner(key) if key is not None else None)
+    except StepFailed as exc:
+        return Outcome(result=seen[0] if seen else None, error=exc.message,
+                       exit_code=exc.exit_code, receipt=exc.receipt)
+    except NscasError as exc:
+        return Outcome(result=seen[0] if seen else None, error=exc.message,
+                       exit_code=exc.exit_code)
     return Outcome(result=seen[0])
 
 
@@ -163,7 +172,7 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     if spec.cores:
         os.sched_setaffinity(0, spec.cores)
-    events = _Events(os.fdopen(spec.events, "w", encoding="utf-8"))
+    events = Events(os.fdopen(spec.events, "w", encoding="utf-8"))
     outcome = run_job(spec, events)
     events.send({"event": "outcome",
                  "pickle": base64.b64encode(pickle.dumps(outcome)).decode("ascii")})

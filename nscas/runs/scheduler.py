@@ -15,25 +15,20 @@ job's process group before it returns.
 from __future__ import annotations
 
 import base64
-import contextlib
-import json
 import os
 import pickle
 import queue
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from nscas.errors import NscasError
 from nscas.objects.digests import Digest
 from nscas.runs.config import step_reference
+from nscas.runs.executor import Executor, LocalProcesses, Running
 from nscas.runs.job import JobSpec, Outcome
 from nscas.runs.planning import Planned, Source
 from nscas.runs.resources import Grant, Machine, Needs, Pool, needs_of, this_machine
@@ -61,6 +56,8 @@ class Options:
     keep_going: bool = False
     machine: Machine | None = None
     """What to hand out; None: this machine (its CPU affinity and ``nvidia-smi``'s GPUs)."""
+    executor: Executor | None = None
+    """What runs each step; None: a process of its own on this machine."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,7 +122,7 @@ class StepNeverFits(NscasError):
 @dataclass(slots=True, kw_only=True)
 class _Job:
     step: str
-    process: subprocess.Popen[bytes]
+    running: Running
     grant: Grant
     needs: Needs
     started: float
@@ -189,6 +186,7 @@ class _Run:
         self.receipts: dict[str, Digest] = {}
         self.failed: dict[str, Digest | None] = {}
         self.stopped: list[str] = []
+        self.executor = options.executor or LocalProcesses()
 
     def go(self, chosen: list[str]) -> list[StepResult]:
         waiting = list(chosen)
@@ -273,42 +271,20 @@ class _Run:
     def _start(self, step: str, grant: Grant) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{step}.log"
-        read_end, write_end = os.pipe()
         spec = JobSpec(store=str(self.store.root), file=str(self.path), step=step,
                        sets=self.sets, name=self.name, rerun=self.rerun,
                        upstream={d: str(self.receipts[d]) for d in self.deps[step]},
-                       cores=grant.cores, events=write_end,
+                       cores=grant.cores,
                        sign_key=str(self.sign_key) if self.sign_key else None)
-        # The job imports what this process does (its recipes above all: the scheduler found
-        # the cached ones by their code), however this process's path was made.
-        env = {**os.environ, **grant.environment(self.needs[step]),
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        with log.open("ab") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "nscas.runs.job", spec.to_json()], env=env,
-                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(write_end,), start_new_session=True)
-        os.close(write_end)
-        job = _Job(step=step, process=process, grant=grant, needs=self.needs[step],
-                   started=time.monotonic(), log=log)
-        self.running[step] = job
-        reader = threading.Thread(target=self._read, args=(job, os.fdopen(read_end, "r")),
-                                  name=f"job-{step}", daemon=True)
-        reader.start()
-        self.emit(StepEvent(step=step, state="running", devices=grant.describe(), log=log))
 
-    def _read(self, job: _Job, stream: IO[str]) -> None:
-        """A job's events, then its end: on the run's queue (this thread's only output)."""
-        with stream:
-            for line in stream:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
-                    self.events.put(("event", job.step, event))
-        job.process.wait()
-        self.events.put(("end", job.step, {}))
+        def post(event: dict[str, Any] | None) -> None:  # the job's thread: the queue only
+            self.events.put(("event", step, event) if event is not None else ("end", step, {}))
+
+        running = self.executor.start(spec, needs=self.needs[step], grant=grant, log=log,
+                                      post=post)
+        self.running[step] = _Job(step=step, running=running, grant=grant,
+                                  needs=self.needs[step], started=time.monotonic(), log=log)
+        self.emit(StepEvent(step=step, state="running", devices=grant.describe(), log=log))
 
     def _relay(self, step: str, event: dict[str, Any]) -> None:
         kind = event.get("event")
@@ -323,7 +299,7 @@ class _Run:
 
     def _ended(self, job: _Job) -> bool:
         """Record a job that ended; whether its step succeeded."""
-        _kill_group(job.process.pid, signal.SIGKILL)  # whatever it left behind in its group
+        job.running.kill()  # whatever it left behind
         self.pool.give_back(job.grant, job.needs)
         seconds = time.monotonic() - job.started
         outcome, result = job.outcome, job.outcome.result if job.outcome else None
@@ -340,8 +316,7 @@ class _Run:
             return False
         receipt = result.receipt if result is not None else outcome.receipt if outcome else None
         message = (outcome.error if outcome is not None and outcome.error else
-                   f"the job ended with exit status {job.process.returncode} before its step "
-                   f"did (log: {job.log})")
+                   f"{job.running.why_ended()} before its step did (log: {job.log})")
         self.failed[job.step] = receipt
         self.stopped = [s for s in self.stopped if s != job.step]
         self.emit(StepEvent(step=job.step, state="failed", message=message, result=result,
@@ -349,22 +324,16 @@ class _Run:
         return False
 
     def _stop_all(self) -> None:
-        """End every running job: SIGTERM to its process group, SIGKILL after the grace."""
+        """End every running job: asked to stop (SIGTERM to its process group), then ended
+        outright (SIGKILL) after the grace."""
         for job in self.running.values():
             if job.step not in self.stopped:
                 self.stopped.append(job.step)
-            _kill_group(job.process.pid, signal.SIGTERM)
+            job.running.stop()
         deadline = time.monotonic() + STOP_GRACE_S
         for job in list(self.running.values()):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                job.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            _kill_group(job.process.pid, signal.SIGKILL)
-            job.process.wait()
-
-
-def _kill_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+            job.running.wait(max(0.0, deadline - time.monotonic()))
+            job.running.kill()
 
 
 def _downstream_of(step: str, waiting: list[str], deps: Mapping[str, set[str]]) -> set[str]:
