@@ -43,7 +43,7 @@ def kinds(incomplete: str) -> list[str]:
 
 
 def _step_names(ctx: typer.Context) -> list[str]:
-    from nscas.runs.runner import load_plan_file
+    from nscas.runs.plans import load_plan_file
 
     file = ctx.params.get("file")
     if not isinstance(file, Path):

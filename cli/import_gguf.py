@@ -45,7 +45,8 @@ def import_gguf_command(
     from nscas.cli.run import render_step, step_json
     from nscas.recipes.convert.gguf import summarise
     from nscas.runs.config import StepConfig
-    from nscas.runs.runner import StepFailed, load_recipe, run_step
+    from nscas.runs.plans import load_recipe
+    from nscas.runs.runner import StepFailed, run_step
     from nscas.store.writer import check_ref_name
 
     if ref is not None:

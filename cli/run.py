@@ -101,8 +101,9 @@ def run(
     """
     from nscas.cli.progress import progress_for
     from nscas.runs.config import EXECUTORS
+    from nscas.runs.plans import load_plan_file, select_steps, variant_of
     from nscas.runs.resources import default_jobs
-    from nscas.runs.runner import StepFailed, load_plan_file, run_file, select_steps, variant_of
+    from nscas.runs.runner import StepFailed, run_file
     from nscas.runs.variants import variant_prefix
     from nscas.signing.signatures import KeySigner, configured_key
 

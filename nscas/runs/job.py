@@ -126,7 +126,8 @@ def run_job(spec: JobSpec, events: Events) -> Outcome:
 
 def run_in(store: Store, spec: JobSpec, events: Events) -> Outcome:
     """Run the spec's step in ``store`` (opened by the caller: the spec's, as a node sees it)."""
-    from nscas.runs.runner import StepFailed, StepResult, plan_one_step, run_plan
+    from nscas.runs.plans import plan_one_step
+    from nscas.runs.runner import StepFailed, StepResult, run_plan
     from nscas.signing.signatures import KeySigner, configured_key
 
     seen: list[StepResult] = []

@@ -31,15 +31,10 @@ from nscas.runs.config import step_reference
 from nscas.runs.executor import Executor, LocalProcesses, Running
 from nscas.runs.job import JobSpec, Outcome
 from nscas.runs.planning import Planned, Source
+from nscas.runs.plans import RunPlan, plan_file
 from nscas.runs.resources import Grant, Machine, Needs, Pool, needs_of, this_machine
 from nscas.runs.run_state import LOGS, RunStateFile
-from nscas.runs.runner import (
-    RunPlan,
-    StepResult,
-    cached_receipt,
-    plan_file,
-    run_planned_step,
-)
+from nscas.runs.runner import StepResult, cached_receipt, run_planned_step
 from nscas.store.writer import Store
 
 STOP_GRACE_S = 10.0

@@ -11,7 +11,7 @@ import pytest
 
 from nscas.bundle.exporting import export_bundle
 from nscas.objects.digests import Digest
-from nscas.runs import runner
+from nscas.runs import plans, runner
 from nscas.runs.recipe import BundleRole, Recipe
 from nscas.runs.registry import registered_recipe
 from tests.export.conftest import Published, _receipt, read_tree
@@ -86,8 +86,8 @@ def test_a_folder_without_arms_is_flat_for_one_run_and_split_for_several(
 
 def test_a_run_through_the_runner_lands_in_its_declared_folder(
         published: Published, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = runner.load_recipe
-    monkeypatch.setattr(runner, "load_recipe", lambda name: PROBE if name == "probe" else real(name))
+    real = plans.load_recipe
+    monkeypatch.setattr(plans, "load_recipe", lambda name: PROBE if name == "probe" else real(name))
     inputs = _inputs(published)
     (tmp_path / "probe.toml").write_text(
         'recipe = "probe"\ninputs = { '

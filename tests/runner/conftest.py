@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from nscas.runs import runner
+from nscas.runs import plans
 from nscas.runs.recipe import Recipe
 from nscas.store.writer import init_store
 from tests.runner import probe_recipe
@@ -24,12 +24,12 @@ def home(tmp_path: Path) -> Path:
 @pytest.fixture
 def probe(monkeypatch: pytest.MonkeyPatch) -> Recipe:
     """Make ``recipe = "probe"`` resolve to the test-only probe recipe."""
-    real = runner.load_recipe
+    real = plans.load_recipe
 
     def load(name: str) -> Recipe:
         return probe_recipe.RECIPE if name == "probe" else real(name)
 
-    monkeypatch.setattr(runner, "load_recipe", load)
+    monkeypatch.setattr(plans, "load_recipe", load)
     return probe_recipe.RECIPE
 
 

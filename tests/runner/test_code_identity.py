@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from nscas.runs import runner
+from nscas.runs import plans
 from nscas.runs.codetree import module_files, recipe_files
 from nscas.runs.recipe import Recipe
 from nscas.runs.registry import available_recipes
@@ -92,8 +92,8 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[s
     monkeypatch.syspath_prepend(str(root))
     importlib.invalidate_caches()
     recipe: Recipe = importlib.import_module(f"{name}.recipe").RECIPE
-    real = runner.load_recipe
-    monkeypatch.setattr(runner, "load_recipe",
+    real = plans.load_recipe
+    monkeypatch.setattr(plans, "load_recipe",
                         lambda n: recipe if n == "probe-closure" else real(n))
     yield name, directory
     for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
@@ -212,5 +212,5 @@ def test_the_shipped_recipes_closures() -> None:
     train = module_files("nscas.recipes.train.recipe")
     assert {"nscas/recipes/train/worker.py", "nscas/recipes/train/loop.py"} <= set(train)
     for recipe in available_recipes():
-        files = recipe_files(runner.load_recipe(recipe))
+        files = recipe_files(plans.load_recipe(recipe))
         assert not [k for k in files if k.startswith(("nscas/cli/", "nscas/verifiers/"))], recipe

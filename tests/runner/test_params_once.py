@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nscas.errors import ConfigError
-from nscas.runs import planning, runner
+from nscas.runs import planning, plans, runner
 from nscas.runs.recipe import Recipe, RecipeResult, RunContext
 from nscas.store.writer import Store
 from tests.runner import probe_recipe
@@ -45,13 +45,13 @@ def handed(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
         return probe_recipe.run(ctx)
 
     recipe = replace(probe_recipe.RECIPE, run=run)
-    real_load = runner.load_recipe
+    real_load = plans.load_recipe
 
     def load(name: str) -> Recipe:
         return recipe if name == "probe" else real_load(name)
 
     monkeypatch.setattr(planning, "parse_params", parse)
-    monkeypatch.setattr(runner, "load_recipe", load)
+    monkeypatch.setattr(plans, "load_recipe", load)
     return parsed, seen
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nscas.runs.runner import load_recipe, run_file
+from nscas.runs.plans import load_recipe
+from nscas.runs.runner import run_file
 from nscas.runs.verdicts import compare_outputs
 from nscas.store.writer import Store
 from tests.verifiers.conftest import EXPERIMENT, experiment

@@ -14,8 +14,9 @@ from typer.testing import Result
 
 from nscas.objects.digests import Digest
 from nscas.runs.config import param_takes_array
+from nscas.runs.plans import load_plan_file
 from nscas.runs.recipe import Recipe
-from nscas.runs.runner import load_plan_file, run_file
+from nscas.runs.runner import run_file
 from tests.runner.helpers import opened, snapshot, write
 
 Nscas = Callable[..., Result]
