@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +48,17 @@ def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+ASK_S = 30.0
+"""How long one look at the cluster may take (``ray.init`` waits for a head that is not up):
+short, so that a head that died is seen between looks."""
+
+
 def _has_nodes(address: str, count: int, env: dict[str, str]) -> bool:
-    done = subprocess.run([sys.executable, "-c", READY, address, str(count)], env=env,
-                          capture_output=True, timeout=STARTUP)
+    try:
+        done = subprocess.run([sys.executable, "-c", READY, address, str(count)], env=env,
+                              capture_output=True, timeout=ASK_S)
+    except subprocess.TimeoutExpired:
+        return False
     return done.returncode == 0
 
 
@@ -59,9 +69,12 @@ def local_cluster(base: Path) -> Iterator[Cluster]:
     port = free_port()
     address = f"127.0.0.1:{port}"
     processes: list[subprocess.Popen[bytes]] = []
+    # Ray's sockets live under its temp dir, and a Unix socket's path has at most 107 bytes:
+    # pytest's (per xdist worker) is too deep for them.
+    temp = Path(tempfile.mkdtemp(prefix="nscas-ray-", dir="/tmp"))
     try:
         processes.append(_start(["--head", "--port", str(port), "--include-dashboard=false",
-                                 "--temp-dir", str(base / "ray"),
+                                 "--temp-dir", str(temp),
                                  "--object-store-memory", str(100 << 20)],
                                 env, base / "head.log"))
         wait_until(lambda: processes[0].poll() is not None or _has_nodes(address, 1, env),
@@ -77,6 +90,7 @@ def local_cluster(base: Path) -> Iterator[Cluster]:
     finally:
         for process in reversed(processes):
             end_group(process)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def end_group(process: subprocess.Popen[bytes]) -> None:

@@ -66,7 +66,7 @@ def test_a_pipeline_on_the_cluster_gives_the_ids_of_a_sequential_run(
     init_store(tmp_path).close()
     file = write(tmp_path, "pipeline.toml",
                  f'[executor]\nkind = "ray"\naddress = "{cluster.address}"\n' + PIPELINE)
-    done = _nscas(cluster, tmp_path, "run", file, "--json")
+    done = _nscas(cluster, tmp_path, "run", file, "--json", "--jobs", "2")  # events, then results
     on_ray = {r["step"]: r for r in _results(done)}
     assert _ids(on_ray) == _ids(sequential)
     assert not any(r["cached"] for r in on_ray.values())
@@ -74,7 +74,7 @@ def test_a_pipeline_on_the_cluster_gives_the_ids_of_a_sequential_run(
     logs = [Path(e["log"]) for e in events if e["event"] == "done"]
     assert len(logs) == 3 and all(log.is_file() for log in logs)
     again = {r["step"]: r for r in _results(_nscas(cluster, tmp_path, "run", file, "--json",
-                                                   "--executor", "local"))}
+                                                   "--executor", "local", "--jobs", "1"))}
     assert all(r["cached"] for r in again.values())  # one step at a time after it: all cached
     assert {s: r["receipt"] for s, r in again.items()} == \
         {s: r["receipt"] for s, r in on_ray.items()}
