@@ -56,8 +56,10 @@ class ServeParams:
     """Attempts per request at most (a retry goes to the next endpoint)."""
     warmup: int = 4
     """Unmeasured warm-up requests per replica before the first phase."""
-    timeout: float = 120.0
-    """Seconds to wait for every replica to answer ready."""
+    timeout: float = 600.0
+    """Seconds to wait for every replica to answer ready. Each loads and checks its model
+    first, which on a busy machine takes minutes: a replica that is still starting is not a
+    failure; one that exits is, at once."""
     request_timeout: float = 300.0
     """Seconds one attempt may take before it counts as failed."""
     threads: int = 1
