@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -27,6 +26,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.ray.cluster import end_group  # noqa: E402  (the suite's way to end a node's group)
 
 STEP = """
 [[step]]
@@ -67,13 +71,7 @@ def _head(base: Path) -> Iterator[str]:
                 sys.exit("the benchmark's Ray head did not start")
         yield address
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=60)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        end_group(process)
 
 
 def _run(home: Path, file: Path, *extra: str) -> tuple[float, list[float], int]:
