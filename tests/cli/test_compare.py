@@ -41,7 +41,9 @@ def ran(nscas: Nscas, tmp_path: Path, wordcount: str) -> dict[str, dict]:
     (tmp_path / "b.txt").write_text("one two three two one one\n")
     nscas("add", str(tmp_path / "a.txt"), "--ref", "texts/a")
     nscas("add", str(tmp_path / "b.txt"), "--ref", "texts/b")
-    r = nscas("run", str(_pipeline(tmp_path)), "--json")
+    # One step at a time: compare lists a pipeline's steps in the order they started, which
+    # for independent steps run at once is whichever started first.
+    r = nscas("run", str(_pipeline(tmp_path)), "--json", "--jobs", "1")
     assert r.exit_code == 0, r.stderr
     return {s["step"]: s for s in r.json()}
 
