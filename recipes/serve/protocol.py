@@ -170,7 +170,9 @@ def _not_unicode(value: Any) -> str | None:
             for key, member in item.items():
                 if not _is_unicode(key):
                     return f"{path} key {_short(ascii(key))}"
-                pending.append((key if path == "body" else f"{path}.{_short(key)}", member))
+                # A key is shown as text only if printable: the reason stays one line.
+                shown = _short(key if key.isprintable() else ascii(key))
+                pending.append((shown if path == "body" else f"{path}.{shown}", member))
         elif isinstance(item, list):
             pending.extend((f"{path}[{i}]", member) for i, member in enumerate(item))
     return None
