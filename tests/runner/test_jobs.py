@@ -453,3 +453,26 @@ def test_a_steps_share_is_not_part_of_its_action(tmp_path: Path, site: Path) -> 
         'params = { label = "c" }', 'params = { label = "c" }\nshare = 4')), "--jobs", "2")
     assert all(r["cached"] for r in shared)
     assert [r["action"] for r in shared] == [r["action"] for r in plain]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--executor", "slurm"), "--executor must be one of local, ray, got 'slurm'"),
+    (("--executor", "ray", "--recipe-file"), "--executor ray runs a pipeline file's steps"),
+])
+def test_a_bad_executor_flag_is_one_line_and_runs_nothing(tmp_path: Path, site: Path,
+                                                          args: tuple[str, ...],
+                                                          says: str) -> None:
+    home = _home(tmp_path, "home")
+    if "--recipe-file" in args:
+        file = write(tmp_path, "one.toml", 'recipe = "probe"\n')
+        args = args[:-1]
+    else:
+        file = write(tmp_path, "diamond.toml", DIAMOND)
+    with Store(home / ".nscas") as store:
+        before = snapshot(store)
+    done = nscas_process(home, site, "run", file, *args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert says in done.stderr
+    with Store(home / ".nscas") as store:
+        assert snapshot(store) == before
