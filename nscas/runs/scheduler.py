@@ -141,7 +141,8 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
     needs: dict[str, Needs] = {}
     for item in planned.steps:
         needs[item.step.name] = needs_of(item.recipe.name, item.params)
-        why = pool.never_fits(needs[item.step.name])
+        why = pool.never_fits(needs[item.step.name]) or (
+            options.executor.never_fits(needs[item.step.name]) if options.executor else None)
         if why is not None:
             raise StepNeverFits(item.step.name, why)
     emit = on_event or (lambda _: None)
