@@ -49,6 +49,9 @@ class Executor(Protocol):
         """Why a step with these needs could never start where this executor puts it, though
         the machine's totals hold them (a cluster's steps run on one node each); else None."""
 
+    def devices(self, needs: Needs, grant: Grant) -> str:
+        """What a started step was given, as its ``running`` event shows it."""
+
     def start(self, spec: JobSpec, *, needs: Needs, grant: Grant, log: Path,
               post: Post) -> Running:
         """Start ``spec``'s step with what ``grant`` gave it; its output goes to ``log``."""
@@ -59,6 +62,9 @@ class LocalProcesses:
 
     def never_fits(self, needs: Needs) -> str | None:
         return None  # one machine: its totals are what a step can have
+
+    def devices(self, needs: Needs, grant: Grant) -> str:
+        return grant.describe()  # its very cores and GPUs
 
     def start(self, spec: JobSpec, *, needs: Needs, grant: Grant, log: Path,
               post: Post) -> Running:

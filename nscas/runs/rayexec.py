@@ -170,6 +170,13 @@ class RayCluster:
         return (f"it needs {needs.describe()} on one node; no node of the Ray cluster has "
                 f"them (its nodes have at most {cpus:g} CPUs and {most:g} GPUs each)")
 
+    def devices(self, needs: Needs, grant: Grant) -> str:
+        """What the task asked Ray for (the grant's cores only count the cluster's CPUs; Ray
+        picks the node, which the task's first note names)."""
+        gpus = self._gpus(needs)
+        return f"ray: {needs.cores} CPU{'s' if needs.cores != 1 else ''}" + (
+            f", {gpus:g} GPU{'s' if gpus > 1 else ''}" if gpus else "")
+
     def start(self, spec: JobSpec, *, needs: Needs, grant: Grant, log: Path,
               post: Post) -> Running:
         gpus = self._gpus(needs)

@@ -280,7 +280,8 @@ class _Run:
                                       post=post)
         self.running[step] = _Job(step=step, running=running, grant=grant,
                                   needs=self.needs[step], started=time.monotonic(), log=log)
-        self.emit(StepEvent(step=step, state="running", devices=grant.describe(), log=log))
+        self.emit(StepEvent(step=step, state="running",
+                            devices=self.executor.devices(self.needs[step], grant), log=log))
 
     def _relay(self, step: str, event: dict[str, Any]) -> None:
         kind = event.get("event")

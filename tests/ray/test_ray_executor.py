@@ -74,6 +74,10 @@ def test_a_pipeline_on_the_cluster_gives_the_ids_of_a_sequential_run(
     events = [json.loads(line) for line in done.stdout.splitlines()[:-1]]
     logs = [Path(e["log"]) for e in events if e["event"] == "done"]
     assert len(logs) == 3 and all(log.is_file() for log in logs)
+    # What each task asked Ray for, and then the node Ray chose.
+    assert {e["devices"] for e in events if e["event"] == "running"} == {"ray: 1 CPU"}
+    assert {e["step"] for e in events if e["event"] == "note"
+            and e["message"].startswith("on Ray node ")} == {"prepare", "tokenizer", "init"}
     # A task's progress comes back as a local job's does (prepare says what it generates).
     assert {"event": "progress", "step": "prepare", "done": 0,
             "description": "generating tasks"}.items() <= next(
