@@ -82,7 +82,7 @@ class LiveTable:
                 row.progress = " ".join(p for p in (done, format_fields(event.fields)) if p)
             if event.seconds is not None:
                 row.seconds = event.seconds
-            if event.state in ("failed", "not-run", "stopped") and event.message:
+            if event.state in ("failed", "not-run", "stopped", "note") and event.message:
                 row.progress = event.message
         self._then(event)
 

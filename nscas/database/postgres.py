@@ -9,7 +9,7 @@ with advisory locks (nscas.database.writes).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,13 @@ class PgConnection:
 
     dialect: Dialect = "postgresql"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, settings: Mapping[str, str] | None = None) -> None:
+        """``settings``: server settings of this session (``-c NAME=VALUE`` at its start)."""
         # The settings go into the conninfo (as connect would put them), not as keywords of
         # connect, whose own keywords (autocommit, context, ...) are typed otherwise.
-        self._c = psycopg.connect(make_conninfo(url, **_OPTIONS), autocommit=True)
+        extra = {"options": " ".join(f"-c {k}={v}" for k, v in settings.items())} \
+            if settings else {}
+        self._c = psycopg.connect(make_conninfo(url, **_OPTIONS, **extra), autocommit=True)
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
         # No statement of the queries holds a '?' or a '%' of its own: each is a placeholder.

@@ -45,6 +45,13 @@ class Running(Protocol):
 
 
 class Executor(Protocol):
+    def never_fits(self, needs: Needs) -> str | None:
+        """Why a step with these needs could never start where this executor puts it, though
+        the machine's totals hold them (a cluster's steps run on one node each); else None."""
+
+    def devices(self, needs: Needs, grant: Grant) -> str:
+        """What a started step was given, as its ``running`` event shows it."""
+
     def start(self, spec: JobSpec, *, needs: Needs, grant: Grant, log: Path,
               post: Post) -> Running:
         """Start ``spec``'s step with what ``grant`` gave it; its output goes to ``log``."""
@@ -52,6 +59,12 @@ class Executor(Protocol):
 
 class LocalProcesses:
     """Each step in a process of its own on this machine, with its grant's cores and GPUs."""
+
+    def never_fits(self, needs: Needs) -> str | None:
+        return None  # one machine: its totals are what a step can have
+
+    def devices(self, needs: Needs, grant: Grant) -> str:
+        return grant.describe()  # its very cores and GPUs
 
     def start(self, spec: JobSpec, *, needs: Needs, grant: Grant, log: Path,
               post: Post) -> Running:

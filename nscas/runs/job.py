@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from nscas.errors import NscasError
 from nscas.objects.digests import Digest
@@ -73,6 +73,13 @@ class Outcome:
     receipt: Digest | None = None
 
 
+class EventSink(Protocol):
+    """Where a running step's events go: a job's pipe (``Events``), or the Ray executor's
+    queue back to the scheduler."""
+
+    def send(self, event: dict[str, Any]) -> None: ...
+
+
 class Events:
     """Writes a job's events to a stream (its pipe); thread-safe (a recipe may report from threads)."""
 
@@ -89,7 +96,7 @@ class Events:
 class EventProgress:
     """``Progress`` as events: the scheduler shows them in its table."""
 
-    def __init__(self, events: Events) -> None:
+    def __init__(self, events: EventSink) -> None:
         self._events = events
         self._done = 0
         self._total: int | None = None
@@ -117,14 +124,14 @@ class EventProgress:
         self._events.send({"event": "note", "message": message})
 
 
-def run_job(spec: JobSpec, events: Events) -> Outcome:
+def run_job(spec: JobSpec, events: EventSink) -> Outcome:
     from nscas.store.writer import Store
 
     with Store(Path(spec.store)) as store:
         return run_in(store, spec, events)
 
 
-def run_in(store: Store, spec: JobSpec, events: Events) -> Outcome:
+def run_in(store: Store, spec: JobSpec, events: EventSink) -> Outcome:
     """Run the spec's step in ``store`` (opened by the caller: the spec's, as a node sees it)."""
     from nscas.runs.plans import plan_one_step
     from nscas.runs.runner import StepFailed, StepResult, run_plan

@@ -7,9 +7,11 @@ GPUs, 1/K of one under ``--gpu-share K``) and runs the one step through the job'
 (a local store every node of one host sees) or its config (a team store: PostgreSQL + S3). So
 the actions, outputs and IDs are those of a sequential run, and the store is the only state
 steps share: a task returns its step's result (IDs and claims, pickled) and its output text,
-never object data. A worker that dies mid-step is retried by Ray (``MAX_RETRIES``); the
-action's claim (nscas.store.claims) died with it, so the retry runs the same action again.
-Ray is imported here only, and only when a run asks for it (the extra ``nscas[ray]``).
+never object data. While it runs, its events (progress, notes) come back through one queue
+actor per run, as a local job's come through its pipe. A worker that dies mid-step is retried
+by Ray (``MAX_RETRIES``); the action's claim (nscas.store.claims) died with it, so the retry
+runs the same action again, and takes over the dead run's work area. Ray is imported here
+only, and only when a run asks for it (the extra ``nscas[ray]``).
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nscas.errors import NscasError
 from nscas.runs.executor import Post, Running
-from nscas.runs.job import Events, JobSpec, Outcome, run_in
+from nscas.runs.job import JobSpec, Outcome, run_in
 from nscas.runs.resources import Gpu, Grant, Machine, Needs
 from nscas.store.config import StoreConfig
 from nscas.store.locating import DB_NAME
@@ -45,6 +48,8 @@ CONNECT_S = 10.0
 """How long the cluster's address has to accept a connection."""
 LOG_TAIL_BYTES = 1 << 20
 """The most of a task's output brought back to its log (its end)."""
+RELAY_WAIT_S = 1.0
+"""How long the scheduler's side waits for one event before it looks whether the run ended."""
 
 
 class RayMissing(NscasError):
@@ -86,7 +91,24 @@ def connect(address: str | None, *, store: Store, gpu_share: int = 1) -> RayClus
                  include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterUnreachable(where, _first_line(exc)) from None
+    _cluster_messages_to_stderr(ray)
     return RayCluster(store=store, gpu_share=gpu_share)
+
+
+def _cluster_messages_to_stderr(ray: Any) -> None:
+    """Ray's driver prints what the cluster reports to it (a worker died, a task is retried)
+    to stdout, even with ``log_to_driver`` off; stdout is nscas's own (``--json``), so they go
+    to stderr. Ray has no setting for it: its printer is wrapped, where this Ray has one."""
+    module = ray._private.worker
+    printer: Callable[..., None] | None = getattr(module, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    module.print_to_stdstream = to_stderr
 
 
 def _answers(address: str) -> None:
@@ -106,12 +128,22 @@ class RayCluster:
 
     def __init__(self, *, store: Store, gpu_share: int) -> None:
         import ray
+        from ray.util.queue import Queue
 
         self._ray: Any = ray  # untyped: its calls are not checked
         self._task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(run_on_node)
         self._store = str(store.root.resolve())
         self._config = store.config
         self._gpu_share = gpu_share
+        # The tasks' events, each tagged with its task's key; an actor that asks for no CPU,
+        # so it never waits for (or holds) a step's.
+        self._queue: Any = Queue(actor_options={"num_cpus": 0})
+        self._tasks: dict[str, _Task] = {}
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._relay = threading.Thread(target=self._relay_events, name="ray-events",
+                                       daemon=True)
+        self._relay.start()
 
     def machine(self) -> Machine:
         """The cluster's CPUs and GPUs, as the scheduler's pool hands them out; Ray places each
@@ -122,43 +154,106 @@ class RayCluster:
                        gpus=tuple(Gpu(index=i, memory_gb=math.inf)
                                   for i in range(int(total.get("GPU", 0)))))
 
+    def _gpus(self, needs: Needs) -> float:
+        """What a task asks Ray for: 1/K of a GPU for a one-GPU step under ``--gpu-share K``."""
+        return 1 / self._gpu_share if needs.gpus == 1 and self._gpu_share > 1 else needs.gpus
+
+    def never_fits(self, needs: Needs) -> str | None:
+        """A task runs on one node: a step that no node's CPUs and GPUs hold would wait in
+        Ray for ever (Ray calls it infeasible), so it fails before the run starts."""
+        nodes = [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]
+        gpus = self._gpus(needs)
+        if any(n.get("CPU", 0) >= needs.cores and n.get("GPU", 0) >= gpus for n in nodes):
+            return None
+        cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+        most = max((n.get("GPU", 0) for n in nodes), default=0)
+        return (f"it needs {needs.describe()} on one node; no node of the Ray cluster has "
+                f"them (its nodes have at most {cpus:g} CPUs and {most:g} GPUs each)")
+
+    def devices(self, needs: Needs, grant: Grant) -> str:
+        """What the task asked Ray for (the grant's cores only count the cluster's CPUs; Ray
+        picks the node, which the task's first note names)."""
+        gpus = self._gpus(needs)
+        return f"ray: {needs.cores} CPU{'s' if needs.cores != 1 else ''}" + (
+            f", {gpus:g} GPU{'s' if gpus > 1 else ''}" if gpus else "")
+
     def start(self, spec: JobSpec, *, needs: Needs, grant: Grant, log: Path,
               post: Post) -> Running:
-        gpus: float = needs.gpus
-        if needs.gpus == 1 and self._gpu_share > 1:
-            gpus = 1 / self._gpu_share
+        gpus = self._gpus(needs)
         spec = replace(spec, store=self._store, file=str(Path(spec.file).resolve()), cores=())
         threads = max(1, needs.cores // max(1, needs.world))
+        key = uuid.uuid4().hex
         ref = self._task.options(num_cpus=needs.cores, num_gpus=gpus).remote(
-            spec.to_json(), self._config, threads)
-        task = _Task(self._ray, ref)
-        threading.Thread(target=task.follow, args=(log, post), name=f"ray-{spec.step}",
+            spec.to_json(), self._config, threads, self._queue.actor, key)
+        task = _Task(self._ray, ref, post)
+        with self._lock:
+            self._tasks[key] = task
+        threading.Thread(target=task.follow, args=(log,), name=f"ray-{spec.step}",
                          daemon=True).start()
         return task
 
+    def _relay_events(self) -> None:
+        """The tasks' events, to the task each names (this thread's only output)."""
+        from ray.util.queue import Empty
+
+        while not self._closing.is_set():
+            try:
+                key, event = self._queue.get(timeout=RELAY_WAIT_S)
+            except Empty:
+                continue
+            except self._ray.exceptions.RayError:  # the queue's actor is gone: no more events
+                return
+            with self._lock:
+                task = self._tasks.get(key)
+            if task is not None and isinstance(event, dict):
+                task.relay(event)
+
     def close(self) -> None:
+        self._closing.set()
+        with contextlib.suppress(self._ray.exceptions.RayError):
+            self._ray.kill(self._queue.actor)  # ends a wait for an event at once
+        self._relay.join(timeout=RELAY_WAIT_S + CONNECT_S)
         self._ray.shutdown()
 
 
 class _Task:
-    def __init__(self, ray: Any, ref: Any) -> None:
-        self._ray, self._ref = ray, ref
+    def __init__(self, ray: Any, ref: Any, post: Post) -> None:
+        self._ray, self._ref, self._post = ray, ref, post
         self._why = "the Ray task ended"
         self._ended = threading.Event()
+        self._posting = threading.Lock()  # no event after the end
+        self._attempts = 0
 
-    def follow(self, log: Path, post: Post) -> None:
-        """Wait for the task; its output to ``log``, its outcome to ``post`` (this thread's
-        only output)."""
+    def relay(self, event: dict[str, Any]) -> None:
+        """One event the task sent while it ran (from the cluster's event thread). Its start
+        becomes a note of where it runs; a second start is Ray running the step again."""
+        if event.get("event") == "started":
+            self._attempts += 1
+            where = f"on Ray node {event.get('node')}, worker pid {event.get('pid')}"
+            event = {"event": "note", "message": where if self._attempts == 1 else
+                     f"Ray runs the step again (attempt {self._attempts}, {where}): the worker "
+                     f"of its last attempt died"}
+        with self._posting:
+            if not self._ended.is_set():
+                self._post(event)
+
+    def follow(self, log: Path) -> None:
+        """Wait for the task; its output to ``log``, its outcome, then its end, to the
+        scheduler (this thread's only output)."""
         try:
             outcome, text = self._ray.get(self._ref)
         except Exception as exc:  # Ray's own errors: the task failed, was cancelled, or lost
             self._why = f"the Ray task failed ({_first_line(exc)})"
+            outcome = None
         else:
             with log.open("ab") as out:
                 out.write(text)
-            post({"event": "outcome", "pickle": base64.b64encode(outcome).decode("ascii")})
-        self._ended.set()
-        post(None)
+        with self._posting:
+            if outcome is not None:
+                self._post({"event": "outcome",
+                            "pickle": base64.b64encode(outcome).decode("ascii")})
+            self._ended.set()
+            self._post(None)
 
     # Ray must not be asked to cancel a task that has ended (its core worker aborts the
     # driver on a finished task's retried attempt): both ask only while it runs.
@@ -178,9 +273,13 @@ class _Task:
         return self._why
 
 
-def run_on_node(spec_json: str, config: StoreConfig | None, threads: int) -> tuple[bytes, bytes]:
-    """A step, on the node Ray chose: (its outcome pickled, the end of its output)."""
+def run_on_node(spec_json: str, config: StoreConfig | None, threads: int, queue: Any,
+                key: str) -> tuple[bytes, bytes]:
+    """A step, on the node Ray chose: (its outcome pickled, the end of its output); its
+    events go to the run's queue actor ``queue`` tagged ``key``, its start first."""
     spec = JobSpec.from_json(spec_json)
+    events = _QueueEvents(queue, key)
+    events.send({"event": "started", "node": socket.gethostname(), "pid": os.getpid()})
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
     with _output_captured() as output:
         try:
@@ -188,10 +287,21 @@ def run_on_node(spec_json: str, config: StoreConfig | None, threads: int) -> tup
         except StoreUnreachable as exc:
             outcome = Outcome(error=exc.message, exit_code=exc.exit_code)
         else:
-            with store, open(os.devnull, "w") as sink:
-                outcome = run_in(store, spec, Events(sink))
+            with store:
+                outcome = run_in(store, spec, events)
         text = output.read()
     return pickle.dumps(outcome), text
+
+
+class _QueueEvents:
+    """A task's events, to the run's queue actor: sent without waiting for it (an actor
+    runs one caller's calls in order), so a step never waits on its progress report."""
+
+    def __init__(self, queue: Any, key: str) -> None:
+        self._queue, self._key = queue, key
+
+    def send(self, event: dict[str, Any]) -> None:
+        self._queue.put_nowait.remote((self._key, event))
 
 
 def open_on_node(root: str, config: StoreConfig | None) -> Store:

@@ -267,7 +267,7 @@ def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mappi
              action: Digest, progress: Progress, rerun: bool,
              names: RunNames) -> tuple[Digest, RecipeResult | None, str | None]:
     started = _now()
-    area = store.work_area(action)
+    area = store.work_area(action, action_claimed=True)  # run_step holds the action's claim
     ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=area.scratch,
                      progress=progress, store_path=store.root, rerun=rerun, action=action,
                      work_area=area.persistent)

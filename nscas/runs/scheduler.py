@@ -141,7 +141,8 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
     needs: dict[str, Needs] = {}
     for item in planned.steps:
         needs[item.step.name] = needs_of(item.recipe.name, item.params)
-        why = pool.never_fits(needs[item.step.name])
+        why = pool.never_fits(needs[item.step.name]) or (
+            options.executor.never_fits(needs[item.step.name]) if options.executor else None)
         if why is not None:
             raise StepNeverFits(item.step.name, why)
     emit = on_event or (lambda _: None)
@@ -279,7 +280,8 @@ class _Run:
                                       post=post)
         self.running[step] = _Job(step=step, running=running, grant=grant,
                                   needs=self.needs[step], started=time.monotonic(), log=log)
-        self.emit(StepEvent(step=step, state="running", devices=grant.describe(), log=log))
+        self.emit(StepEvent(step=step, state="running",
+                            devices=self.executor.devices(self.needs[step], grant), log=log))
 
     def _relay(self, step: str, event: dict[str, Any]) -> None:
         kind = event.get("event")

@@ -21,10 +21,18 @@ from nscas.database import writes
 from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
+    from nscas.database.postgres import PgConnection
     from nscas.store.writer import Store
 
 CLAIMS_FILE = "claims.lock"
 CLAIM_CLASS = 0x6E736372  # PostgreSQL advisory lock class of action claims ("nscr")
+CLAIM_SESSION = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5",
+                 "tcp_keepalives_count": "3", "tcp_user_timeout": "30000"}
+"""The server's TCP settings for a claim's session. A holder that dies on a live host loses
+its claim at once (its host closes the connection); one whose host died or was cut off sends
+nothing more, and the server ends its session, and the claim, once about 25 s of probes go
+unanswered (30 s for data it sent), not after the system's default of over two hours: so a
+step Ray retries on another node waits that long, not hours."""
 _OFFSET_BYTES = 7  # offsets below 2^56: far inside off_t, and collisions need 2^28 actions
 
 
@@ -47,11 +55,9 @@ def claim_action(store: Store, action: Digest) -> Iterator[None]:
 
 @contextmanager
 def _pg_claim(store: Store, action: Digest) -> Iterator[None]:
-    from nscas.database.postgres import PgConnection
-
     assert store.config is not None
     key = int.from_bytes(bytes.fromhex(action.hex[:8]), "big", signed=True)
-    c = PgConnection(store.config.database)  # its own session: the lock lives as long as it
+    c = claim_session(store.config.database)  # its own: the lock lives as long as it
     try:
         writes.hold_session_lock(c, CLAIM_CLASS, key)
         try:
@@ -60,3 +66,10 @@ def _pg_claim(store: Store, action: Digest) -> Iterator[None]:
             writes.release_session_lock(c, CLAIM_CLASS, key)
     finally:
         c.close()
+
+
+def claim_session(database: str) -> PgConnection:
+    """A session of its own for one claim, which the server ends soon after its host dies."""
+    from nscas.database.postgres import PgConnection
+
+    return PgConnection(database, settings=CLAIM_SESSION)

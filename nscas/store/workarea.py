@@ -90,16 +90,20 @@ class WorkAreas:
     def __init__(self, store_root: Path) -> None:
         self.dir = store_root / WORK_DIR
 
-    def claim(self, action: Digest) -> WorkArea:
+    def claim(self, action: Digest, *, action_claimed: bool = False) -> WorkArea:
         """Hold the area of ``action`` for this process: made if new, taken over if its last
         holder is gone, refused (``WorkAreaBusy``) if a live process holds it. Its scratch
-        directory starts empty; what its persistent directory holds is kept."""
+        directory starts empty; what its persistent directory holds is kept.
+
+        A holder on another host cannot be asked whether it lives, so its area is refused,
+        unless ``action_claimed``: the caller holds the action's claim (nscas.store.claims),
+        which that holder held while it ran and lost when it ended, so it has ended."""
         area = WorkArea(action=action, root=self.dir / action.hex)
         with self._locked():
             if area.root.is_dir():
                 owner = read_owner(area.root)
-                if owner is not None and ((owner.pid is not None and owner.host != _HOST)
-                                          or is_alive(owner)):
+                if owner is not None and owner.pid is not None and (
+                        is_alive(owner) or (owner.host != _HOST and not action_claimed)):
                     raise WorkAreaBusy(action, owner)
                 _write_owner(area.root, _me(action))
             else:

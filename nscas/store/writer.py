@@ -362,14 +362,15 @@ class Store(StoreReader):
 
     # -------------------------------------------------------------- work areas
 
-    def work_area(self, action: Digest) -> WorkArea:
+    def work_area(self, action: Digest, *, action_claimed: bool = False) -> WorkArea:
         """Hold the work area of ``action`` (``work/<hex>/``) for this process: its persistent
         directory survives a crash, for a later run of the action to resume from; its scratch
-        directory starts empty. Raises ``WorkAreaBusy`` while a live process holds it."""
+        directory starts empty. Raises ``WorkAreaBusy`` while a live process holds it (or one
+        on another host, unless ``action_claimed``: this process holds the action's claim)."""
         if self.readonly:
             raise StoreError("store opened read-only")
         with _faults(self.root):
-            return WorkAreas(self.root).claim(action)
+            return WorkAreas(self.root).claim(action, action_claimed=action_claimed)
 
     def release_work_area(self, area: WorkArea, *, keep: bool) -> None:
         """End the hold: scratch goes; the persistent directory stays only with ``keep``."""

@@ -1,7 +1,14 @@
 """A real two-node Ray cluster on 127.0.0.1 for the Ray executor's tests: a head and a second
 node, each a ``ray start --block`` process (and its daemons) in a process group of its own,
 ended by that group when the tests are done (never ``ray stop``, which ends every Ray on the
-host)."""
+host).
+
+Ray 2.60 does not keep such a cluster on loopback: it turns ``--node-ip-address 127.0.0.1``
+into the host's own address (``services.resolve_ip_for_localhost``, since ray#1556; see
+ray#59110), which its nodes and workers then advertise, and its gRPC servers listen on every
+interface. The traffic stays on this host (that address is one of its own), but not on
+127.0.0.1; the one switch that keeps loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``)
+refuses a second node."""
 
 from __future__ import annotations
 
@@ -21,6 +28,9 @@ from tests.store.services import S3_KEYS, free_port
 from tests.waiting import STARTUP, wait_until
 
 RAY = Path(sys.executable).parent / "ray"
+NODE_CPUS = 2
+"""Each node's CPUs as Ray counts them (not its cores): enough for the demo's two-rank train
+and its serve, which need two on one node."""
 READY = """
 import sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
@@ -42,7 +52,7 @@ class Cluster:
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([str(RAY), "start", "--block", "--node-ip-address", "127.0.0.1",
-                                 "--num-cpus", "1", "--num-gpus", "0",
+                                 "--num-cpus", str(NODE_CPUS), "--num-gpus", "0",
                                  "--disable-usage-stats", *args],
                                 env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)

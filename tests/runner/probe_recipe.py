@@ -25,7 +25,8 @@ class ProbeParams:
     hold: str = ""
     """A directory: where an execution writes ``<label>.json`` (its pid, process group, CPU
     affinity and device variables; appended, one object a line), then, if
-    ``<label>.release`` is a FIFO there, waits until its writer closes it."""
+    ``<label>.release`` is a FIFO there, waits until its writer closes it (a FIFO removed
+    before it is opened releases it too)."""
     cores: int = 1
     """The CPU cores the step declares it needs (``needs`` below)."""
     gpus: int = 0
@@ -56,8 +57,11 @@ def _hold(where: Path, label: str) -> None:
         f.write(json.dumps(facts) + "\n")
     release = where / f"{label}.release"
     if release.exists():
-        with release.open("rb") as f:  # opens once the test holds the writing end
-            f.read()
+        try:
+            with release.open("rb") as f:  # opens once the test holds the writing end
+                f.read()
+        except FileNotFoundError:
+            pass  # removed since: released
 
 
 def needs(params: ProbeParams) -> Needs:

@@ -476,3 +476,19 @@ def test_a_bad_executor_flag_is_one_line_and_runs_nothing(tmp_path: Path, site: 
     assert says in done.stderr
     with Store(home / ".nscas") as store:
         assert snapshot(store) == before
+
+
+def test_a_claims_session_ends_soon_after_its_host_dies(request: pytest.FixtureRequest) -> None:
+    # A holder whose host died sends no FIN: the server ends its session (and frees the
+    # claim, for Ray's retry elsewhere) once its keepalives go unanswered, set here.
+    from nscas.store.claims import CLAIM_SESSION, claim_session
+
+    database = request.getfixturevalue("team_services").config().database
+    c = claim_session(database)
+    try:
+        shown = {name: c.execute(f"SHOW {name}").fetchone()[0] for name in CLAIM_SESSION}
+    finally:
+        c.close()
+    # As set (a session without them reads the system's 0; one over a Unix socket reads 0).
+    assert shown == {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5",
+                     "tcp_keepalives_count": "3", "tcp_user_timeout": "30000"}

@@ -121,3 +121,23 @@ def test_leftovers_of_an_interrupted_create_are_removed(store: Store) -> None:
     report = gc(store, min_age=0)
     assert sorted((a.path.name, a.reason) for a in report.work_areas if a.removed) == [
         (".tmp-0123", "incomplete"), (".trash-4567", "incomplete")]
+
+
+def test_an_area_held_on_another_host_is_taken_over_only_under_the_actions_claim(
+        store: Store) -> None:
+    action = an_action(store, "elsewhere")
+    area = store.work_area(action)
+    (area.persistent / "progress").write_text("half done\n")
+    owner = json.loads((area.root / "owner.json").read_text())
+    # As a run on another host leaves it when it dies there (a Ray worker on another node).
+    (area.root / "owner.json").write_text(json.dumps({**owner, "host": "another-host"}))
+    with pytest.raises(WorkAreaBusy, match="on another-host"):  # it cannot be asked
+        store.work_area(action)
+    # A run holding the action's claim knows that holder has ended: it held the claim.
+    taken = store.work_area(action, action_claimed=True)
+    assert (taken.persistent / "progress").read_text() == "half done\n"
+    held = read_owner(taken.root)
+    assert held is not None and held.pid == os.getpid() and held.host != "another-host"
+    with pytest.raises(WorkAreaBusy):  # a live holder on this host is refused even so
+        store.work_area(action, action_claimed=True)
+    store.release_work_area(taken, keep=False)
