@@ -363,13 +363,14 @@ def walk(objects: Objects, target: str) -> tuple[Closure, list[Check]]:
                                    f"{oid} is {_article(kind or BLOB)}")
         if kind is None:
             continue
-        data = objects.bytes(oid)
-        failed = [c for c in check_record(data, name="record") if c.status != "passed"]
-        if failed:
-            found.bad_records.append(f"{oid}: " + "; ".join(
-                f"{c.name.split('.')[-1]}: {c.message}" for c in failed))
+        try:  # the strict parse, which the checks below only repeat to list every problem
+            value = objects.record(oid)
+        except Unusable as exc:
+            failed = [c for c in check_record(objects.bytes(oid), name="record")
+                      if c.status != "passed"]
+            found.bad_records.append(f"{oid}: " + ("; ".join(
+                f"{c.name.split('.')[-1]}: {c.message}" for c in failed) or exc.why))
             continue
-        value = objects.record(oid)
         found.records[oid] = value["nscas"]
         for link in objects.links(oid):
             found.linked.setdefault(link.target, []).append((oid, value["nscas"], link.path))
