@@ -30,9 +30,9 @@ from nscas.runs.runner import StepResult
 from nscas.store.writer import Store
 from nscas.verifiers.core.results import Report
 from nscas.verifiers.verify import exit_code, verify
-from tests.pipelines import run_pipeline
 
 from .conftest import EXPERIMENT
+from .conftest import experiment as shared_experiment
 
 ARMS = ("seed", "clean-single", "clean-pair")
 CLAIMS = {
@@ -80,12 +80,11 @@ class Experiment:
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]:
     """A store of its own (the forgeries here add receipts that would compete, as producers
-    of the same outputs, with the session experiment's)."""
-    import torch
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("report-experiment")
-    store, steps = run_pipeline(root, EXPERIMENT, name="experiment.toml")
+    of the same outputs, with the session experiment's): a copy of the tamper suite's run of
+    ``EXPERIMENT``, which runs once per test run."""
+    root, steps = shared_experiment(tmp_path_factory)
+    assert (root / "experiment.toml").read_text() == EXPERIMENT
+    store = Store(root / ".nscas")
     yield Experiment(root=root, store=store, steps=steps)
     store.close()
 

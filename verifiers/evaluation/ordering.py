@@ -32,7 +32,6 @@ from typing import Any
 
 from ..core.results import Check
 from ..records.closure import Objects, Unusable
-from ..records.reading import extract_links
 
 
 def _evaluation_tasks(objects: Objects, oid: str) -> str | None:
@@ -148,22 +147,26 @@ def test_set_check(objects: Objects, receipt_id: str, tasks: str, name: str) -> 
 
 
 def forward_records(objects: Objects, root: str) -> list[str]:
-    """Every object reachable from ``root`` through links (only records are read)."""
-    seen, order, stack = {root}, [], [root]
-    while stack:
-        oid = stack.pop()
-        order.append(oid)
-        if objects.kind(oid) is None:
-            continue
-        try:
-            value = objects.record(oid)
-        except Unusable:
-            continue
-        for link in extract_links(value):
-            if link.target not in seen:
-                seen.add(link.target)
-                stack.append(link.target)
-    return order
+    """Every object reachable from ``root`` through links (only records are read); walked
+    once per root and verification (``objects.memo``), as every evaluation asks again."""
+    key = ("forward-records", root)
+    if key not in objects.memo:
+        seen, order, stack = {root}, [], [root]
+        while stack:
+            oid = stack.pop()
+            order.append(oid)
+            if objects.kind(oid) is None:
+                continue
+            try:
+                links = objects.links(oid)
+            except Unusable:
+                continue
+            for link in links:
+                if link.target not in seen:
+                    seen.add(link.target)
+                    stack.append(link.target)
+        objects.memo[key] = tuple(order)
+    return list(objects.memo[key])
 
 
 def producers(objects: Objects, oid: str) -> list[str]:

@@ -24,7 +24,7 @@ from ..records.closure import Objects, Unusable
 from ..records.reading import parse_json
 from ..tasks.chat import TemplateError, end_of_turn, prompt_renderer, template_source
 from ..tasks.checker import CheckResult, check_answer, compute_target
-from ..tasks.tasksets import Task, expected_target, read_lines, task_lines
+from ..tasks.tasksets import Task, expected_target, task_lines
 from .stats import (
     CONTRACT_MAX_P,
     CONTRACT_MAX_RETENTION_UPPER,
@@ -79,7 +79,7 @@ def rescore(objects: Objects, receipt: Mapping[str, Any],
     tasks_record, lines = task_lines(objects, action["inputs"]["tasks"])
     damaged = tasks_record.get("control") == "damaged"
     try:
-        gens = read_lines(objects.bytes(receipt["outputs"]["generations"]), "generations")
+        gens = objects.lines(receipt["outputs"]["generations"], "generations")
     except RecordParseError as exc:
         raise Unusable(receipt["outputs"]["generations"], exc.message) from None
     problems = []
@@ -131,7 +131,7 @@ def answer_claims(scored: Scored) -> dict[str, Any]:
 def check_lines(objects: Objects, checks_id: str, scored: Scored, name: str) -> Check:
     """The run's ``checks`` blob must say what the re-scoring says, line by line."""
     try:
-        lines = read_lines(objects.bytes(checks_id), "checks")
+        lines = objects.lines(checks_id, "checks")
     except RecordParseError as exc:
         return Check.failed(name, exc.message)
     expected = [{"id": i, "family": f, "variant": v, **r.to_dict()}
@@ -165,7 +165,7 @@ def timing_checks(objects: Objects, timings_id: str, scored: Scored, name: str) 
     task order, its rate the generation's output tokens over its seconds. The seconds
     themselves are self-reported (docs/verify.md)."""
     try:
-        lines = read_lines(objects.bytes(timings_id), "timings")
+        lines = objects.lines(timings_id, "timings")
     except RecordParseError as exc:
         return Check.failed(name, exc.message)
     problems = []
@@ -307,7 +307,7 @@ def paired_claims(candidate: Scored, baseline: Scored) -> tuple[dict[str, Any], 
 def losses_of(objects: Objects, blob: str, probes: list[str]) -> dict[str, float]:
     """A retention blob's ``{id, loss}`` lines; ids must be the probes, in order."""
     try:
-        lines = read_lines(objects.bytes(blob), "retention losses")
+        lines = objects.lines(blob, "retention losses")
     except RecordParseError as exc:
         raise Unusable(blob, exc.message) from None
     if [line.get("id") for line in lines] != probes:

@@ -36,7 +36,14 @@ import blake3
 
 from ..core.errors import MissingObject, RecordParseError, VerifierError
 from ..core.results import Check, Needs
-from .reading import MAX_RECORD_BYTES, check_record, extract_links, parse_json, parse_record
+from .reading import (
+    MAX_RECORD_BYTES,
+    Link,
+    check_record,
+    parse_json,
+    parse_record,
+    read_lines,
+)
 from .sources import Source, Unreadable
 
 CACHE_LIMIT = 64 << 20
@@ -126,6 +133,8 @@ class Objects:
     needs weights, so a check that does is skipped, not failed."""
     _states: dict[str, _State] = field(default_factory=dict)
     _records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _links: dict[str, tuple[Link, ...]] = field(default_factory=dict)
+    _lines: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _kinds: dict[str, str | None] = field(default_factory=dict)
 
     def state(self, oid: str) -> _State:
@@ -201,10 +210,27 @@ class Objects:
         cached = self._records.get(oid)
         if cached is None:
             try:
-                cached = parse_record(self.bytes(oid)).value
+                parsed = parse_record(self.bytes(oid))
             except RecordParseError as exc:
                 raise Unusable(oid, exc.message) from None
-            self._records[oid] = cached
+            cached = self._records[oid] = parsed.value
+            self._links[oid] = parsed.links
+        return cached
+
+    def links(self, oid: str) -> tuple[Link, ...]:
+        """Every link of record ``oid`` (``extract_links`` of ``record``), in document order;
+        raises ``Unusable``."""
+        if oid not in self._links:
+            self.record(oid)
+        return self._links[oid]
+
+    def lines(self, oid: str, what: str) -> list[dict[str, Any]]:
+        """The verified JSONL blob ``oid`` parsed (``read_lines``: strict JSON, an object per
+        line), parsed once however many checkers read it: callers must not change what it
+        returns. Raises ``Unusable``, or ``RecordParseError`` naming ``what``."""
+        cached = self._lines.get(oid)
+        if cached is None:
+            cached = self._lines[oid] = read_lines(self.bytes(oid), what)
         return cached
 
     def record_of(self, oid: str, kind: str) -> dict[str, Any]:
@@ -337,15 +363,16 @@ def walk(objects: Objects, target: str) -> tuple[Closure, list[Check]]:
                                    f"{oid} is {_article(kind or BLOB)}")
         if kind is None:
             continue
-        data = objects.bytes(oid)
-        failed = [c for c in check_record(data, name="record") if c.status != "passed"]
-        if failed:
-            found.bad_records.append(f"{oid}: " + "; ".join(
-                f"{c.name.split('.')[-1]}: {c.message}" for c in failed))
+        try:  # the strict parse, which the checks below only repeat to list every problem
+            value = objects.record(oid)
+        except Unusable as exc:
+            failed = [c for c in check_record(objects.bytes(oid), name="record")
+                      if c.status != "passed"]
+            found.bad_records.append(f"{oid}: " + ("; ".join(
+                f"{c.name.split('.')[-1]}: {c.message}" for c in failed) or exc.why))
             continue
-        value = objects.record(oid)
         found.records[oid] = value["nscas"]
-        for link in extract_links(value):
+        for link in objects.links(oid):
             found.linked.setdefault(link.target, []).append((oid, value["nscas"], link.path))
             if link.target not in seen:
                 seen.add(link.target)

@@ -36,6 +36,7 @@ __all__ = [
     "object_id",
     "parse_json",
     "parse_record",
+    "read_lines",
     "schema_problems",
     "sha256_hex",
 ]
@@ -86,6 +87,8 @@ def _number_from_digits(text: str) -> int | float:
 
 def _exact_integer(text: str) -> int:
     """Integers of plain JSON text (logs), refused beyond ``MAX_INTEGER``."""
+    if len(text) < 16:  # at most 15 digits: within MAX_INTEGER (16 digits)
+        return int(text)
     if len(text.lstrip("-")) > 16 or abs(value := int(text)) > MAX_INTEGER:
         raise ValueError(f"integer {text[:20]}{'...' if len(text) > 20 else ''} "
                          f"({len(text.lstrip('-'))} digits) is beyond 2**53 - 1")
@@ -117,10 +120,27 @@ def parse_json(data: bytes | str, *, what: str = "JSON text", jcs: bool = False)
     except (ValueError, OverflowError) as exc:  # JSONDecodeError is a ValueError
         raise RecordParseError(str(exc), what=what) from None
     # A lone surrogate can only come from an escape (UTF-8 has none): look for one only then.
-    problem = _shape_problem(value, MAX_DEPTH, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    # Nesting needs an opening bracket per level: text with few of them cannot nest too deep.
+    strings = _SURROGATE_ESCAPE.search(text) is not None
+    if not strings and text.count("[") + text.count("{") <= MAX_DEPTH:
+        return value
+    problem = _shape_problem(value, MAX_DEPTH, strings=strings)
     if problem is not None:
         raise RecordParseError(problem, what=what)
     return value
+
+
+def read_lines(data: bytes, what: str) -> list[dict[str, Any]]:
+    """A JSONL blob of objects (strict JSON per line, every line ends with a newline)."""
+    if data and not data.endswith(b"\n"):
+        raise RecordParseError("the last line lacks its newline", what=what)
+    lines = []
+    for number, line in enumerate(data.split(b"\n")[:-1] if data else [], start=1):
+        value = parse_json(line, what=f"{what} line {number}")
+        if not isinstance(value, dict):
+            raise RecordParseError(f"line {number} is not a JSON object", what=what)
+        lines.append(value)
+    return lines
 
 
 def _lone_surrogate(text: str) -> bool:

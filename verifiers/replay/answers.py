@@ -22,7 +22,6 @@ from ..core.runs import Run
 from ..evaluation.scoring import generation_keys, load_tokenizer, losses_of
 from ..records.closure import Objects, Unusable
 from ..tasks.chat import TemplateError, end_of_turn, template_source, turns_renderer
-from ..tasks.tasksets import read_lines
 from .greedy import Answer, Precision, Tolerance, answer_scores, judge, stopping_problem
 from .models import IGNORE, encode_turns, loaded_model
 from .options import ReplayOptions, sample_tasks
@@ -125,7 +124,7 @@ def _retention(objects: Objects, run: Run, model: Any, device: str,
     record = objects.record_of(run.inputs["retention"], "tasks/1")
     retained = losses_of(objects, run.outputs["retention"], list(record["ids"]))
     try:
-        lines = read_lines(objects.bytes(record["records"]), "retention probes")
+        lines = objects.lines(record["records"], "retention probes")
     except RecordParseError as exc:
         raise Unusable(record["records"], exc.message) from None
     tokenizer, _eos = load_tokenizer(objects, run.inputs["model"])
@@ -178,7 +177,7 @@ def _mean_loss(model: Any, ids: list[int], labels: list[int], device: str) -> fl
 def _generations(objects: Objects, run: Run) -> list[dict[str, Any]]:
     """The run's generation lines, each well-formed (plain verification reports others)."""
     try:
-        lines = read_lines(objects.bytes(run.outputs["generations"]), "generations")
+        lines = objects.lines(run.outputs["generations"], "generations")
     except RecordParseError as exc:
         raise Unusable(run.outputs["generations"], exc.message) from None
     keys = generation_keys(run.action)

@@ -41,7 +41,6 @@ from ..core.runs import Run
 from ..evaluation.scoring import load_tokenizer
 from ..records.closure import Objects, Unusable, weights_omitted
 from ..tasks.chat import TemplateError, end_of_turn, template_source, turns_renderer
-from ..tasks.tasksets import read_lines
 from ..training.entries import effective_steps
 from ..training.journals import learning_rate
 from ..training.state import STATE_TENSORS, run_checkpoints, state_record_problems
@@ -198,7 +197,7 @@ def _rank0_steps(objects: Objects, run: Run) -> tuple[dict[int, Mapping[str, Any
         if record["rank"] != 0:
             continue
         try:
-            entries = read_lines(objects.bytes(record["entries"]), "journal")
+            entries = objects.lines(record["entries"], "journal")
         except RecordParseError as exc:
             raise Unusable(record["entries"], exc.message) from None
         steps = {e["step"]: e for e in effective_steps(entries) if isinstance(e.get("step"), int)}
@@ -220,7 +219,7 @@ class _Documents:
                             ("replay", run.params.get("replay_weight", 1))):
             record = objects.record_of(run.inputs[key], "tasks/1")
             try:
-                lines = read_lines(objects.bytes(record["records"]), key)
+                lines = objects.lines(record["records"], key)
             except RecordParseError as exc:
                 raise Unusable(record["records"], exc.message) from None
             self.lines += lines

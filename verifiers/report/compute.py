@@ -43,7 +43,7 @@ from ..evaluation.stats import (
 from ..records.closure import Objects
 from ..serving.throughput import PHASES, read_log, recompute
 from ..tasks.checker import FAMILIES
-from ..tasks.tasksets import read_lines, task_lines
+from ..tasks.tasksets import task_lines
 from ..training.entries import effective_steps
 from ..training.journals import mean_loss
 from ..training.schedule import read_journal
@@ -371,7 +371,7 @@ def prepared(objects: Objects, ins: Inputs) -> dict[str, Any]:
     for name in PREPARED_SETS:
         oid = ins.prepare.outputs[name]
         record = objects.record_of(oid, "tasks/1")
-        lines[name] = read_lines(objects.bytes(record["records"]), f"prepared {name} records")
+        lines[name] = objects.lines(record["records"], f"prepared {name} records")
         sets[name] = {"id": oid, "count": len(lines[name])}
         if "standin" in record:
             sets[name]["standin"] = record["standin"]

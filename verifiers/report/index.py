@@ -23,6 +23,7 @@ pinned here; a template that is not the pinned one makes the index checks fail.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from html import escape
 from html.parser import HTMLParser
 from typing import Any
@@ -40,10 +41,16 @@ Report = dict[str, Any]
 
 def render_index(report: Report) -> str:
     """The page report@2 writes for ``report`` (report.json's content with its action ID)."""
+    return _compiled(pinned_text("report-index.html.jinja")).render(report=report)
+
+
+@lru_cache(maxsize=2)  # keyed by the template text itself, so never stale
+def _compiled(text: str) -> jinja2.Template:
+    """The page template compiled under docs/format.md §6.11's settings (once per text)."""
     env = jinja2.Environment(autoescape=False, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, extensions=["jinja2.ext.do"])
     env.filters["e"] = lambda value: escape(str(value), quote=True)
-    return env.from_string(pinned_text("report-index.html.jinja")).render(report=report)
+    return env.from_string(text)
 
 
 # --- reading a page ------------------------------------------------------------------------

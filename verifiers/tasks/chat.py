@@ -11,6 +11,7 @@ controls), so the verifier reaches the same token ids as the recipe without its 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from ..core.errors import RecordParseError, VerifierError
@@ -68,9 +69,11 @@ def template_source(objects: Objects, entries: Mapping[str, Any]) -> tuple[str, 
     return text, specials
 
 
+@lru_cache(maxsize=16)  # keyed by the template text itself, so never stale
 def _compile(template: str) -> Callable[..., str]:
-    """The template compiled once, rendering ``(messages, add_generation_prompt, **specials)``
-    to text; raises ``TemplateError``."""
+    """The template compiled once (each evaluation, replay and selection of one checkpoint asks
+    again), rendering ``(messages, add_generation_prompt, **specials)`` to text; raises
+    ``TemplateError``."""
     from jinja2 import TemplateError as JinjaError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment

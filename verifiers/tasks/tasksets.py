@@ -98,24 +98,23 @@ def regenerate(seed: int, role: str, count: int, wordings: Wordings) -> list[Tas
     return tasks
 
 
-def read_lines(data: bytes, what: str) -> list[dict[str, Any]]:
-    """A JSONL blob of objects (strict JSON per line, every line ends with a newline)."""
-    if data and not data.endswith(b"\n"):
-        raise RecordParseError("the last line lacks its newline", what=what)
-    lines = []
-    for number, line in enumerate(data.split(b"\n")[:-1] if data else [], start=1):
-        value = parse_json(line, what=f"{what} line {number}")
-        if not isinstance(value, dict):
-            raise RecordParseError(f"line {number} is not a JSON object", what=what)
-        lines.append(value)
-    return lines
+def regenerated(objects: Objects, seed: int, role: str, count: int, wordings_id: str,
+                wordings: Wordings) -> list[Task]:
+    """``regenerate`` with the wordings of blob ``wordings_id``, once per verification (the
+    prepare receipt and each of its task sets ask for the same tasks): callers must not
+    change what it returns."""
+    key = ("regenerated-tasks", f"{wordings_id} {seed} {role} {count}")
+    if key not in objects.memo:
+        objects.memo[key] = regenerate(seed, role, count, wordings)
+    tasks: list[Task] = objects.memo[key]
+    return tasks
 
 
 def task_lines(objects: Objects, tasks_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A tasks/1 record and its parsed records blob; raises ``Unusable``."""
     record = objects.record_of(tasks_id, "tasks/1")
     try:
-        return record, read_lines(objects.bytes(record["records"]), "task records")
+        return record, objects.lines(record["records"], "task records")
     except RecordParseError as exc:
         raise Unusable(record["records"], exc.message) from None
 
@@ -190,7 +189,8 @@ def _grounded_checks(objects: Objects, name: str, record: Mapping[str, Any],
             checks.append(Check.failed(f"{name}.regenerated", exc.message))
             tasks = None
         else:
-            tasks = regenerate(seed, record["role"], len(lines), wordings)
+            tasks = regenerated(objects, seed, record["role"], len(lines), wordings_id,
+                                wordings)
             wrong = [f"line {t.index + 1}: " + ", ".join(
                 what for what, ok in (("case", line["task"] == t.case),
                                       ("prompt", line["prompt"] == t.prompt),
@@ -272,7 +272,8 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
         return checks, values, {c: reason for c in ("counts", "counts_by_family",
                                                     "counts_by_variant", "damaged_count",
                                                     "damaged_fail_checker")}
-    roles = {role: regenerate(seed, role, int(counts.get(role, 0)), wordings) for role in GROUNDED}
+    roles = {role: regenerated(objects, seed, role, int(counts.get(role, 0)), str(wordings_id),
+                               wordings) for role in GROUNDED}
     values["counts"] = {role: len(tasks) for role, tasks in roles.items()}
     values["counts_by_family"] = {role: {f: sum(1 for t in tasks if t.case["family"] == f)
                                          for f in FAMILIES} for role, tasks in roles.items()}
@@ -307,8 +308,7 @@ def prepare_claims(objects: Objects, *, params: Mapping[str, Any], inputs: Mappi
             skipped[f"{kind}_count"] = f"output {kind!r} is missing"
             continue
         try:
-            values[f"{kind}_count"] = len(read_lines(objects.bytes(conversations["records"]),
-                                                     kind))
+            values[f"{kind}_count"] = len(objects.lines(conversations["records"], kind))
         except RecordParseError as exc:
             skipped[f"{kind}_count"] = exc.message
     if "prepared" in outputs:
@@ -346,7 +346,7 @@ def _conversations_rebuilt(objects: Objects, record: Mapping[str, Any], kind: st
         source = f"the stand-in set for seed {seed}, count {count}"
     else:
         try:
-            conversations = read_lines(objects.bytes(inputs[kind]), f"{kind} input")
+            conversations = objects.lines(inputs[kind], f"{kind} input")
         except RecordParseError as exc:
             return Check.failed(name, f"the {kind} input is unreadable: {exc.message}")
         source = f"the {kind} input"
@@ -388,7 +388,7 @@ def _weights(objects: Objects, records: Mapping[str, Mapping[str, Any]],
     problems = []
     for role, rec in records.items():
         try:
-            lines = read_lines(objects.bytes(rec["records"]), role)
+            lines = objects.lines(rec["records"], role)
         except (RecordParseError, Unusable) as exc:
             problems.append(f"{role}: records unusable ({exc.message})")
             continue
