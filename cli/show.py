@@ -8,6 +8,7 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
+from nscas.store.usage import usage
 
 app = command_app()
 
@@ -31,6 +32,7 @@ def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None
                 out["record"] = record
             render.json_out(out)
             return
+        cost = usage(reader, oid) if info.storage != "inline" else None
         links = reader.links_from(oid) if record is not None else []
         referrers = reader.links_to(oid, limit=_LINKED_FROM_SHOWN + 1)
         kinds = reader.kinds_of([lk.child for lk in links] + [lk.parent for lk in referrers])
@@ -39,7 +41,11 @@ def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None
         ("kind", info.kind or "blob"),
         ("size", f"{info.size} bytes"),
         ("sha256", info.sha256 or "not known yet: computed on first use (docs/format.md §1.2)"),
-        ("stored", f"{info.storage}, {info.codec}, {info.stored_size} bytes"),
+        ("stored", f"{info.storage}, {info.codec}, {info.stored_size} bytes"
+                   + (f", delta to {info.base}" if info.base is not None else "")),
+        *([("raw/stored", f"{cost.raw} bytes raw, {cost.stored} stored ({cost.ratio:.3f}) in "
+                          f"{cost.leaves} leaves; {cost.bases} bytes of delta bases besides")]
+          if cost is not None else []),
         ("created", render.iso_time(info.created)),
     ])
     if record is not None:
