@@ -13,6 +13,7 @@ from nscas.store.usage import usage
 app = command_app()
 
 _LINKED_FROM_SHOWN = 10
+_BYTES_KINDS = (None, "tree/1", "checkpoint/1", "params/1")
 
 
 @app.command()
@@ -32,7 +33,9 @@ def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None
                 out["record"] = record
             render.json_out(out)
             return
-        cost = usage(reader, oid) if info.storage != "inline" else None
+        # What the bytes cost: for blobs and the records that are made of them (a receipt's
+        # closure is a lineage, which ``nscas du`` walks when asked).
+        cost = usage(reader, oid) if info.kind in _BYTES_KINDS else None
         links = reader.links_from(oid) if record is not None else []
         referrers = reader.links_to(oid, limit=_LINKED_FROM_SHOWN + 1)
         kinds = reader.kinds_of([lk.child for lk in links] + [lk.parent for lk in referrers])

@@ -313,6 +313,10 @@ class StoreReader:
         when the decoder asks for them."""
         codecs.check_known(oid, codec)
         if not codecs.is_delta(codec):
+            other = arriving[0] if arriving is not None else self._row_base(oid)
+            if other is not None:  # a base column on a leaf of another codec: forged
+                raise CodecError(oid, f"no base for a {codec} leaf", f"base {other}",
+                                 problem="bad-base")
             return None
         with self._read() as c:
             if arriving is None:
@@ -324,6 +328,11 @@ class StoreReader:
                 size, named = arriving[1], arriving[0].hex if arriving[0] is not None else None
             found = _chain(c, oid, size, named)
         return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]))
+
+    def _row_base(self, oid: Digest) -> Digest | None:
+        with self._read(snapshot=False) as c:
+            row = q.delta_row(c, oid.hex)
+        return Digest(row.base) if row is not None and row.base is not None else None
 
     def chain_depth(self, oid: Digest) -> int:
         """How many deltas deep a stored leaf is (0: not a delta); a broken chain is a
