@@ -322,7 +322,8 @@ def decode_stream(src: Readable, codec: str, oid: Digest, size: int, *, where: s
     where = where or f"the chunk of {oid}"
     limit = min(max(size, 0), LEAF_MAX)
     if codec in codecs.WIDTHS:
-        return bytes(_decode_planes(src, codec, oid, limit, where, base))
+        # The leaf's one buffer, as it is: bytes() of it would hold the leaf twice.
+        return _decode_planes(src, codec, oid, limit, where, base)  # type: ignore[return-value]
     # Raw stored bytes are the plain bytes: reading one past the bound caps both at once.
     reader = src if codec == "raw" else _decoder(
         _Capped(src, stored_max(limit), oid, where), codec, oid)
@@ -433,22 +434,40 @@ def _decode_planes(src: Readable, codec: str, oid: Digest, limit: int, where: st
     """The plain bytes of a ``planesW`` or ``xorW`` chunk (docs/format.md §5.5.1): the header
     checked against the row's base first, then a plane stream of exactly ``limit`` bytes
     decoded into one buffer, un-planed, and for a delta XORed with the base's plain bytes
-    (loaded only now, checked against the base's ID by ``base.load``)."""
-    import zstandard
-
+    (checked against the base's ID by ``base.load``) once the header names it."""
     delta = codecs.is_delta(codec)
     capped = _Capped(src, (codecs.HEADER if delta else 0) + stored_max(limit), oid, where)
-    if delta:
-        if base is None:
-            raise CodecError(oid, "the base its row names", f"a {codec} chunk without one")
-        head = _read_exactly(capped, codecs.HEADER)
-        if len(head) < codecs.HEADER:
-            raise CodecError(oid, "a 32-byte base header", f"{len(head)} bytes in {where}",
-                             problem="bad-base")
-        if head != bytes.fromhex(base.id.hex):
-            raise CodecError(oid, f"base {base.id} (its row's)",
-                             f"blake3:{head.hex()} in the header of {where}",
-                             problem="bad-base")
+    if not delta:
+        return _unplane_stream(capped, codec, oid, limit, where)
+    if base is None:
+        raise CodecError(oid, "the base its row names", f"a {codec} chunk without one")
+    head = _read_exactly(capped, codecs.HEADER)
+    if len(head) < codecs.HEADER:
+        raise CodecError(oid, "a 32-byte base header", f"{len(head)} bytes in {where}",
+                         problem="bad-base")
+    if head != bytes.fromhex(base.id.hex):
+        raise CodecError(oid, f"base {base.id} (its row's)",
+                         f"blake3:{head.hex()} in the header of {where}", problem="bad-base")
+    from concurrent.futures import ThreadPoolExecutor
+
+    # The base decodes on a thread of its own while this leaf's stream does (zstd and BLAKE3
+    # let go of the GIL): a delta's get then takes about as long as its longer link, not both.
+    with ThreadPoolExecutor(1, thread_name_prefix="nscas-base") as pool:
+        loading = pool.submit(base.load)
+        plain = _unplane_stream(capped, codec, oid, limit, where)
+        other = loading.result()
+    if len(other) != limit:
+        raise CodecError(oid, f"a base of {limit} bytes", f"{len(other)} bytes of {base.id}",
+                         problem="bad-base")
+    codecs.xor_into(plain, other)
+    return plain
+
+
+def _unplane_stream(capped: Readable, codec: str, oid: Digest, limit: int,
+                    where: str) -> bytearray:
+    """The plain bytes of a plane stream of exactly ``limit`` bytes in zstd frames."""
+    import zstandard
+
     plain = bytearray(limit)
     unplane = codecs.Unplaner(plain, codecs.width(codec))
     block = bytearray(min(_VERIFY_BLOCK, limit + 1) or 1)
@@ -471,13 +490,6 @@ def _decode_planes(src: Readable, codec: str, oid: Digest, limit: int, where: st
     if got < limit:
         raise CodecError(oid, f"a plane stream of {limit} bytes, as its record says",
                          f"{got} bytes from {where}", problem="size-mismatch")
-    if delta:
-        assert base is not None
-        other = base.load()
-        if len(other) != limit:
-            raise CodecError(oid, f"a base of {limit} bytes", f"{len(other)} bytes of {base.id}",
-                             problem="bad-base")
-        codecs.xor_into(plain, other)
     return plain
 
 
