@@ -117,6 +117,12 @@ def _file_usage(store: Store, tree: Digest, name: str) -> tuple[int, int]:
     return u.raw, u.stored
 
 
+def _put(store: Store, tree: Path, base: Digest | None = None) -> tuple[Digest, float]:
+    t0 = time.perf_counter()
+    oid = store.put_tree(tree, base=base)
+    return oid, time.perf_counter() - t0
+
+
 def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -144,10 +150,8 @@ def bench_codecs(work: Path, seed: Path, *, steps: int, runs: int) -> dict[str, 
         shutil.rmtree(root, ignore_errors=True)
         store = init_store(root)
         try:
-            t_base = _timed(lambda: store.put_tree(parent_dir))
-            base = store.put_tree(parent_dir)
-            t_child = _timed(lambda: store.put_tree(child_dir, base=base))
-            tuned = store.put_tree(child_dir, base=base)
+            base, t_base = _put(store, parent_dir)
+            tuned, t_child = _put(store, child_dir, base)
             dense_raw, dense_stored = _file_usage(store, base, weights)
             child_raw, child_stored = _file_usage(store, tuned, weights)
         finally:
