@@ -300,3 +300,21 @@ def test_a_transfer_refuses_a_delta_whose_base_is_absent(
         assert not other.has(_id(child))
     finally:
         other.close()
+
+
+def test_put_checkpoint_with_a_base_stores_its_tensors_as_deltas(store: Store,
+                                                                  tmp_path: Path) -> None:
+    from nscas.errors import InvalidInput
+    from nscas.models.checkpoints import put_checkpoint
+
+    a, b, data = _pair(tmp_path)
+    for d in (a.parent, b.parent):
+        (d / "config.json").write_text("{}")
+    seed = put_checkpoint(store, a.parent, step=0, parent=None)
+    tuned = put_checkpoint(store, b.parent, step=4, parent=seed, base=seed)
+    files = Digest.parse(store.get_record(tuned)["files"])
+    weights = Digest.parse(store.get_record(files)["entries"]["model.safetensors"]["id"])
+    assert store.info(_tensor_leaf(store, weights)).codec == "xor4"
+    assert store.get_bytes(weights) == data
+    with pytest.raises(InvalidInput, match="not a checkpoint/1"):
+        put_checkpoint(store, b.parent, step=4, parent=seed, base=files)
