@@ -19,6 +19,10 @@ Sections (``--only`` picks some):
            push of the second checkpoint sends, counted on the wire by a relay; log and
            lineage on 100,000 and 1,000,000 records (``team-add``, ``team-push``,
            ``team-records`` pick one part)
+  codecs   chunk codecs on a real fine-tune (benchmarks/store_codecs.py): a seed checkpoint
+           (--seed-dir, an HF directory of FP32 safetensors) and a child trained from it for
+           --child-steps CPU updates: stored/raw of each vs the reference methods, in F32 and
+           BF16; push bytes of the child to a store holding the seed; get speed vs raw
 """
 
 from __future__ import annotations
@@ -862,6 +866,8 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="drop the page cache before every timed command")
     p.add_argument("--only", default="add,records,memory,parts", help="sections, comma-separated")
     p.add_argument("--json", type=Path, help="also write all results here")
+    p.add_argument("--seed-dir", type=Path, help="codecs: the seed checkpoint's HF directory")
+    p.add_argument("--child-steps", type=int, default=4, help="codecs: CPU updates of the child")
     args = p.parse_args()
     if args.runs < 3:
         p.error("--runs must be at least 3")
@@ -896,6 +902,13 @@ def main() -> None:
         if team & {"add", "push"} and not f2.exists():
             make_second(f1, f2)
         bench_team(b, f1, f2, team)
+    if "codecs" in only:
+        if args.seed_dir is None:
+            p.error("--only codecs needs --seed-dir (scripts/get-smollm2, then nscas get)")
+        from store_codecs import bench_codecs  # this directory is on sys.path: a script
+
+        b.results["codecs"] = bench_codecs(args.workdir / "codecs", args.seed_dir,
+                                           steps=args.child_steps, runs=args.runs)
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(b.results, indent=1))

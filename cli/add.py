@@ -10,6 +10,7 @@ import typer
 from nscas.cli import render
 from nscas.cli.common import JsonFlag, command_app, open_cli_store
 from nscas.errors import InvalidInput
+from nscas.models.checkpoints import delta_base
 from nscas.store.writer import check_ref_name
 
 app = command_app()
@@ -33,19 +34,26 @@ def add(
     ref: Annotated[str | None, typer.Option(
         "--ref", metavar="NAME", show_default=False,
         help="Point this ref at the stored object (exactly one PATH).")] = None,
+    delta_from: Annotated[str | None, typer.Option(
+        "--delta-from", metavar="REF", show_default=False,
+        help="An earlier version (file, tree or checkpoint; exactly one PATH): pieces are "
+             "also tried as deltas to its pieces of the same tensor or place.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Store files as blobs and directories as tree/1 records, and print their IDs.
 
     Every PATH is checked before anything is stored: one missing path and nothing is added.
 
-    Example: nscas add checkpoints/step-100/ --ref experiments/coop/base
+    Example: nscas add checkpoints/step-200/ --delta-from experiments/coop/base
     """
     # Check everything first so that bad input writes nothing.
     if ref is not None:
         if len(paths) != 1:
             raise InvalidInput(f"--ref names one object, but {len(paths)} paths were given")
         check_ref_name(ref)
+    if delta_from is not None and len(paths) != 1:
+        raise InvalidInput(f"--delta-from names the base of one PATH, but {len(paths)} paths "
+                           "were given")
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise InvalidInput(f"no such file or directory: {', '.join(missing)}; nothing was added")
@@ -55,8 +63,10 @@ def add(
                            "nothing was added")
     rows: list[_Added] = []
     with open_cli_store(ctx) as store:
+        base = None if delta_from is None else delta_base(store, delta_from, tree=paths[0].is_dir())
         for path in paths:
-            oid = store.put_tree(path) if path.is_dir() else store.put_file(path)
+            oid = (store.put_tree(path, base=base) if path.is_dir()
+                   else store.put_file(path, base=base))
             info = store.info(oid)
             rows.append({"path": str(path), "id": str(oid), "sha256": store.sha256(oid),
                          "size": info.size, "kind": info.kind or "blob"})

@@ -45,6 +45,7 @@ COMMANDS: dict[str, Lazy] = {
     "cat": Lazy(module="cat", summary="Write an object's bytes to stdout, checked against its ID."),
     "get": Lazy(module="get", summary="Write a blob to a file, a tree/1 or checkpoint to a new directory."),
     "show": Lazy(module="show", summary="Show an object: its metadata, record and links.", only_reads=True),
+    "du": Lazy(module="du", summary="Show objects' raw and stored bytes (codecs, deltas).", only_reads=True),
     "log": Lazy(module="log", summary="List records, newest first.", only_reads=True),
     "ref": Lazy(module="ref", summary="Set, list and trace refs (names for IDs)."),
     "lineage": Lazy(module="lineage", summary="What an object was made from, or what was made from it.", only_reads=True),

@@ -8,10 +8,12 @@ import typer
 
 from nscas.cli import render
 from nscas.cli.common import IdArgument, JsonFlag, command_app, open_cli_store
+from nscas.store.usage import usage
 
 app = command_app()
 
 _LINKED_FROM_SHOWN = 10
+_BYTES_KINDS = (None, "tree/1", "checkpoint/1", "params/1")
 
 
 @app.command()
@@ -31,6 +33,9 @@ def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None
                 out["record"] = record
             render.json_out(out)
             return
+        # What the bytes cost: for blobs and the records that are made of them (a receipt's
+        # closure is a lineage, which ``nscas du`` walks when asked).
+        cost = usage(reader, oid) if info.kind in _BYTES_KINDS else None
         links = reader.links_from(oid) if record is not None else []
         referrers = reader.links_to(oid, limit=_LINKED_FROM_SHOWN + 1)
         kinds = reader.kinds_of([lk.child for lk in links] + [lk.parent for lk in referrers])
@@ -39,7 +44,11 @@ def show(ctx: typer.Context, id_: IdArgument, as_json: JsonFlag = False) -> None
         ("kind", info.kind or "blob"),
         ("size", f"{info.size} bytes"),
         ("sha256", info.sha256 or "not known yet: computed on first use (docs/format.md §1.2)"),
-        ("stored", f"{info.storage}, {info.codec}, {info.stored_size} bytes"),
+        ("stored", f"{info.storage}, {info.codec}, {info.stored_size} bytes"
+                   + (f", delta to {info.base}" if info.base is not None else "")),
+        *([("raw/stored", f"{cost.raw} bytes raw, {cost.stored} stored ({cost.ratio:.3f}) in "
+                          f"{cost.leaves} leaves; {cost.bases} bytes of delta bases besides")]
+          if cost is not None else []),
         ("created", render.iso_time(info.created)),
     ])
     if record is not None:

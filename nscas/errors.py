@@ -100,6 +100,21 @@ class DecodeBoundExceeded(IntegrityError):
         self.where = where
 
 
+class CodecError(IntegrityError):
+    """A leaf's codec, base or chain breaks the limits of docs/format.md §5.5.1 (an unknown
+    codec, a delta whose base is missing, of another size or named otherwise by its header, a
+    chain too deep or cyclic, a plane stream of another length): refused before decoding."""
+
+    exit_code = 2
+
+    def __init__(self, oid: Digest, expected: str, actual: str, *,
+                 problem: str = "bad-codec") -> None:
+        super().__init__(f"object {oid}", expected, actual)
+        self.oid = oid
+        self.problem = problem
+        """What fsck calls it: ``bad-base``, ``bad-chain``, ``bad-codec`` or ``size-mismatch``."""
+
+
 class RefConflict(NscasError):
     """A compare-and-swap ref update found another value than expected."""
 

@@ -11,13 +11,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from nscas.database.connections import Connection
-from nscas.database.rows import Leaf, LinkWay, ObjectInfo, RefEntry, StoredLeaf
+from nscas.database.rows import DeltaRow, Leaf, LinkWay, ObjectInfo, RefEntry, StoredLeaf
 from nscas.errors import NotFound
 from nscas.objects.digests import Digest
 
 # ObjectInfo's columns: a SHA-256 left out at put time comes from object_sha256 once recorded.
 _INFO = ("id, size, COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE s.id = objects.id)),"
-         " kind, storage, codec, stored_size, created")
+         " kind, storage, codec, stored_size, created, base")
 BATCH = 500  # IDs per IN (...) list, well under SQLite's bound on parameters
 _UNION_BATCH = 100  # SELECTs per UNION ALL, well under SQLite's bound of 500 terms
 OUTPUTS = "substr(path, 1, 9) = '$.outputs'"
@@ -35,9 +35,10 @@ def batches(items: list[str], n: int = BATCH) -> Iterator[list[str]]:
 
 
 def _info(row: Sequence[Any]) -> ObjectInfo:
-    hex_id, size, sha256, kind, storage, codec, stored_size, created = row
+    hex_id, size, sha256, kind, storage, codec, stored_size, created, base = row
     return ObjectInfo(id=Digest(hex_id), size=size, sha256=sha256, kind=kind, storage=storage,
-                      codec=codec, stored_size=stored_size, created=created)
+                      codec=codec, stored_size=stored_size, created=created,
+                      base=Digest(base) if base else None)
 
 
 # ------------------------------------------------------------------- objects
@@ -52,9 +53,16 @@ def info(c: Connection, hex_id: str) -> ObjectInfo | None:
 
 
 def stored_leaf(c: Connection, hex_id: str) -> StoredLeaf | None:
-    row = c.execute("SELECT size, sha256, storage, codec, stored_size FROM objects WHERE id = ?",
-                    (hex_id,)).fetchone()
+    row = c.execute("SELECT size, sha256, storage, codec, stored_size, base FROM objects "
+                    "WHERE id = ?", (hex_id,)).fetchone()
     return None if row is None else StoredLeaf(*row)
+
+
+def delta_row(c: Connection, hex_id: str) -> DeltaRow | None:
+    """(codec, size, storage, base) of a stored object, as a delta's chain check reads it."""
+    row = c.execute("SELECT codec, size, storage, base FROM objects WHERE id = ?",
+                    (hex_id,)).fetchone()
+    return None if row is None else DeltaRow(*row)
 
 
 def present(c: Connection, ids: set[str]) -> set[str]:
@@ -226,20 +234,28 @@ def links(c: Connection, batch: list[str], way: LinkWay, limit: int | None,
     return c.execute(sql, [*head, *args]).fetchall()
 
 
-def children(c: Connection, batch: list[str], *, with_parts: bool) -> list[str]:
-    """The IDs ``batch`` links to (and, if asked, holds as parts)."""
+def children(c: Connection, batch: list[str], *, with_parts: bool,
+             with_bases: bool | None = None) -> list[str]:
+    """The IDs ``batch`` links to (and, if asked, holds as parts and needs as delta bases:
+    ``with_bases`` defaults to ``with_parts``)."""
     kids = [r[0] for r in c.execute(f"SELECT child FROM links WHERE parent IN ({marks(batch)})",
                                     batch)]
     if with_parts:
         kids += [r[0] for r in c.execute(
             f"SELECT part_id FROM parts WHERE object_id IN ({marks(batch)})", batch)]
+    if with_parts if with_bases is None else with_bases:
+        kids += [r[0] for r in c.execute(
+            f"SELECT base FROM objects WHERE id IN ({marks(batch)}) AND base IS NOT NULL",
+            batch)]
     return kids
 
 
 def parents(c: Connection, batch: list[str]) -> list[tuple[str, str]]:
-    """(child, parent) of every link to an ID of ``batch``, and (part, whole) of every part
-    row naming one."""
+    """(child, parent) of every link to an ID of ``batch``, (part, whole) of every part row
+    naming one, and (base, delta) of every leaf stored as a delta of one."""
     return (c.execute(f"SELECT child, parent FROM links WHERE child IN ({marks(batch)})",
                       batch).fetchall()
             + c.execute(f"SELECT part_id, object_id FROM parts WHERE part_id IN ({marks(batch)})",
+                        batch).fetchall()
+            + c.execute(f"SELECT base, id FROM objects WHERE base IN ({marks(batch)})",
                         batch).fetchall())

@@ -17,7 +17,7 @@ from nscas.database.connections import Cursor
 from nscas.errors import DamagedStore, NoSpace, ReadOnlyStore, StoreError
 from nscas.store.locating import DB_NAME
 
-SCHEMA_HEAD = "0005_producer_links"
+SCHEMA_HEAD = "0006_chunk_bases"
 """The alembic revision this code was written for; tests keep it equal to the migrations' head."""
 
 # What the migrations up to SCHEMA_HEAD create (tests/store/test_migrations.py compares these with
@@ -25,7 +25,7 @@ SCHEMA_HEAD = "0005_producer_links"
 TABLES: dict[str, tuple[str, ...]] = {
     "alembic_version": ("version_num",),
     "objects": ("seq", "id", "size", "sha256", "kind", "storage", "codec", "stored_size", "data",
-                "created"),
+                "created", "base"),
     "parts": ("object_id", "idx", "offset", "part_id"),
     "links": ("parent", "path", "child"),
     "object_sha256": ("id", "sha256"),
@@ -35,6 +35,7 @@ TABLES: dict[str, tuple[str, ...]] = {
 }
 INDEXES: dict[str, str] = {  # index -> its table; sqlite_autoindex_* come from UNIQUE and keys
     "ix_objects_records": "objects", "ix_objects_record_seq": "objects",
+    "ix_objects_base": "objects",
     "ix_parts_part": "parts", "ix_links_child": "links", "ix_links_outputs": "links",
     "ix_ref_log_name": "ref_log",
     "sqlite_autoindex_alembic_version_1": "alembic_version",

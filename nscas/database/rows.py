@@ -19,6 +19,8 @@ class ObjectInfo(NamedTuple):
     codec: str
     stored_size: int
     created: float
+    base: Digest | None = None
+    """The base leaf of a delta (codec ``xorW``, docs/format.md §5.5.1); None otherwise."""
 
 
 class RefEntry(NamedTuple):
@@ -59,6 +61,16 @@ class StoredLeaf(NamedTuple):
     storage: str
     codec: str
     stored_size: int
+    base: str | None = None
+
+
+class DeltaRow(NamedTuple):
+    """What checking a delta's chain needs of one leaf's row (docs/format.md §5.5.1)."""
+
+    codec: str
+    size: int
+    storage: str
+    base: str | None
 
 
 Leaf = tuple[Digest, str, bytes | None, int]

@@ -21,7 +21,8 @@ from sqlalchemy import (
 metadata = MetaData()
 
 # Every object, blob or record, by BLAKE3 hex ID. `storage` says where its bytes are:
-# inline (in `data`), file (one chunk file, `codec` raw or zstd) or parts (rows in `parts`).
+# inline (in `data`), file (one chunk file in `codec`, docs/format.md §5.5.1) or parts (rows in
+# `parts`). `base` names the base leaf of a delta (codec xorW; 0006), NULL otherwise.
 objects = Table(
     "objects",
     metadata,
@@ -37,8 +38,11 @@ objects = Table(
     Column("stored_size", BigInteger, nullable=False),
     Column("data", LargeBinary, nullable=True),
     Column("created", Float, nullable=False),
+    Column("base", CHAR(64), nullable=True),
     Index("ix_objects_records", "kind", "seq", sqlite_where=text("kind IS NOT NULL")),
     Index("ix_objects_record_seq", "seq", sqlite_where=text("kind IS NOT NULL")),
+    Index("ix_objects_base", "base", sqlite_where=text("base IS NOT NULL"),
+          postgresql_where=text("base IS NOT NULL")),
 )
 
 # The ordered pieces of an object stored as parts (tensors of a safetensors file, fixed-size

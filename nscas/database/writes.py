@@ -19,7 +19,7 @@ _GC_LOCK = 0x6E736361  # PostgreSQL advisory lock: writers share it, gc's delete
 _REF_LOCK = 0x6E737266  # with hashtext(name): one ref's compare-and-swap at a time
 
 OBJECT_COLUMNS = ("id", "size", "sha256", "kind", "storage", "codec", "stored_size", "data",
-                  "created")
+                  "created", "base")
 """The columns of a row :func:`insert_objects` takes, in order."""
 
 

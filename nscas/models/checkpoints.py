@@ -62,14 +62,37 @@ def _tensors(header: dict[str, Any],
         yield name, dtype, list(shape), start, end
 
 
+def delta_base(store: ObjectReader, text: str, *, tree: bool) -> Digest:
+    """The object ``--delta-from TEXT`` names, as a base for a put of a directory (``tree``: a
+    tree/1, or a checkpoint/1's files) or of a file (a stored file)."""
+    oid = store.resolve(text)
+    kind = store.info(oid).kind
+    if kind == "checkpoint/1":
+        oid, kind = Digest.parse(store.get_record(oid)["files"]), "tree/1"
+    if tree and kind != "tree/1":
+        raise InvalidInput(f"--delta-from {text}: a directory's base is a tree/1 or "
+                           f"checkpoint/1, not {kind or 'a blob'}")
+    if not tree and kind is not None:
+        raise InvalidInput(f"--delta-from {text}: a file's base is a stored file, not a {kind}")
+    return oid
+
+
 def put_checkpoint(store: ObjectStore, hf_dir: Path, *, step: int, parent: Digest | None,
-                   extra: dict[str, Any] | None = None) -> Digest:
+                   extra: dict[str, Any] | None = None, base: Digest | None = None) -> Digest:
     """Store an HF model directory as checkpoint/1 with its params/1 digest (docs/format.md §4):
-    the directory as a tree/1, the tensors of its ``*.safetensors`` files as a params/1."""
+    the directory as a tree/1, the tensors of its ``*.safetensors`` files as a params/1. With
+    ``base`` (a stored checkpoint/1, the one training started from) each new tensor is also
+    tried as a delta to the base's tensor of the same name, shape and dtype (§5.5.2)."""
     weights = sorted(hf_dir.glob("*.safetensors"))
     if not weights:
         raise InvalidInput(f"{hf_dir} holds no *.safetensors weights")
-    tree = store.put_tree(hf_dir)
+    base_tree = None
+    if base is not None:
+        base_record = store.get_record(base)
+        if base_record.get("nscas") != "checkpoint/1":
+            raise InvalidInput(f"{base} is not a checkpoint/1; a checkpoint's base is one")
+        base_tree = Digest.parse(base_record["files"])
+    tree = store.put_tree(hf_dir, base=base_tree)
     entries = store.get_record(tree)["entries"]
     files = [Digest.parse(entries[w.relative_to(hf_dir).as_posix()]["id"]) for w in weights]
     params = store.put_record(params_record(store, files))

@@ -1,7 +1,7 @@
 """Chunk files on disk and how files are cut into objects (docs/format.md §5).
 
 Only this module touches chunk files. A leaf object's bytes live in ``data/<2 hex>/<62 hex>``,
-raw or zstd-compressed (only when that saves space). Files are written to ``tmp/`` first,
+in one of the codecs of nscas.objects.codecs (raw, zstd, byte planes, XOR deltas to a base). Files are written to ``tmp/`` first,
 fsync'ed, re-read and re-hashed, then renamed into place: a crash leaves a stray temporary
 file (removed by ``gc`` once older than its minimum age) or a complete verified chunk, never a
 partial one.
@@ -19,7 +19,9 @@ from typing import Any, NamedTuple, Protocol
 
 import blake3
 
-from nscas.errors import DecodeBoundExceeded, IntegrityError, StoreError
+from nscas.errors import CodecError, DecodeBoundExceeded, IntegrityError, StoreError
+from nscas.objects import codecs
+from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest, Readable, is_hex_id
 from nscas.objects.durable import fsync_dir
 
@@ -27,9 +29,6 @@ CHUNK_SIZE = 16 << 20  # fixed-size chunks of large ordinary files
 TENSOR_SPLIT = 32 << 20  # tensors larger than this are themselves stored as parts
 SINGLE_MAX = 16 << 20  # ordinary files up to this size are one leaf object
 INLINE_MAX = 4 << 10  # leaves this small live in the database row
-_SAMPLE = 64 << 10  # bytes compressed first to decide whether zstd pays off
-_MIN_SAVING = 0.9  # compress only if the sample shrinks below 90 %
-_ZSTD_LEVEL = 3
 _SAFETENSORS_HEADER_MAX = 100 << 20
 _VERIFY_BLOCK = 4 << 20  # read-back block when re-hashing a chunk file just written
 LEAF_MAX = max(SINGLE_MAX, CHUNK_SIZE, TENSOR_SPLIT)
@@ -44,6 +43,31 @@ class Segment(NamedTuple):
     offset: int
     length: int
     tensor: str | None = None
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+def tensor_layout(header: bytes) -> dict[str, tuple[str, tuple[int, ...], int, int]] | None:
+    """(dtype, shape, start, end) of each tensor of a safetensors header (its JSON after the
+    8 length bytes), offsets within the data section; None if it is not one."""
+    try:
+        value = json.loads(header)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+    for name, info in value.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = (int(x) for x in info["data_offsets"])
+            dtype = str(info.get("dtype", ""))
+            shape = tuple(int(x) for x in info.get("shape", ()))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+        out[name] = (dtype, shape, start, end)
+    return out
 
 
 def plan_segments(path: Path, size: int) -> list[Segment] | None:
@@ -74,31 +98,22 @@ def _safetensors_segments(path: Path, size: int) -> list[Segment] | None:
             (hlen,) = struct.unpack("<Q", raw)
             if hlen > _SAFETENSORS_HEADER_MAX or 8 + hlen > size:
                 return None
-            header = json.loads(f.read(hlen))
-    except (OSError, ValueError):
+            layout = tensor_layout(f.read(hlen))
+    except OSError:
         return None
-    if not isinstance(header, dict):
+    if layout is None:
         return None
     base = 8 + hlen
-    spans: list[tuple[int, int, str]] = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            start, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        if not 0 <= start <= end:
-            return None
-        spans.append((start, end, name))
-    spans.sort()
+    spans = sorted((start, end, name, dtype, shape)
+                   for name, (dtype, shape, start, end) in layout.items())
     segments = [Segment(offset=0, length=base)]
     cursor = 0
-    for start, end, name in spans:
-        if start != cursor:  # gaps or overlaps: not a layout we can cut at tensor boundaries
+    for start, end, name, dtype, shape in spans:
+        if start != cursor or end < start:  # gaps or overlaps: not cut at tensor boundaries
             return None
         if end > start:
-            segments.append(Segment(offset=base + start, length=end - start, tensor=name))
+            segments.append(Segment(offset=base + start, length=end - start, tensor=name,
+                                    dtype=dtype, shape=shape))
         cursor = end
     if base + cursor != size:
         return None
@@ -114,11 +129,13 @@ class ChunkBackend(Protocol):
 
     def ensure(self) -> None: ...
     def exists(self, oid: Digest) -> bool: ...
-    def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]: ...
     def write(self, oid: Digest, stored: bytes | memoryview, codec: str, *, size: int,
-              written: Callable[[], object] = ..., sha256: bool = True) -> str | None: ...
-    def read(self, oid: Digest, codec: str, size: int) -> bytes: ...
-    def verify(self, oid: Digest, codec: str, size: int) -> tuple[Digest, int]: ...
+              written: Callable[[], object] = ..., sha256: bool = True,
+              base: Base | None = None) -> str | None: ...
+    def read(self, oid: Digest, codec: str, size: int, *, base: Base | None = None) -> bytes: ...
+    def read_stored(self, oid: Digest, size: int) -> bytes: ...
+    def verify(self, oid: Digest, codec: str, size: int, *,
+               base: Base | None = None) -> tuple[Digest, int]: ...
     def stored_size(self, oid: Digest) -> int | None: ...
     def location(self, oid: Digest) -> str: ...
     def remove(self, oid: Digest, *, before: float | None = None) -> bool: ...
@@ -146,9 +163,6 @@ class ChunkFiles:
     def exists(self, oid: Digest) -> bool:
         return self.path(oid).is_file()
 
-    def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
-        return encode(data)
-
     def stored_size(self, oid: Digest) -> int | None:
         """The size of the chunk file, or None if there is none."""
         path = self.path(oid)
@@ -161,7 +175,8 @@ class ChunkFiles:
         return _written_before(self.path(oid), before)
 
     def write(self, oid: Digest, stored: bytes | memoryview, codec: str, *, size: int,
-              written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
+              written: Callable[[], object] = lambda: None, sha256: bool = True,
+              base: Base | None = None) -> str | None:
         """Write a leaf durably: temp file, fsync, re-read and re-hash, rename, fsync dir.
 
         Returns the SHA-256 of the plain bytes, computed from the re-read that checks them
@@ -182,7 +197,7 @@ class ChunkFiles:
             finally:
                 os.close(fd)
             sha = _new_sha256() if sha256 else None
-            got = self._rehash_file(tmp, codec, oid, size, sha)
+            got = self._rehash_file(tmp, codec, oid, size, sha, base)
             if got != oid:
                 raise IntegrityError(f"chunk written for {oid}", str(oid), str(got))
             os.replace(tmp, final)
@@ -192,25 +207,28 @@ class ChunkFiles:
         fsync_dir(final.parent)
         return sha.hexdigest() if sha is not None else None
 
-    def _rehash_file(self, path: Path, codec: str, oid: Digest, size: int, also: Any) -> Digest:
+    def _rehash_file(self, path: Path, codec: str, oid: Digest, size: int, also: Any,
+                     base: Base | None) -> Digest:
         """BLAKE3 of a chunk file's plain bytes, read back in blocks so memory stays bounded."""
         try:
-            return self._digest(path, codec, oid, size, also)[0]
+            return self._digest(path, codec, oid, size, also, base)[0]
         except IntegrityError as exc:
             raise IntegrityError(f"chunk written for {oid}", exc.expected, exc.actual) from None
 
-    def verify(self, oid: Digest, codec: str, size: int) -> tuple[Digest, int]:
+    def verify(self, oid: Digest, codec: str, size: int, *,
+               base: Base | None = None) -> tuple[Digest, int]:
         """(BLAKE3 ID, size) of a stored leaf's plain bytes, streamed in bounded memory.
 
         Raises ``IntegrityError`` if the chunk file is missing, its zstd data does not decode,
         or it decodes to more than ``size`` bytes.
         """
-        return self._digest(self.path(oid), codec, oid, size)
+        return self._digest(self.path(oid), codec, oid, size, base=base)
 
     def _digest(self, path: Path, codec: str, oid: Digest, size: int,
-                also: Any = None) -> tuple[Digest, int]:
+                also: Any = None, base: Base | None = None) -> tuple[Digest, int]:
         with self._open(path, oid) as f:
-            return plain_digest(f, codec, oid, size, where=f"chunk file {path}", also=also)
+            return plain_digest(f, codec, oid, size, where=f"chunk file {path}", also=also,
+                                base=base)
 
     @staticmethod
     def _open(path: Path, oid: Digest) -> io.BufferedReader:
@@ -220,15 +238,22 @@ class ChunkFiles:
             raise IntegrityError(f"object {oid}", str(oid),
                                  f"no chunk file at {path}") from None
 
-    def read(self, oid: Digest, codec: str, size: int) -> bytes:
+    def read(self, oid: Digest, codec: str, size: int, *, base: Base | None = None) -> bytes:
         """The plain bytes of a leaf, at most ``size`` of them, checked against its ID."""
         path = self.path(oid)
         with self._open(path, oid) as f:
-            data = decode_stream(f, codec, oid, size, where=f"chunk file {path}")
+            data = decode_stream(f, codec, oid, size, where=f"chunk file {path}", base=base)
         got = _hash_hex(data)
         if got != oid.hex:
             raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
         return data
+
+    def read_stored(self, oid: Digest, size: int) -> bytes:
+        """A chunk file's stored bytes as they are (a transfer sends them), at most as many as
+        a leaf of ``size`` plain bytes may take in any codec."""
+        path = self.path(oid)
+        with self._open(path, oid) as f:
+            return read_capped(f, oid, size, where=f"chunk file {path}")
 
     def remove(self, oid: Digest, *, before: float | None = None) -> bool:
         """Delete a chunk file (only if last written at or before ``before``); True if deleted."""
@@ -267,29 +292,25 @@ def _new_sha256() -> Any:
     return hashlib.sha256()
 
 
-def encode(data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
-    """(codec, stored bytes): zstd only when a sample shows it saves space."""
-    if len(data) >= 1024:
-        import zstandard  # here, as in decode: commands that read only records never need it
-
-        # A compressor per call: zstd contexts must not be shared between writer threads.
-        cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-        sample = bytes(data[:_SAMPLE])
-        if len(cctx.compress(sample)) < _MIN_SAVING * len(sample):
-            packed = cctx.compress(data)  # a buffer, not bytes(data): no 32 MiB copy
-            if len(packed) < _MIN_SAVING * len(data):
-                return "zstd", packed
-    return "raw", data
-
-
 def decode(stored: bytes | memoryview, codec: str, oid: Digest, size: int, *,
-           where: str = "") -> bytes:
+           where: str = "", base: Base | None = None) -> bytes:
     """The plain bytes of a stored leaf held in memory, at most ``size`` (checked against its
     ID by the caller)."""
-    return decode_stream(io.BytesIO(stored), codec, oid, size, where=where)
+    return decode_stream(io.BytesIO(stored), codec, oid, size, where=where, base=base)
 
 
-def decode_stream(src: Readable, codec: str, oid: Digest, size: int, *, where: str = "") -> bytes:
+def read_capped(src: Readable, oid: Digest, size: int, *, where: str) -> bytes:
+    """All stored bytes of a stream, refused past :func:`stored_max` of ``size``."""
+    limit = min(max(size, 0), LEAF_MAX)
+    capped = _Capped(src, codecs.HEADER + stored_max(limit), oid, where)
+    parts: list[bytes] = []
+    while block := capped.read(1 << 20):
+        parts.append(block)
+    return b"".join(parts)
+
+
+def decode_stream(src: Readable, codec: str, oid: Digest, size: int, *, where: str = "",
+                  base: Base | None = None) -> bytes:
     """The plain bytes a stream of stored bytes decodes to, at most ``size`` of them.
 
     Read in one request of ``size + 1`` bytes, so that the leaf is allocated once (a file's or
@@ -300,6 +321,9 @@ def decode_stream(src: Readable, codec: str, oid: Digest, size: int, *, where: s
 
     where = where or f"the chunk of {oid}"
     limit = min(max(size, 0), LEAF_MAX)
+    if codec in codecs.WIDTHS:
+        # The leaf's one buffer, as it is: bytes() of it would hold the leaf twice.
+        return _decode_planes(src, codec, oid, limit, where, base)  # type: ignore[return-value]
     # Raw stored bytes are the plain bytes: reading one past the bound caps both at once.
     reader = src if codec == "raw" else _decoder(
         _Capped(src, stored_max(limit), oid, where), codec, oid)
@@ -322,13 +346,13 @@ def decode_stream(src: Readable, codec: str, oid: Digest, size: int, *, where: s
 
 
 def plain_digest(src: Readable, codec: str, oid: Digest, size: int, *, where: str = "",
-                 also: Any = None) -> tuple[Digest, int]:
+                 also: Any = None, base: Base | None = None) -> tuple[Digest, int]:
     """(BLAKE3 ID, size) of the plain bytes a stream decodes to, at most ``size``; ``also``
     (a hashlib object) is fed the same blocks."""
     # One thread per leaf: callers hash several at once (fsck) or run in a pool (put).
     h = blake3.blake3()
     got = 0
-    for block in plain_blocks(src, codec, oid, size, where=where):
+    for block in plain_blocks(src, codec, oid, size, where=where, base=base):
         h.update(block)
         if also is not None:
             also.update(block)
@@ -343,19 +367,26 @@ def stored_max(size: int) -> int:
 
 
 def plain_blocks(src: Readable, codec: str, oid: Digest, size: int, *,
-                 where: str = "") -> Iterator[memoryview]:
+                 where: str = "", base: Base | None = None) -> Iterator[memoryview]:
     """The plain bytes of a stored leaf, in blocks of one reused buffer, bounded by its record.
 
-    Every codec decodes through here (raw and zstd now; any later one joins :func:`_decoder`):
-    ``size`` (the row's plain size, capped at :data:`LEAF_MAX`) bounds what comes out, one byte
-    past it is a :class:`DecodeBoundExceeded` naming the chunk, and the stored bytes read are
-    bounded by :func:`stored_max`. Fewer bytes than ``size`` simply end early: the caller's
-    hash and size checks judge them.
+    Every codec decodes through here (raw and zstd streamed through :func:`_decoder`; planes
+    and deltas, which need the whole plane stream, one leaf at a time through
+    :func:`_decode_planes`): ``size`` (the row's plain size, capped at :data:`LEAF_MAX`) bounds
+    what comes out, one byte past it is a :class:`DecodeBoundExceeded` naming the chunk, and the
+    stored bytes read are bounded by :func:`stored_max`. Fewer bytes than ``size`` simply end
+    early for raw and zstd (the caller's hash and size checks judge them); a plane stream must
+    be exactly ``size`` bytes.
     """
     import zstandard
 
     where = where or f"the chunk of {oid}"
     limit = min(max(size, 0), LEAF_MAX)
+    if codec in codecs.WIDTHS:
+        whole = memoryview(_decode_planes(src, codec, oid, limit, where, base))
+        for at in range(0, len(whole), _VERIFY_BLOCK):
+            yield whole[at:at + _VERIFY_BLOCK]
+        return
     reader = _decoder(_Capped(src, stored_max(limit), oid, where), codec, oid)
     buf = bytearray(max(1, min(_VERIFY_BLOCK, limit + 1)))
     view = memoryview(buf)
@@ -380,16 +411,97 @@ def _decoder(src: Readable, codec: str, oid: Digest) -> Readable:
     if codec == "raw":
         return src
     if codec == "zstd":
-        import zstandard
+        return _frames(src)
+    codecs.check_known(oid, codec)
+    raise CodecError(oid, "raw or zstd", f"codec {codec!r} here")  # planes: _decode_planes
 
-        # Streaming into a bounded buffer, never ZstdDecompressor.decompress: that allocates
-        # whatever size the frame header claims. Across frames, so that bytes after the frame
-        # are decoded too (and fail) rather than ignored.
-        dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_MAX)
-        # zstandard's stubs ask for IO[bytes]; it calls only read(), which _Capped has.
-        return dctx.stream_reader(src, read_size=1 << 20,  # type: ignore[arg-type]
-                                  read_across_frames=True)
-    raise StoreError(f"unknown codec {codec!r} for object {oid}")
+
+def _frames(src: Readable) -> Readable:
+    """The decoded content of the zstd frames of ``src``, concatenated."""
+    import zstandard
+
+    # Streaming into a bounded buffer, never ZstdDecompressor.decompress: that allocates
+    # whatever size the frame header claims. Across frames, so that bytes after the frame
+    # are decoded too (and fail) rather than ignored.
+    dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_MAX)
+    # zstandard's stubs ask for IO[bytes]; it calls only read(), which _Capped has.
+    return dctx.stream_reader(src, read_size=1 << 20,  # type: ignore[arg-type]
+                              read_across_frames=True)
+
+
+def _decode_planes(src: Readable, codec: str, oid: Digest, limit: int, where: str,
+                   base: Base | None) -> bytearray:
+    """The plain bytes of a ``planesW`` or ``xorW`` chunk (docs/format.md §5.5.1): the header
+    checked against the row's base first, then a plane stream of exactly ``limit`` bytes
+    decoded into one buffer, un-planed, and for a delta XORed with the base's plain bytes
+    (checked against the base's ID by ``base.load``) once the header names it."""
+    delta = codecs.is_delta(codec)
+    capped = _Capped(src, (codecs.HEADER if delta else 0) + stored_max(limit), oid, where)
+    if not delta:
+        return _unplane_stream(capped, codec, oid, limit, where)
+    if base is None:
+        raise CodecError(oid, "the base its row names", f"a {codec} chunk without one")
+    head = _read_exactly(capped, codecs.HEADER)
+    if len(head) < codecs.HEADER:
+        raise CodecError(oid, "a 32-byte base header", f"{len(head)} bytes in {where}",
+                         problem="bad-base")
+    if head != bytes.fromhex(base.id.hex):
+        raise CodecError(oid, f"base {base.id} (its row's)",
+                         f"blake3:{head.hex()} in the header of {where}", problem="bad-base")
+    from concurrent.futures import ThreadPoolExecutor
+
+    # The base decodes on a thread of its own while this leaf's stream does (zstd and BLAKE3
+    # let go of the GIL): a delta's get then takes about as long as its longer link, not both.
+    with ThreadPoolExecutor(1, thread_name_prefix="nscas-base") as pool:
+        loading = pool.submit(base.load)
+        plain = _unplane_stream(capped, codec, oid, limit, where)
+        other = loading.result()
+    if len(other) != limit:
+        raise CodecError(oid, f"a base of {limit} bytes", f"{len(other)} bytes of {base.id}",
+                         problem="bad-base")
+    codecs.xor_into(plain, other)
+    return plain
+
+
+def _unplane_stream(capped: Readable, codec: str, oid: Digest, limit: int,
+                    where: str) -> bytearray:
+    """The plain bytes of a plane stream of exactly ``limit`` bytes in zstd frames."""
+    import zstandard
+
+    plain = bytearray(limit)
+    unplane = codecs.Unplaner(plain, codecs.width(codec))
+    block = bytearray(min(_VERIFY_BLOCK, limit + 1) or 1)
+    view = memoryview(block)
+    got = 0
+    reader = _frames(capped)
+    try:
+        while True:
+            # Ask for at most one byte past the bound: a bomb never gets to inflate further.
+            n = reader.readinto(view[:min(len(block), limit + 1 - got)])
+            if not n:
+                break
+            if got + n > limit:
+                raise DecodeBoundExceeded(oid, limit, where)
+            unplane.put(got, view[:n])  # straight to its places: no second leaf-sized buffer
+            got += n
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"object {oid}", str(oid),
+                             f"undecodable zstd data in {where} ({exc})") from None
+    if got < limit:
+        raise CodecError(oid, f"a plane stream of {limit} bytes, as its record says",
+                         f"{got} bytes from {where}", problem="size-mismatch")
+    return plain
+
+
+def _read_exactly(src: Readable, n: int) -> bytes:
+    parts: list[bytes] = []
+    while n > 0:
+        block = src.read(n)
+        if not block:
+            break
+        parts.append(block)
+        n -= len(block)
+    return b"".join(parts)
 
 
 class _Capped(io.RawIOBase):

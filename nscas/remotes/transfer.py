@@ -11,7 +11,8 @@ it got), that the other side lacks, children before
 parents: each one is committed there on its own, so the other store holds a closed set at every
 moment, and a transfer killed half-way is resumed by running it again (only what is still
 missing goes). Every object is checked on arrival: a leaf's bytes are re-hashed by the store
-that writes them, a record's by the put that names it, and an object of parts against the
+that writes them (a chunk-file leaf travels in its stored codec, after its delta base, and is
+decoded there to check it: docs/format.md §5.5.1), a record's by the put that names it, and an object of parts against the
 bytes of its parts in order. Puts are idempotent, so two transfers may run at once. A ref named
 as the target moves on the other side by compare-and-swap, and only from a value this side's
 ref once held (it moved on from there), never over one it did not.
@@ -71,7 +72,8 @@ class TransferReport:
     sent: int
     """Objects the other side lacked and now holds."""
     bytes_sent: int
-    """Bytes of the leaves sent (as stored nowhere: plain bytes)."""
+    """Bytes of the leaves sent: a chunk-file leaf's stored bytes (its codec's), an inline
+    leaf's plain bytes."""
     ref_moved: bool
     """Whether the ref was set or moved on the receiving side."""
 
@@ -210,6 +212,10 @@ def transfer(sender: StoreReader, receiver: Store, target_text: str, *,
         if info.storage == "parts":
             receiver.put_whole(oid, sender.part_ids(oid), sha256=_check_whole(sender, oid))
             n = 0
+        elif info.storage == "file":
+            stored = sender.chunks.read_stored(oid, info.size)
+            receiver.put_stored(oid, info.codec, info.size, stored, base=info.base)
+            n = len(stored)
         else:
             data = sender.get_bytes(oid)
             made = receiver.put_bytes(data)  # re-hashed as it is written
@@ -250,6 +256,9 @@ def _children_first(store: StoreReader, missing: set[Digest]) -> list[Digest]:
             stack.append((oid, True))
             below = [link.child for link in store.links_from(oid)]
             below += [part for _, part in store.part_ids(oid)]
+            base = store.info(oid).base  # a delta's base goes first
+            if base is not None:
+                below.append(base)
             stack.extend((d, False) for d in sorted(set(below)) if d in missing and d not in done)
     return order
 

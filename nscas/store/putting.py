@@ -2,7 +2,8 @@
 
 ``Store.put_file`` hands a file here and gets back every row to insert, which it inserts in one
 transaction once every chunk file is durable. A piece the store already holds costs one BLAKE3
-pass and a lookup; only new bytes get their SHA-256, compression and the durable write.
+pass and a lookup; only new bytes get their SHA-256, their codec (docs/format.md §5.5.2: the
+smallest of the candidates a :class:`Hint` allows) and the durable write.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 import blake3
 
 from nscas.errors import StoreError
+from nscas.objects import codecs
 from nscas.objects.chunks import INLINE_MAX, ChunkBackend, Segment, split_ranges
+from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest, Readable, sha256_hex
 
 # Pieces whose read buffers are in flight, each up to TENSOR_SPLIT bytes: this bounds memory.
@@ -38,7 +41,19 @@ class Leaf:
     data: bytes | None = None
     kind: str | None = None
     reused: bool = False  # already stored: its row must still be there when this put commits
+    base: str | None = None  # the base leaf of a delta (codec xorW)
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hint:
+    """What the writer may try for a new piece (docs/format.md §5.5.2): its dtype's width
+    (planes) and a stored leaf of its size to XOR it with."""
+
+    width: int = 1
+    base: Base | None = None
+
+
+NO_HINT = Hint()
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Assembly:
@@ -56,10 +71,12 @@ class Putter:
     chunks: ChunkBackend
     lookup: Callable[[str], Leaf | None]
     """The stored object with this BLAKE3 hex, if it can be reused as it is."""
+    hint: Callable[[Segment, int, int], Hint] = lambda seg, off, length: NO_HINT
+    """What to try for the piece (offset, length) of a segment: its base and width."""
 
-    def leaf(self, data: memoryview) -> Leaf:
-        """Hash, look up, and only for new bytes compute SHA-256, compress and write durably."""
-        return self._leaf(data)
+    def leaf(self, data: memoryview, hint: Hint = NO_HINT) -> Leaf:
+        """Hash, look up, and only for new bytes compute SHA-256, encode and write durably."""
+        return self._leaf(data, hint=hint)
 
     def segments(self, f: Readable, segments: list[Segment]) -> Assembly:
         """Stream ``f`` (at offset 0) cut into ``segments``: every piece a leaf, every tensor
@@ -67,7 +84,7 @@ class Putter:
         return _Pipeline(self, f).run(segments)
 
     def _leaf(self, data: memoryview, release: Callable[[], None] = lambda: None, *,
-              lazy_sha256: bool = False) -> Leaf:
+              lazy_sha256: bool = False, hint: Hint = NO_HINT) -> Leaf:
         # BLAKE3 comes first because it names the leaf: bytes the store already holds (most
         # tensors of a second checkpoint) then cost one hash pass and one lookup. One thread per
         # hash: the pipeline's own threads fill the cores. ``release`` says this task no longer
@@ -81,16 +98,23 @@ class Putter:
             known = self.lookup(hex_id)
             if known is not None:
                 return known
-            codec, stored = self.chunks.encode(data)
+            base = None
+            if hint.base is not None and hint.base.id.hex != hex_id:
+                plain = hint.base.load()  # checked against the base's ID
+                base = Base(id=hint.base.id, load=lambda: plain)
+            codec, stored = codecs.choose(data, w=hint.width,
+                                          base=None if base is None else (base.id, base.load()))
+            if not codecs.is_delta(codec):
+                base = None
             # Once its bytes are in the temporary file the read buffer may take the next piece:
             # fsync and the re-read do not hold it up. The SHA-256, where wanted, comes from that
-            # re-read (which checks the bytes against the ID).
+            # re-read (which checks the bytes against the ID, decoding a delta with its base).
             sha = self.chunks.write(Digest(hex_id), stored, codec, size=len(data), written=release,
-                                    sha256=not lazy_sha256)
+                                    sha256=not lazy_sha256, base=base)
         finally:
             release()
         return Leaf(hex=hex_id, size=len(data), sha256=sha, storage="file", codec=codec,
-                    stored_size=len(stored))
+                    stored_size=len(stored), base=None if base is None else base.id.hex)
 
 
 class _Buffers:
@@ -209,7 +233,8 @@ class _Pipeline:
                     # A tensor's pieces (and the tensor) get no SHA-256 now: the file's, on
                     # the chain above, is the only one an add computes (docs/format.md §1.2).
                     leaf = workers.submit(self.putter._leaf, piece.view, piece.reader(),
-                                          lazy_sha256=seg.tensor is not None)
+                                          lazy_sha256=seg.tensor is not None,
+                                          hint=self.putter.hint(seg, off, length))
                     self.tasks.append(leaf)
                     if split is not None:
                         self._chain(b3_chain, piece, split.update)

@@ -29,9 +29,17 @@ from nscas.database.revision import (
 )
 from nscas.database.rows import Link, Linked, LinkWay, ObjectInfo, RefEntry
 from nscas.database.sqlite import SqliteEngine
-from nscas.errors import AmbiguousPrefix, IntegrityError, InvalidInput, NotFound, StoreError
-from nscas.objects import canonical
+from nscas.errors import (
+    AmbiguousPrefix,
+    CodecError,
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    StoreError,
+)
+from nscas.objects import canonical, codecs
 from nscas.objects.chunks import ChunkBackend, ChunkFiles
+from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest, DualHasher, blake3_hex, parse_prefix
 from nscas.store.backends import chunk_backend
 from nscas.store.config import StoreConfig, read_config
@@ -45,7 +53,7 @@ __all__ = ["BATCH", "OUTPUTS", "Link", "LinkWay", "Linked", "ObjectInfo", "RefEn
 _UNREAD: Any = object()
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
-                     "put_whole", "ref_set", "delete_objects", "execute_raw", "work_area",
+                     "put_whole", "put_stored", "ref_set", "delete_objects", "execute_raw", "work_area",
                      "release_work_area"})
 
 
@@ -294,7 +302,48 @@ class StoreReader:
             if got != oid.hex:
                 raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
             return inline
-        return self.chunks.read(oid, codec, size)
+        return self.chunks.read(oid, codec, size, base=self.leaf_base(oid, codec))
+
+    def leaf_base(self, oid: Digest, codec: str, *,
+                  arriving: tuple[Digest | None, int] | None = None) -> Base | None:
+        """The base of a leaf in ``codec`` (None unless a delta), once its chain passes every
+        check of docs/format.md §5.5.1 on the rows, before any byte is decoded: the base its
+        row names, or for a leaf not stored yet (a transfer brings it) ``arriving`` = (the
+        base it names, its plain size). The base's bytes load, checked against its ID, only
+        when the decoder asks for them."""
+        codecs.check_known(oid, codec)
+        if not codecs.is_delta(codec):
+            other = arriving[0] if arriving is not None else self._row_base(oid)
+            if other is not None:  # a base column on a leaf of another codec: forged
+                raise CodecError(oid, f"no base for a {codec} leaf", f"base {other}",
+                                 problem="bad-base")
+            return None
+        with self._read() as c:
+            if arriving is None:
+                row = q.delta_row(c, oid.hex)
+                if row is None:
+                    raise NotFound(str(oid))
+                size, named = row.size, row.base
+            else:
+                size, named = arriving[1], arriving[0].hex if arriving[0] is not None else None
+            found = _chain(c, oid, size, named)
+        return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]))
+
+    def _row_base(self, oid: Digest) -> Digest | None:
+        with self._read(snapshot=False) as c:
+            row = q.delta_row(c, oid.hex)
+        return Digest(row.base) if row is not None and row.base is not None else None
+
+    def chain_depth(self, oid: Digest) -> int:
+        """How many deltas deep a stored leaf is (0: not a delta); a broken chain is a
+        :class:`CodecError`."""
+        with self._read() as c:
+            row = q.delta_row(c, oid.hex)
+            if row is None:
+                raise NotFound(str(oid))
+            if not codecs.is_delta(row.codec):
+                return 0
+            return _chain(c, oid, row.size, row.base)[3]
 
     def materialise(self, oid: Digest, dest: Path) -> None:
         """Write a blob to a new file, or a tree/1 to a new (or empty) directory; never
@@ -387,8 +436,10 @@ class StoreReader:
         """The kind of each ID that is stored (None: a blob); IDs not stored are left out."""
         return self.kinds_and_records(ids, ())[0]
 
-    def closure(self, roots: Iterable[Digest], *, with_parts: bool = False) -> set[Digest]:
-        """Every object reachable from ``roots`` through links (and parts, if asked)."""
+    def closure(self, roots: Iterable[Digest], *, with_parts: bool = False,
+                with_bases: bool | None = None) -> set[Digest]:
+        """Every object reachable from ``roots`` through links (and parts and the delta bases
+        of leaves, if asked: ``with_bases`` defaults to ``with_parts``)."""
         seen: set[str] = set()
         frontier = [d.hex for d in roots]
         with self._read() as c:
@@ -397,7 +448,8 @@ class StoreReader:
                 new = [h for h in batch if h not in seen]
                 seen.update(new)
                 if new:
-                    frontier.extend(k for k in q.children(c, new, with_parts=with_parts)
+                    frontier.extend(k for k in q.children(c, new, with_parts=with_parts,
+                                                          with_bases=with_bases)
                                     if k not in seen)
         return {Digest(h) for h in seen}
 
@@ -435,6 +487,45 @@ class StoreReader:
     def counts(self) -> dict[str, int]:
         with self._read() as c:
             return q.counts(c)
+
+
+def _chain(c: Connection, oid: Digest, size: int, named: str | None
+           ) -> tuple[Digest, str, int, int]:
+    """(base ID, its codec, its size, chain depth) of a delta of ``size`` plain bytes whose
+    row names ``named``: every base present, stored in a chunk file, of the same size, at most
+    :data:`codecs.CHAIN_MAX` deltas deep and never a cycle, or a :class:`CodecError` saying
+    which (``bad-base`` or ``bad-chain``)."""
+    if named is None:
+        raise CodecError(oid, "the base of a delta named by its row", "none", problem="bad-base")
+    seen = {oid.hex}
+    depth = 1
+    first: tuple[str, int] | None = None
+    at = named
+    while True:
+        if at in seen:
+            raise CodecError(oid, "a chain of deltas without a cycle",
+                             f"blake3:{at} twice in its chain", problem="bad-chain")
+        row = q.delta_row(c, at)
+        if row is None:
+            raise CodecError(oid, f"its base blake3:{at} in the store", "none",
+                             problem="bad-base")
+        if row.storage != "file" or row.size != size:
+            raise CodecError(oid, f"a base of {size} bytes in a chunk file",
+                             f"blake3:{at} of {row.size} bytes, storage {row.storage}",
+                             problem="bad-base")
+        if first is None:
+            first = (row.codec, row.size)
+        if not codecs.is_delta(row.codec):
+            return Digest(named), first[0], first[1], depth
+        if row.base is None:
+            raise CodecError(oid, f"a base for blake3:{at} in its chain", "none",
+                             problem="bad-base")
+        depth += 1
+        if depth > codecs.CHAIN_MAX:
+            raise CodecError(oid, f"a chain at most {codecs.CHAIN_MAX} deltas deep",
+                             "a longer one", problem="bad-chain")
+        seen.add(at)
+        at = row.base
 
 
 def _immutable_open(root: Path, exc: sqlite3.Error) -> bool:

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 import blake3
 
 from nscas.errors import IntegrityError, StoreError
-from nscas.objects.chunks import decode, decode_stream, encode, plain_digest
+from nscas.objects.chunks import decode, decode_stream, plain_digest, read_capped
+from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest, is_hex_id
 from nscas.store.config import S3Settings
 
@@ -103,11 +104,9 @@ class S3Chunks:
     def location(self, oid: Digest) -> str:
         return f"chunk object s3://{self.bucket}/{self.key(oid)}"
 
-    def encode(self, data: memoryview | bytes) -> tuple[str, bytes | memoryview]:
-        return encode(data)
-
     def write(self, oid: Digest, stored: bytes | memoryview, codec: str, *, size: int,
-              written: Callable[[], object] = lambda: None, sha256: bool = True) -> str | None:
+              written: Callable[[], object] = lambda: None, sha256: bool = True,
+              base: Base | None = None) -> str | None:
         """Check, upload to a temporary key (MD5-verified), copy to the final key, delete the
         temporary one. Returns the plain bytes' SHA-256 (None without ``sha256``)."""
         import hashlib  # here: opening a team store for reading loads neither (4 ms)
@@ -115,7 +114,7 @@ class S3Chunks:
 
         body = bytes(stored)
         written()
-        plain = decode(body, codec, oid, size)
+        plain = decode(body, codec, oid, size, base=base)
         got = blake3.blake3(plain).hexdigest()
         if got != oid.hex:
             raise IntegrityError(f"chunk written for {oid}", str(oid), f"blake3:{got}")
@@ -148,19 +147,24 @@ class S3Chunks:
                                  f"no {self.location(oid)}") from None
         return got["Body"]
 
-    def read(self, oid: Digest, codec: str, size: int) -> bytes:
+    def read(self, oid: Digest, codec: str, size: int, *, base: Base | None = None) -> bytes:
         with contextlib.closing(self._get(oid)) as body:
             data = self._reading(lambda: decode_stream(body, codec, oid, size,
-                                                       where=self.location(oid)))
+                                                       where=self.location(oid), base=base))
         got = blake3.blake3(data).hexdigest()
         if got != oid.hex:
             raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
         return data
 
-    def verify(self, oid: Digest, codec: str, size: int) -> tuple[Digest, int]:
+    def read_stored(self, oid: Digest, size: int) -> bytes:
+        with contextlib.closing(self._get(oid)) as body:
+            return self._reading(lambda: read_capped(body, oid, size, where=self.location(oid)))
+
+    def verify(self, oid: Digest, codec: str, size: int, *,
+               base: Base | None = None) -> tuple[Digest, int]:
         with contextlib.closing(self._get(oid)) as body:
             return self._reading(lambda: plain_digest(body, codec, oid, size,
-                                                      where=self.location(oid)))
+                                                      where=self.location(oid), base=base))
 
     def _reading(self, fn: Callable[[], _T]) -> _T:
         """``fn``, which reads a body: a connection lost part-way is the store's one-line error."""

@@ -31,9 +31,10 @@ from nscas.errors import (
     TagImmutable,
 )
 from nscas.objects import canonical, kinds
-from nscas.objects.chunks import ChunkFiles, Segment, plan_segments
+from nscas.objects.chunks import INLINE_MAX, LEAF_MAX, ChunkFiles, Segment, plan_segments
 from nscas.objects.digests import Digest, Readable, blake3_hex, sha256_hex
 from nscas.store.backends import chunk_backend
+from nscas.store.bases import Hints, hints_from, width_hints
 from nscas.store.config import StoreConfig, read_config, render_config
 from nscas.store.locating import (
     CONFIG_NAME,
@@ -180,12 +181,30 @@ class Store(StoreReader):
     def put_bytes(self, data: bytes | bytearray | memoryview) -> Digest:
         view = memoryview(data)
         with _faults(self.root):
-            return _retry_vanished(lambda: self._put_leaf(view), lambda: None)
+            return _retry_vanished(lambda: self._put_leaf(view, width_hints), lambda: None)
 
-    def _put_leaf(self, data: memoryview) -> Digest:
-        leaf = self._putter().leaf(data)
+    def _put_leaf(self, data: memoryview, hints: Hints) -> Digest:
+        putter = self._putter(hints)
+        leaf = putter.leaf(data, putter.hint(Segment(offset=0, length=len(data)), 0, len(data)))
         self._insert([leaf], [], [])
         return Digest(leaf.hex)
+
+    def put_stored(self, oid: Digest, codec: str, size: int, stored: bytes, *,
+                   base: Digest | None) -> None:
+        """A chunk-file leaf as another store keeps it (a push or pull brings it): its stored
+        bytes in ``codec``, a delta's ``base`` already here. Checked like a read (codec, base,
+        chain: docs/format.md §5.5.1), then decoded and re-hashed as it is written."""
+        if not INLINE_MAX < size <= LEAF_MAX:
+            raise InvalidInput(f"{oid}: a chunk-file leaf of {size} bytes (it must be "
+                               f"{INLINE_MAX + 1} to {LEAF_MAX})")
+        with _faults(self.root):
+            delta = self.leaf_base(oid, codec, arriving=(base, size))
+            if self.has(oid):
+                return
+            sha = self.chunks.write(oid, stored, codec, size=size, base=delta)
+            self._insert([Leaf(hex=oid.hex, size=size, sha256=sha, storage="file", codec=codec,
+                               stored_size=len(stored),
+                               base=None if delta is None else delta.id.hex)], [], [])
 
     def put_record(self, value: dict[str, Any] | bytes) -> Digest:
         """Validate (canonical bytes, schema of the kind, closure) and store a record."""
@@ -218,8 +237,10 @@ class Store(StoreReader):
                 self._insert(leaves, [], link_rows, require=require)
         return [Digest(leaf.hex) for leaf in leaves]
 
-    def put_file(self, path: Path) -> Digest:
-        """Stream a file into the store; safetensors files are cut at tensor boundaries."""
+    def put_file(self, path: Path, *, base: Digest | None = None) -> Digest:
+        """Stream a file into the store; safetensors files are cut at tensor boundaries. With
+        ``base`` (a stored file: this one's earlier version) each new piece is also tried as a
+        delta to the base's piece of the same tensor or place (docs/format.md §5.5.2)."""
         try:
             st = path.stat()
             f = path.open("rb")
@@ -230,20 +251,23 @@ class Store(StoreReader):
         except PermissionError:
             raise InvalidInput(f"cannot read {path}: permission denied") from None
         with f:
+            hints = width_hints if base is None else hints_from(self, base)
             segments = plan_segments(path, st.st_size)
             if segments is None:
-                data = f.read()
-                return self.put_bytes(data)
+                view = memoryview(f.read())
+                with _faults(self.root):
+                    return _retry_vanished(lambda: self._put_leaf(view, hints), lambda: None)
             with _faults(self.root):
-                return _retry_vanished(lambda: self._put_segments(f, segments), lambda: f.seek(0))
+                return _retry_vanished(lambda: self._put_segments(f, segments, hints),
+                                       lambda: f.seek(0))
 
-    def _put_segments(self, f: Readable, segments: list[Segment]) -> Digest:
-        made = self._putter().segments(f, segments)
+    def _put_segments(self, f: Readable, segments: list[Segment], hints: Hints) -> Digest:
+        made = self._putter(hints).segments(f, segments)
         self._insert(made.leaves, made.part_rows, [])
         return Digest(made.hex)
 
-    def _putter(self) -> Putter:
-        return Putter(chunks=self.chunks, lookup=self._stored_leaf)
+    def _putter(self, hints: Hints = width_hints) -> Putter:
+        return Putter(chunks=self.chunks, lookup=self._stored_leaf, hint=hints)
 
     def _stored_leaf(self, hex_id: str) -> Leaf | None:
         """The stored object with this ID, if it can be reused as it is.
@@ -259,7 +283,7 @@ class Store(StoreReader):
         if row is None or (row.storage == "file" and not self.chunks.exists(Digest(hex_id))):
             return None
         return Leaf(hex=hex_id, size=row.size, sha256=row.sha256, storage=row.storage,
-                    codec=row.codec, stored_size=row.stored_size, reused=True)
+                    codec=row.codec, stored_size=row.stored_size, reused=True, base=row.base)
 
     def sha256(self, oid: Digest) -> str:
         """The object's SHA-256; one not known yet is computed from its bytes and recorded
@@ -279,7 +303,7 @@ class Store(StoreReader):
             raise StoreError("store opened read-only")
         now = time.time()
         rows = [(lf.hex, lf.size, lf.sha256, lf.kind, lf.storage, lf.codec, lf.stored_size,
-                 lf.data, now) for lf in leaves]
+                 lf.data, now, lf.base) for lf in leaves]
         for attempt in range(_PUT_ATTEMPTS):
             try:
                 return self._insert_rows(rows, leaves, part_rows, link_rows, require)
@@ -331,12 +355,23 @@ class Store(StoreReader):
         with _faults(self.root):
             self._insert([leaf], rows, [], require={d.hex for _, d in part_list})
 
-    def put_tree(self, path: Path) -> Digest:
-        """A directory as a tree/1 record of its regular files (links are refused)."""
+    def put_tree(self, path: Path, *, base: Digest | None = None) -> Digest:
+        """A directory as a tree/1 record of its regular files (links are refused). With
+        ``base`` (a stored tree/1) each file is put with the base's file of the same path as
+        its base, where there is one."""
         if not path.is_dir():
             raise InvalidInput(f"no such directory: {path}")
-        files = {file.relative_to(path).as_posix(): self.put_file(file)
-                 for file in sorted(_walk(path))}
+        theirs: dict[str, Digest] = {}
+        if base is not None:
+            record = self.get_record(base)
+            if record.get("nscas") != "tree/1":
+                raise InvalidInput(f"{base} is a {record.get('nscas')} record; a tree's delta "
+                                   "base is a tree/1")
+            theirs = {rel: Digest.parse(e["id"]) for rel, e in record["entries"].items()}
+        files: dict[str, Digest] = {}
+        for file in sorted(_walk(path)):
+            rel = file.relative_to(path).as_posix()
+            files[rel] = self.put_file(file, base=theirs.get(rel))
         return self.put_record(tree_record(self, files))
 
     # -------------------------------------------------------------------- refs

@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Literal
 
 import blake3
 
-from nscas.errors import DamagedStore, DecodeBoundExceeded, IntegrityError, InvalidInput, NscasError
+from nscas.errors import (
+    CodecError,
+    DamagedStore,
+    DecodeBoundExceeded,
+    IntegrityError,
+    InvalidInput,
+    NscasError,
+)
 from nscas.objects import canonical, kinds
 from nscas.objects.digests import Digest, blake3_hex
 from nscas.store.locating import is_tag
@@ -252,6 +259,10 @@ def _check_row(store: StoreReader, info: ObjectInfo) -> list[Finding]:
         elif held != info.stored_size:
             out.append(Finding(object=oid, problem="chunk-size",
                                detail=f"chunk file holds {held} bytes, expected {info.stored_size}"))
+        try:  # codec known; a delta's base present, of its size, its chain short and acyclic
+            store.leaf_base(info.id, info.codec)
+        except CodecError as exc:
+            out.append(Finding(object=oid, problem=exc.problem, detail=exc.message))
     elif info.storage == "parts":
         rows = store.part_rows(info.id)
         offset = 0
@@ -324,7 +335,13 @@ def _check_leaf(store: StoreReader, info: ObjectInfo) -> list[Finding]:
                 return []  # reported by the row check
             got, size = Digest(blake3_hex(data)), len(data)
         else:
-            got, size = store.chunks.verify(info.id, info.codec, info.size)
+            try:
+                base = store.leaf_base(info.id, info.codec)
+            except CodecError:
+                return []  # reported by the row check
+            got, size = store.chunks.verify(info.id, info.codec, info.size, base=base)
+    except CodecError as exc:
+        return [Finding(object=oid, problem=exc.problem, detail=exc.message)]
     except DecodeBoundExceeded as exc:
         return [Finding(object=oid, problem="size-mismatch", detail=exc.message)]
     except NscasError as exc:

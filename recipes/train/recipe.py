@@ -102,8 +102,10 @@ def run(ctx: RunContext) -> RecipeResult:
             if not published.is_dir():
                 raise RecipeError(f"checkpoint at step {ready.step} has no published state")
             extra = {"state": str(store.put_tree(published))}
+        # Every checkpoint is stored as deltas to the one training started from (where they
+        # pay, docs/format.md §5.5.2): one link deep, whatever the number of checkpoints.
         checkpoints[ready.step] = put_checkpoint(store, ready.hf_dir, step=ready.step,
-                                                 parent=parent, extra=extra)
+                                                 parent=parent, extra=extra, base=base)
         # Optimizer and RNG state as torch.save wrote it: for resuming, not for publication,
         # so no record links it; a ref keeps it from garbage collection.
         state = store.put_file(ready.state_file)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest
 from nscas.store.writer import Store
 from nscas.upkeep.fsck import fsck, gc
@@ -39,9 +40,10 @@ def test_deep_hashes_every_stored_leaf_exactly_once(store: Store, tmp_path: Path
     verified: list[str] = []
     real_verify = store.chunks.verify
 
-    def spy(oid: Digest, codec: str, size: int) -> tuple[Digest, int]:
+    def spy(oid: Digest, codec: str, size: int, *, base: Base | None = None
+            ) -> tuple[Digest, int]:
         verified.append(oid.hex)
-        return real_verify(oid, codec, size)
+        return real_verify(oid, codec, size, base=base)
 
     monkeypatch.setattr(store.chunks, "verify", spy)
     report = fsck(store, deep=True)

@@ -1,0 +1,202 @@
+"""Chunk codecs (docs/format.md §5.5.1): the plane stream, byte planes and XOR deltas, and the
+writer's choice among them (§5.5.2). Pure functions of bytes: which chunk file, which base and
+which row is the chunk layer's and the store's to say.
+
+A plane stream of width W puts byte k of every W-byte value together (the sign-and-exponent
+bytes of FP32 or BF16 apart from their mantissa bytes), which zstd then packs far better; a
+delta XORs a leaf with its base's plain bytes first, so that what a fine-tune left unchanged
+becomes zero bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nscas.objects.digests import Digest
+
+HEADER = 32
+"""A delta's chunk file starts with the raw BLAKE3 digest of its base leaf."""
+CHAIN_MAX = 8
+"""D: a leaf is at most this many deltas deep (a chain of D deltas ends in a non-delta leaf)."""
+WIDTHS: dict[str, int] = {"planes2": 2, "planes4": 4, "planes8": 8,
+                          "xor1": 1, "xor2": 2, "xor4": 4, "xor8": 8}
+"""The plane width W of each codec that has one."""
+CODECS = frozenset({"raw", "zstd", *WIDTHS})
+"""Every codec a chunk file may be in."""
+MIN_SAVING = 0.03
+"""A codec other than raw is kept only if it saves at least this share of the plain size."""
+BUDGET_S = 2.0
+"""Seconds of encoding per leaf after which no further candidate is tried."""
+_LEVEL = 3
+_SAMPLE = 64 << 10  # bytes of a large leaf tried first, to skip a candidate that cannot pay
+_SAMPLED = 4 * _SAMPLE  # leaves at least this large are sampled first
+
+
+_DTYPE_WIDTHS = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+
+
+def dtype_width(dtype: str | None) -> int:
+    """The plane width the writer tries for a tensor of ``dtype`` (1: none, not a float)."""
+    return _DTYPE_WIDTHS.get(dtype or "", 1)
+
+
+def check_known(oid: Digest, codec: str) -> None:
+    """Refuse a codec this format does not define, before anything is read."""
+    if codec not in CODECS:
+        from nscas.errors import CodecError
+
+        raise CodecError(oid, f"a codec of docs/format.md §5.5.1 ({', '.join(sorted(CODECS))})",
+                         f"unknown codec {codec!r} in its row")
+
+
+def is_delta(codec: str) -> bool:
+    """True for the codecs whose chunk file names a base leaf (``xorW``)."""
+    return codec.startswith("xor") and codec in WIDTHS
+
+
+def width(codec: str) -> int:
+    """The plane width W of ``codec`` (1 where bytes are not planed)."""
+    return WIDTHS.get(codec, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Base:
+    """The base leaf of a delta: its ID (what the chunk file's header must name) and how to get
+    its plain bytes, checked against that ID, once the header agrees."""
+
+    id: Digest
+    load: Callable[[], bytes]
+
+
+# ----------------------------------------------------------------- the plane stream
+
+def planes(data: bytes | bytearray | memoryview, w: int) -> bytes:
+    """The plane stream of ``data`` for width ``w``: plane 0 ‖ … ‖ plane w-1 ‖ the tail."""
+    if w == 1:
+        return bytes(data)
+    import numpy as np
+
+    n = len(data)
+    q = n // w
+    arr = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(n, dtype=np.uint8)
+    out[:q * w].reshape(w, q)[:] = arr[:q * w].reshape(q, w).T
+    out[q * w:] = arr[q * w:]
+    return out.tobytes()
+
+
+def unplanes(stream: bytes | bytearray | memoryview, w: int) -> bytearray:
+    """The bytes whose plane stream for width ``w`` is ``stream`` (the inverse of planes)."""
+    import numpy as np
+
+    n = len(stream)
+    out = bytearray(n)
+    if w == 1:
+        out[:] = stream
+        return out
+    q = n // w
+    src = np.frombuffer(stream, dtype=np.uint8)
+    dst = np.frombuffer(out, dtype=np.uint8)
+    dst[:q * w].reshape(q, w)[:] = src[:q * w].reshape(w, q).T
+    dst[q * w:] = src[q * w:]
+    return out
+
+
+class Unplaner:
+    """Un-planes a plane stream block by block straight into ``out`` (its plain bytes), so
+    that decoding holds one leaf, not the stream and the leaf."""
+
+    def __init__(self, out: bytearray, w: int) -> None:
+        import numpy as np
+
+        self._out = np.frombuffer(out, dtype=np.uint8)
+        self._w = w
+        self._q = len(out) // w
+        self._grid = self._out[:self._q * w].reshape(self._q, w)
+
+    def put(self, at: int, block: bytes | bytearray | memoryview) -> None:
+        """The stream's bytes [at, at + len(block)), at most the leaf's length in all."""
+        import numpy as np
+
+        src = np.frombuffer(block, dtype=np.uint8)
+        w, q = self._w, self._q
+        while len(src):
+            if w == 1 or at >= q * w:  # the tail (or W = 1): in place
+                self._out[at:at + len(src)] = src
+                return
+            k, i = divmod(at, q)  # plane k, value i
+            n = min(len(src), q - i)
+            self._grid[i:i + n, k] = src[:n]
+            src, at = src[n:], at + n
+
+
+def xor_into(target: bytearray, other: bytes | bytearray | memoryview) -> None:
+    """``target`` ^= ``other``, byte by byte (both of one length)."""
+    import numpy as np
+
+    dst = np.frombuffer(target, dtype=np.uint8)
+    np.bitwise_xor(dst, np.frombuffer(other, dtype=np.uint8), out=dst)
+
+
+def xor(a: bytes | memoryview, b: bytes | memoryview) -> bytearray:
+    out = bytearray(a)
+    xor_into(out, b)
+    return out
+
+
+# ----------------------------------------------------------------- encoding
+
+def pack_planes(data: bytes | bytearray | memoryview, w: int, *, level: int = _LEVEL) -> bytes:
+    """zstd frames whose decoded content is the plane stream of ``data``: one frame per plane
+    (each plane's bytes alike, so each gets statistics of its own), the tail in the last; one
+    plane copied at a time."""
+    import numpy as np
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor(level=level)
+    if w == 1:
+        return cctx.compress(data)
+    q = len(data) // w
+    arr = np.frombuffer(data, dtype=np.uint8)
+    grid = arr[:q * w].reshape(q, w)
+    frames = [cctx.compress(np.ascontiguousarray(grid[:, k]).data) for k in range(w - 1)]
+    frames.append(cctx.compress(np.concatenate([grid[:, w - 1], arr[q * w:]]).data))
+    return b"".join(frames)
+
+
+def choose(data: bytes | memoryview, *, w: int, base: tuple[Digest, bytes] | None = None,
+           budget_s: float = BUDGET_S) -> tuple[str, bytes | memoryview]:
+    """(codec, stored bytes) for a new chunk-file leaf: the candidate of fewest stored bytes,
+    ``raw`` unless another saves :data:`MIN_SAVING`; ``w`` is the width of the tensor's dtype
+    (1: not a float tensor), ``base`` (ID, plain bytes of the same length) a leaf to XOR with."""
+    import zstandard
+
+    n = len(data)
+    best: tuple[str, bytes | memoryview] = ("raw", data)
+    if n < 1024:
+        return best
+    start = time.monotonic()
+    candidates: list[tuple[str, Callable[[bytes | memoryview], bytes]]] = []
+    if base is not None and len(base[1]) == n:
+        head = bytes.fromhex(base[0].hex)
+        other = base[1]
+        candidates.append((f"xor{w}", lambda d: head + pack_planes(xor(d, other[:len(d)]), w)))
+    if w > 1:
+        candidates.append((f"planes{w}", lambda d: pack_planes(d, w)))
+    candidates.append(("zstd", lambda d: zstandard.ZstdCompressor(level=_LEVEL).compress(d)))
+    bound = (1 - MIN_SAVING) * n
+    for codec, pack in candidates:
+        if time.monotonic() - start > budget_s:
+            break
+        if n >= _SAMPLED:
+            cut = _SAMPLE - _SAMPLE % w
+            if len(pack(data[:cut])) > (1 - MIN_SAVING) * cut + (HEADER if is_delta(codec) else 0):
+                continue
+        stored = pack(data)
+        if len(stored) <= bound and len(stored) < len(best[1]):
+            best = (codec, stored)
+    return best
