@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import blake3
-import numpy as np
 import zstandard
 
 from .objects import READ_CHUNK
@@ -100,6 +99,8 @@ def unplane(stream: bytes, width: int) -> bytes:
     """The bytes whose plane stream of ``width`` is ``stream`` (§5.5.1)."""
     if width <= 1:
         return stream
+    import numpy as np  # only where a leaf has planes: verify need not load it otherwise
+
     q = len(stream) // width
     planes = np.frombuffer(stream, np.uint8, count=q * width).reshape(width, q)
     return planes.T.tobytes() + stream[q * width:]
@@ -216,6 +217,8 @@ def _decode_link(files: ChunkFiles, link: ChunkRow, below: bytes, oid: str) -> b
     width = WIDTHS[codec]
     plain = unplane(plain, width)
     if is_delta(codec):
+        import numpy as np
+
         plain = (np.frombuffer(plain, np.uint8) ^ np.frombuffer(below, np.uint8)).tobytes()
     return plain
 
