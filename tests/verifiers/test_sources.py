@@ -206,3 +206,31 @@ def test_the_team_store_reader_decodes_and_refuses_deltas(team_services: TeamSer
         assert "holds 0 bytes" in (objects.state(f"blake3:{empty}").problem or "")
     finally:
         source.close()
+
+
+def test_a_delta_over_an_inline_leaf_and_an_inline_leaf_in_a_codec_are_findings(
+        tmp_path: Path) -> None:
+    """docs/format.md §5.5.1: inline leaves are always raw, and a base is a leaf in a chunk
+    file; a row saying otherwise is forged, whatever its bytes."""
+    from tests.vectors.test_codec_vectors import BY_NAME, _put, _table, stored
+
+    delta, base = BY_NAME["xor1"], BY_NAME["raw"]
+    con = _table(tmp_path / "nscas.db", bases=True)
+    with con:
+        _put(tmp_path, con, delta, bases=True)
+        for hex_id, codec, data in ((base["id"][7:], "raw", stored(base)),
+                                    ("ab" * 32, "zstd", b"inline")):
+            con.execute("INSERT INTO objects (id, size, sha256, storage, codec, stored_size, "
+                        "data, created) VALUES (?, ?, ?, 'inline', ?, ?, ?, 0)",
+                        (hex_id, len(data), hashlib.sha256(data).hexdigest(), codec,
+                         len(data), data))
+    con.close()
+    source = StoreSource(tmp_path)
+    try:
+        objects = Objects(source)
+        assert objects.state(base["id"]).problem is None  # as a leaf of its own, fine
+        over = objects.state(delta["id"]).problem or ""
+        assert "chunk file" in over and "'inline'" in over, over
+        assert "always raw" in (objects.state("blake3:" + "ab" * 32).problem or "")
+    finally:
+        source.close()
