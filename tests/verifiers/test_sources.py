@@ -15,6 +15,7 @@ from nscas.verifiers.bundle.source import BundleSource, safe_relative
 from nscas.verifiers.records.closure import Objects
 from nscas.verifiers.records.sources import BadTarget, SourceError, read_all
 from nscas.verifiers.records.store import StoreSource, find_store_dir
+from tests.store.services import TeamServices
 
 from .conftest import Pipeline
 
@@ -156,5 +157,80 @@ def test_the_store_reader_never_inflates_a_chunk_past_its_record(tmp_path: Path,
     try:
         with pytest.raises(Unreadable):
             read_all(source, str(oid))
+    finally:
+        source.close()
+
+
+def test_the_team_store_reader_decodes_and_refuses_deltas(team_services: TeamServices,
+                                                          tmp_path: Path) -> None:
+    """docs/format.md §5.5.1 in a PostgreSQL + S3 store: rows with their ``base`` column read
+    through psycopg, chunk objects by byte ranges through boto3 (codec vectors, one store)."""
+    import boto3
+    import psycopg
+
+    from nscas.store.writer import init_store
+    from nscas.verifiers.records.store import TeamStoreSource
+    from tests.vectors.test_codec_vectors import BY_NAME, stored, world
+
+    config = team_services.config()
+    init_store(tmp_path, config).close()
+    s3 = boto3.client("s3", endpoint_url=team_services.moto.endpoint)
+    bucket, _, prefix = config.objects[5:].partition("/")
+    chain = BY_NAME["chain-9"]
+    empty = "0" * 64  # a delta whose chunk object is empty: no header (no byte range at all)
+    rows = {c["id"][7:]: c for name in ("chain-9", "zstd-bomb-1mib", "missing-base")
+            for c in world(BY_NAME[name])}
+    with psycopg.connect(config.database, autocommit=True) as pg:
+        if pg.execute("SELECT 1 FROM information_schema.columns WHERE table_name = 'objects' "
+                      "AND column_name = 'base'").fetchone() is None:
+            pg.execute("ALTER TABLE objects ADD COLUMN base CHAR(64)")  # migration 0006
+        for hex_id, case in [*rows.items(), (empty, {**chain, "name": "empty"})]:
+            body = b"" if hex_id == empty else stored(case)
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/data/{hex_id[:2]}/{hex_id[2:]}",
+                          Body=body)
+            pg.execute("INSERT INTO objects (id, size, sha256, kind, storage, codec, "
+                       "stored_size, data, created, base) VALUES (%s, %s, %s, NULL, 'file', "
+                       "%s, %s, NULL, 0, %s)",
+                       (hex_id, case["size"], case["sha256"], case["codec"], len(body),
+                        case["base_id"] and case["base_id"][7:]))
+    source = TeamStoreSource(tmp_path / ".nscas")
+    try:
+        assert source.has_bases
+        objects = Objects(source)
+        assert objects.state(BY_NAME["chain-8"]["id"]).problem is None
+        problems = {name: objects.state(BY_NAME[name]["id"]) for name in
+                    ("chain-9", "zstd-bomb-1mib", "missing-base")}
+        assert "more than 8 deltas" in (problems["chain-9"].problem or "")
+        assert "at most 4099 bytes" in (problems["zstd-bomb-1mib"].problem or "")
+        assert problems["missing-base"].missing
+        assert "holds 0 bytes" in (objects.state(f"blake3:{empty}").problem or "")
+    finally:
+        source.close()
+
+
+def test_a_delta_over_an_inline_leaf_and_an_inline_leaf_in_a_codec_are_findings(
+        tmp_path: Path) -> None:
+    """docs/format.md §5.5.1: inline leaves are always raw, and a base is a leaf in a chunk
+    file; a row saying otherwise is forged, whatever its bytes."""
+    from tests.vectors.test_codec_vectors import BY_NAME, _put, _table, stored
+
+    delta, base = BY_NAME["xor1"], BY_NAME["raw"]
+    con = _table(tmp_path / "nscas.db", bases=True)
+    with con:
+        _put(tmp_path, con, delta, bases=True)
+        for hex_id, codec, data in ((base["id"][7:], "raw", stored(base)),
+                                    ("ab" * 32, "zstd", b"inline")):
+            con.execute("INSERT INTO objects (id, size, sha256, storage, codec, stored_size, "
+                        "data, created) VALUES (?, ?, ?, 'inline', ?, ?, ?, 0)",
+                        (hex_id, len(data), hashlib.sha256(data).hexdigest(), codec,
+                         len(data), data))
+    con.close()
+    source = StoreSource(tmp_path)
+    try:
+        objects = Objects(source)
+        assert objects.state(base["id"]).problem is None  # as a leaf of its own, fine
+        over = objects.state(delta["id"]).problem or ""
+        assert "chunk file" in over and "'inline'" in over, over
+        assert "always raw" in (objects.state("blake3:" + "ab" * 32).problem or "")
     finally:
         source.close()

@@ -163,8 +163,9 @@ class Objects:
                         keep = None
         except MissingObject as exc:
             return _State(missing=True, problem=f"a part is not present ({exc.object_id})")
-        except Unreadable as exc:
-            return _State(missing=exc.missing, problem=exc.why)
+        except Unreadable as exc:  # of one of its parts: name the part
+            return _State(missing=exc.missing,
+                          problem=exc.why if exc.object_id == oid else exc.message)
         got = "blake3:" + b3.hexdigest()
         problems = []
         if got != oid:

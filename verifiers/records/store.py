@@ -3,7 +3,8 @@
 - ``StoreSource`` opens ``<store>/nscas.db`` with stdlib ``sqlite3`` in ``mode=ro`` (on a
   read-only mount without a ``-shm`` file, ``immutable=1``) and reads
   an object's bytes from its row (``inline``), from its chunk file ``data/<2 hex>/<62 hex>``
-  (``file``, raw or zstd) or by concatenating its ``parts`` in order (recursively).
+  (``file``, in any codec of §5.5.1, decoded by ``codecs.decode_leaf``) or by concatenating its
+  ``parts`` in order (recursively).
 - ``TeamStoreSource`` reads a team store the same way, its ``store.toml`` parsed here: the
   database through ``psycopg`` in read-only transactions, chunk objects through ``boto3``
   (``s3://bucket/prefix``) or from a shared directory.
@@ -20,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import zstandard
-
 from ..core.errors import MissingObject
-from .objects import READ_CHUNK, is_object_id
+from .codecs import ChunkRow, CodecRefused, decode_leaf
+from .objects import is_object_id
 from .sources import HEX_PREFIX, BadTarget, ObjectMeta, SourceError, Unreadable
 
 DB_NAME = "nscas.db"
@@ -39,13 +39,6 @@ ENV_VAR = "NSCAS_STORE"
 
 
 MIN_PREFIX = 8
-
-
-CHUNK_LIMIT = 1 << 30
-
-
-ZSTD_WINDOW_MAX = 1 << 25  # docs/format.md §5.5: a chunk's zstd frame needs no larger window
-"""Most bytes one compressed chunk file may inflate to (store chunks are far smaller)."""
 
 
 _REF_NAME = re.compile(r"^[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*$")
@@ -115,6 +108,9 @@ class StoreSource:
             # Since schema 0003 a SHA-256 computed after the put is in object_sha256.
             lazy = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                                     "name = 'object_sha256'").fetchone() is not None
+            # Since schema 0006 a delta's base is in objects.base; before, there are no deltas.
+            self.has_bases = self._db.execute("SELECT 1 FROM pragma_table_info('objects') "
+                                              "WHERE name = 'base'").fetchone() is not None
         except sqlite3.Error as exc:
             raise SourceError(str(db), f"cannot read the database: {exc}") from None
         self._sha256 = ("COALESCE(sha256, (SELECT s.sha256 FROM object_sha256 s WHERE "
@@ -130,9 +126,22 @@ class StoreSource:
             raise SourceError(f"{self.root / DB_NAME}", f"cannot read the database: {exc}") from None
 
     def _row(self, hex_id: str) -> tuple[Any, ...] | None:
-        rows = self._query(f"SELECT size, {self._sha256}, kind, storage, codec, data, created "
-                           "FROM objects WHERE id = ?", (hex_id,))
+        base = "base" if self.has_bases else "NULL"
+        rows = self._query(f"SELECT size, {self._sha256}, kind, storage, codec, data, created, "
+                           f"{base} FROM objects WHERE id = ?", (hex_id,))
         return rows[0] if rows else None
+
+    def chunk_row(self, hex_id: str) -> ChunkRow | None:
+        row = self._row(hex_id)
+        if row is None:
+            return None
+        return ChunkRow(id=hex_id, size=row[0], storage=row[3], codec=row[4], base=row[7])
+
+    def chunk_head(self, hex_id: str, n: int) -> bytes:
+        return self._stored(hex_id, n - 1)[0][:n]
+
+    def chunk_bytes(self, hex_id: str, limit: int) -> tuple[bytes, str]:
+        return self._stored(hex_id, limit)
 
     def meta(self, oid: str) -> ObjectMeta | None:
         row = self._row(oid.removeprefix("blake3:"))
@@ -161,9 +170,14 @@ class StoreSource:
         if storage == "inline":
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise Unreadable(f"blake3:{hex_id}", "inline row without data", missing=True)
+            if codec != "raw" or row[7] is not None:  # docs/format.md §5.5.1
+                raise CodecRefused(f"blake3:{hex_id}", "unknown-codec", f"an inline leaf is "
+                                   f"always raw with no base, this row says codec {codec!r}, "
+                                   f"base {row[7]!r}")
             yield bytes(data)
         elif storage == "file":
-            yield self._chunk_file(hex_id, codec, row[0])
+            yield decode_leaf(self, ChunkRow(id=hex_id, size=row[0], storage=storage,
+                                             codec=codec, base=row[7]))
         elif storage == "parts":
             subs = self._query("SELECT part_id FROM parts WHERE object_id = ? ORDER BY idx",
                                (hex_id,))
@@ -177,33 +191,9 @@ class StoreSource:
         else:
             raise Unreadable(f"blake3:{hex_id}", f"unknown storage {storage!r}", missing=False)
 
-    def _stored(self, hex_id: str) -> tuple[bytes, str]:
-        """A leaf's bytes as stored (perhaps zstd), and where they were read, for messages."""
-        return _read_chunk_file(self.root / "data", hex_id)
-
-    def _chunk_file(self, hex_id: str, codec: str, size: Any) -> bytes:
-        stored, path = self._stored(hex_id)
-        if codec == "raw":
-            return stored
-        if codec == "zstd":
-            # Never inflate past the recorded size: a small hostile frame can declare gigabytes.
-            limit = size if isinstance(size, int) and 0 <= size <= CHUNK_LIMIT else CHUNK_LIMIT
-            try:
-                with zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_MAX).stream_reader(
-                        stored) as reader:
-                    pieces, got = [], 0
-                    while got <= limit and (piece := reader.read(min(READ_CHUNK, limit + 1 - got))):
-                        pieces.append(piece)
-                        got += len(piece)
-                data = b"".join(pieces)
-            except zstandard.ZstdError as exc:
-                raise Unreadable(f"blake3:{hex_id}", f"{path} is not valid zstd "
-                                 f"({exc})", missing=False) from None
-            if len(data) > limit:
-                raise Unreadable(f"blake3:{hex_id}", f"{path} inflates past its "
-                                 f"recorded {limit} bytes", missing=False)
-            return data
-        raise Unreadable(f"blake3:{hex_id}", f"unknown codec {codec!r}", missing=False)
+    def _stored(self, hex_id: str, limit: int) -> tuple[bytes, str]:
+        """At most ``limit + 1`` of a leaf's stored bytes, and where they were read."""
+        return _read_chunk_file(self.root / "data", hex_id, limit)
 
     def file_path(self, oid: str) -> Path | None:
         return None  # chunk files may be compressed or split: never the object's bytes as is
@@ -246,10 +236,11 @@ class StoreSource:
         return float(row[6])
 
 
-def _read_chunk_file(data: Path, hex_id: str) -> tuple[bytes, str]:
+def _read_chunk_file(data: Path, hex_id: str, limit: int) -> tuple[bytes, str]:
     path = data / hex_id[:2] / hex_id[2:]
     try:
-        return path.read_bytes(), f"chunk file {path}"
+        with path.open("rb") as stream:
+            return stream.read(limit + 1), f"chunk file {path}"
     except FileNotFoundError:
         raise Unreadable(f"blake3:{hex_id}", f"chunk file {path} is missing",
                          missing=True) from None
@@ -304,6 +295,10 @@ class TeamStoreSource(StoreSource):
                                        application_name="nscas-verify")
             row = self._pg.execute("SELECT to_regclass('object_sha256')").fetchone()
             lazy = row[0] if row is not None else None
+            self.has_bases = self._pg.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = "
+                "current_schema() AND table_name = 'objects' AND column_name = 'base'"
+            ).fetchone() is not None
         except psycopg.Error as exc:
             raise SourceError(_redact(self.config.database),
                               f"cannot read the database: {_first_line(exc)}") from None
@@ -325,17 +320,20 @@ class TeamStoreSource(StoreSource):
             raise SourceError(_redact(self.config.database),
                               f"cannot read the database: {_first_line(exc)}") from None
 
-    def _stored(self, hex_id: str) -> tuple[bytes, str]:
+    def _stored(self, hex_id: str, limit: int) -> tuple[bytes, str]:
         if self._s3 is None:
-            return _read_chunk_file(Path(self.config.objects) / "data", hex_id)
+            return _read_chunk_file(Path(self.config.objects) / "data", hex_id, limit)
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = "/".join(p for p in (self._prefix, "data", hex_id[:2], hex_id[2:]) if p)
         where = f"chunk object s3://{self._bucket}/{key}"
         try:
-            return self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read(), where
+            body = self._s3.get_object(Bucket=self._bucket, Key=key, Range=f"bytes=0-{limit}")
+            return body["Body"].read(limit + 1), where
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
+            if code == "InvalidRange":  # an empty object has no byte 0
+                return b"", where
             missing = code in ("NoSuchKey", "404", "NotFound")
             raise Unreadable(f"blake3:{hex_id}", f"{where} is missing" if missing
                              else f"{where} cannot be read ({code})", missing=missing) from None
