@@ -22,7 +22,6 @@ from nscas.runs.recipe import BundleRole, Claim, InputSpec, Recipe, RecipeResult
 from nscas.store.protocol import ObjectReader, ObjectStore, tree_record
 
 _MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors.index.json"})
-STATE_REF = "states/train-{action}/step-{step:06d}"
 
 
 def _records(store: ObjectReader, tasks: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,7 +86,6 @@ def run(ctx: RunContext) -> RecipeResult:
     write_documents(docs_file, docs)
     if ctx.action is None or ctx.work_area is None:
         raise RecipeError("train runs through the runner, which gives it an action and a work area")
-    action = ctx.action
     run_dir = ctx.work_area / "run"
     spec = WorkerSpec(base_dir=str(base_dir), documents=(str(docs_file),), output_dir=str(run_dir),
                       tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action))
@@ -104,12 +102,10 @@ def run(ctx: RunContext) -> RecipeResult:
             extra = {"state": str(store.put_tree(published))}
         # Every checkpoint is stored as deltas to the one training started from (where they
         # pay, docs/format.md §5.5.2): one link deep, whatever the number of checkpoints.
+        # The torch pickle a resume reads (state.pt) stays in the work area, which survives a
+        # crash: storing it too would keep two copies of the weights per checkpoint for good.
         checkpoints[ready.step] = put_checkpoint(store, ready.hf_dir, step=ready.step,
                                                  parent=parent, extra=extra, base=base)
-        # Optimizer and RNG state as torch.save wrote it: for resuming, not for publication,
-        # so no record links it; a ref keeps it from garbage collection.
-        state = store.put_file(ready.state_file)
-        store.ref_set(STATE_REF.format(action=action.hex[:16], step=ready.step), state)
 
     ctx.progress.start(p.steps, f"training ({p.world} rank{'s' if p.world > 1 else ''}, {p.device})")
     # The ranks' and torch's launcher's temporary files go to the scratch directory too, so a

@@ -124,6 +124,13 @@ def test_the_journal_carries_a_digest_per_update_and_the_state_is_published(
     assert between.status == "skipped" and sorted(between.claimed) == ["1", "3"]
 
 
+def test_the_store_keeps_the_published_state_and_no_resume_state(trained: Trained) -> None:
+    # The torch pickle a resume reads stays in the work area, gone once the run succeeded:
+    # storing it too kept two more copies of the weights per checkpoint for good.
+    assert trained.store.ref_list("states/") == []
+    assert [p.name for p in (trained.store_dir / "work").iterdir()] == [".lock"]
+
+
 def test_replayed_updates_reproduce_the_journal_digests_bit_for_bit_on_the_cpu(
         trained: Trained, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
