@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +53,8 @@ class Incomparable(InvalidInput):
         super().__init__(f"the parameters cannot be compared: {why}")
         self.why = why
         self.tensor = tensor
+        self.pair: int | None = None
+        """Which of ``compare_pairs``'s pairs (its index); None from ``compare_params``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,45 +139,197 @@ def compare_params(store: ObjectReader, baseline: Digest, candidate: Digest, *,
                    chunk_elements: int = CHUNK_ELEMENTS) -> ParamsDiff:
     """The distance of params/1 record ``candidate`` from params/1 record ``baseline``
     (the reference of the relative distance); raises ``Incomparable``."""
-    ta = store.get_record(baseline)["tensors"]
-    tb = store.get_record(candidate)["tensors"]
-    if ta.keys() != tb.keys():
-        only = sorted(ta.keys() ^ tb.keys())
-        raise Incomparable(f"different tensor names ({len(only)} in only one, e.g. "
-                           f"{only[0]!r})", tensor=only[0])
-    out = []
-    for name in sorted(ta):
-        x, y = ta[name], tb[name]
-        if (x["dtype"], x["shape"]) != (y["dtype"], y["shape"]):
-            raise Incomparable(f"tensor {name!r} is {x['dtype']}{x['shape']} in one and "
-                               f"{y['dtype']}{y['shape']} in the other", tensor=name)
-        out.append(_tensor(store, name, x, y, chunk_elements))
-    return ParamsDiff(baseline=baseline, candidate=candidate, tensors=tuple(out))
+    return compare_pairs(store, [(baseline, candidate)], chunk_elements=chunk_elements)[0]
 
 
-def _tensor(store: ObjectReader, name: str, x: Mapping[str, Any], y: Mapping[str, Any],
-            chunk_elements: int) -> TensorDiff:
-    dtype, shape = x["dtype"], tuple(x["shape"])
-    read = _Reader.of(dtype, math.prod(shape), name)
-    same = x["data"] == y["data"]
-    diff_sq = ref_sq = 0.0
-    max_abs = 0.0
-    with store.open(Digest.parse(x["data"])) as fa:
-        if same:
-            for u in read.slices(fa, chunk_elements):
-                ref_sq += float(np.sum(u * u))
+def compare_pairs(store: ObjectReader, pairs: Sequence[tuple[Digest, Digest]], *,
+                  chunk_elements: int = CHUNK_ELEMENTS, threads: int = 1) -> list[ParamsDiff]:
+    """``compare_params`` of each (baseline, candidate) pair, bit for bit, with each tensor's
+    data read once for all the pairs that hold it (a model in four pairs is read once), one
+    tensor of each model at a time, ``threads`` tensors at once. Raises the ``Incomparable``
+    that ``compare_params`` raises for the first pair that has one, its ``pair`` set to that
+    pair's index."""
+    records = {d: store.get_record(d)["tensors"] for pair in pairs for d in pair}
+    plans: list[_Plan] = []
+    for index, (baseline, candidate) in enumerate(pairs):
+        plan = _Plan.of(index, records[baseline], records[candidate])
+        plans.append(plan)
+        if plan.failure is not None:  # no later pair can be the first to fail
+            break
+    names = sorted({name for plan in plans for name, _, _, _ in plan.tensors})
+    work = [[(plan, job) for plan in plans for job in plan.tensors if job[0] == name]
+            for name in names]
+
+    def one(jobs: list[tuple[_Plan, _Job]]) -> list[tuple[_Plan, TensorDiff | Incomparable]]:
+        return _compare_tensor(store, jobs, chunk_elements)
+
+    if threads > 1 and len(work) > 1:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            done = list(pool.map(one, work))
+    else:
+        done = [one(jobs) for jobs in work]
+    found: dict[int, list[TensorDiff]] = {plan.index: [] for plan in plans}
+    for results in done:  # name order, so each pair's first data problem comes first
+        for plan, result in results:
+            if isinstance(result, Incomparable):
+                plan.failures.append(result)
+            else:
+                found[plan.index].append(result)
+    for plan in plans:
+        failure = plan.failures[0] if plan.failures else plan.failure
+        if failure is not None:
+            failure.pair = plan.index
+            raise failure
+    return [ParamsDiff(baseline=b, candidate=c, tensors=tuple(found[i]))
+            for i, (b, c) in enumerate(pairs)]
+
+
+_Job = tuple[str, Mapping[str, Any], Mapping[str, Any], "_Reader"]
+"""(name, baseline's tensor entry, candidate's, how its values read)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class _Plan:
+    """One pair's tensors to compare, in name order, up to its first problem of names,
+    dtypes or shapes (``failure``), which a data problem in an earlier tensor would precede;
+    ``failures``: the data problems found, in name order."""
+
+    index: int
+    tensors: list[_Job]
+    failure: Incomparable | None
+    failures: list[Incomparable]
+
+    @classmethod
+    def of(cls, index: int, ta: Mapping[str, Any], tb: Mapping[str, Any]) -> _Plan:
+        plan = cls(index=index, tensors=[], failure=None, failures=[])
+        if ta.keys() != tb.keys():
+            only = sorted(ta.keys() ^ tb.keys())
+            plan.failure = Incomparable(f"different tensor names ({len(only)} in only one, "
+                                        f"e.g. {only[0]!r})", tensor=only[0])
+            return plan
+        for name in sorted(ta):
+            x, y = ta[name], tb[name]
+            try:
+                if (x["dtype"], x["shape"]) != (y["dtype"], y["shape"]):
+                    raise Incomparable(f"tensor {name!r} is {x['dtype']}{x['shape']} in one "
+                                       f"and {y['dtype']}{y['shape']} in the other",
+                                       tensor=name)
+                read = _Reader.of(x["dtype"], math.prod(x["shape"]), name)
+            except Incomparable as exc:
+                plan.failure = exc
+                return plan
+            plan.tensors.append((name, x, y, read))
+        return plan
+
+
+def _compare_tensor(store: ObjectReader, jobs: list[tuple[_Plan, _Job]],
+                    chunk_elements: int) -> list[tuple[_Plan, TensorDiff | Incomparable]]:
+    """One tensor of every pair in ``jobs``: each distinct data object streamed once, slice by
+    slice in step, each pair's sums taken exactly as for that pair alone."""
+    streams: dict[tuple[str, _Reader], _Stream] = {}
+    for _, (_, x, y, read) in jobs:
+        for entry in (x, y):
+            streams.setdefault((entry["data"], read), _Stream(read, chunk_elements))
+    sums = [[0.0, 0.0, 0.0] for _ in jobs]  # diff_sq, ref_sq, max_abs of each job
+    size = min(chunk_elements, max(s.read.elements for s in streams.values()))
+    d, sq = np.empty(size), np.empty(size)
+    with ExitStack() as stack:
+        for (data, _), s in streams.items():
+            s.file = stack.enter_context(store.open(Digest.parse(data)))
+        for j in range(max(s.slices for s in streams.values())):
+            for s in streams.values():
+                s.advance(j)
+            for (_, (_, x, y, read)), acc in zip(jobs, sums, strict=True):
+                a, b = streams[x["data"], read], streams[y["data"], read]
+                if j >= a.slices or a.failed or (a is not b and b.failed):
+                    continue
+                acc[1] += a.ref_sq(sq)
+                if a is b:
+                    continue
+                n = a.count
+                np.subtract(b.values, a.values, out=d[:n])
+                np.abs(d[:n], out=sq[:n])
+                if n:
+                    acc[2] = _larger(acc[2], float(np.max(sq[:n])))
+                acc[0] += float(np.sum(np.multiply(d[:n], d[:n], out=sq[:n])))
+        for s in streams.values():
+            s.finish()
+    out: list[tuple[_Plan, TensorDiff | Incomparable]] = []
+    for (plan, (name, x, y, read)), (diff_sq, ref_sq, max_abs) in zip(jobs, sums, strict=True):
+        a, b = streams[x["data"], read], streams[y["data"], read]
+        problems = [p for p in (a.failure(0), b.failure(1) if a is not b else None) if p]
+        if problems:
+            out.append((plan, Incomparable(min(problems)[2], tensor=name)))
+            continue
+        out.append((plan, TensorDiff(
+            name=name, dtype=x["dtype"], shape=tuple(x["shape"]), identical=a is b,
+            sums=Sums(elements=read.elements, diff_sq=diff_sq, ref_sq=ref_sq,
+                      max_abs=max_abs))))
+    return out
+
+
+class _Stream:
+    """One tensor data object read slice by slice into buffers it reuses; ``values``: the
+    current slice as float64."""
+
+    def __init__(self, read: _Reader, chunk_elements: int) -> None:
+        self.read = read
+        self.chunk = chunk_elements
+        self.slices = -(-read.elements // chunk_elements)
+        first = min(read.elements, chunk_elements)
+        self._raw = memoryview(bytearray(first * read.width))
+        self._values = np.empty(first)
+        self.values = self._values[:0]
+        self.count = 0
+        self.file: Any = None
+        self.failed: tuple[int, str] | None = None
+        """(slice, why) where the data stopped fitting its shape."""
+        self._ref: float | None = None
+
+    def advance(self, j: int) -> None:
+        """Read slice ``j`` (if this stream has it and has not failed)."""
+        if j >= self.slices or self.failed:
+            return
+        n = min(self.read.elements - j * self.chunk, self.chunk)
+        raw = self._raw[:n * self.read.width]
+        if _fill(self.file, raw) != len(raw):
+            self.failed = (j, f"tensor {self.read.name!r}'s data is shorter than its shape")
+            return
+        if self.read.how == "plain":
+            self.values = self._values[:n]
+            self.values[...] = np.frombuffer(raw, dtype=np.dtype(self.read.numpy))
         else:
-            with store.open(Digest.parse(y["data"])) as fb:
-                for u, v in zip(read.slices(fa, chunk_elements),
-                                read.slices(fb, chunk_elements), strict=True):
-                    d = v - u
-                    diff_sq += float(np.sum(d * d))
-                    ref_sq += float(np.sum(u * u))
-                    if d.size:
-                        max_abs = _larger(max_abs, float(np.max(np.abs(d))))
-    return TensorDiff(name=name, dtype=dtype, shape=shape, identical=same,
-                      sums=Sums(elements=read.elements, diff_sq=diff_sq, ref_sq=ref_sq,
-                                max_abs=max_abs))
+            self.values = self.read.values(raw)
+        self.count = n
+        self._ref = None
+
+    def ref_sq(self, scratch: np.ndarray) -> float:
+        """Σ values² of the current slice (taken once, whatever the pairs that need it)."""
+        if self._ref is None:
+            n = self.count
+            self._ref = float(np.sum(np.multiply(self.values, self.values, out=scratch[:n])))
+        return self._ref
+
+    def finish(self) -> None:
+        if not self.failed and self.file.read(1):
+            self.failed = (self.slices,
+                           f"tensor {self.read.name!r}'s data is longer than its shape")
+
+    def failure(self, side: int) -> tuple[int, int, str] | None:
+        """When, in a pair's lockstep read (slice, then baseline before candidate), this
+        stream's problem shows, and what it is."""
+        return None if self.failed is None else (self.failed[0], side, self.failed[1])
+
+
+def _fill(f: Any, view: memoryview) -> int:
+    """Bytes read into ``view``: all of it unless the stream ends first."""
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,21 +358,8 @@ class _Reader:
         return cls(name=name, numpy=known.numpy, how="plain", elements=count,
                    width=np.dtype(known.numpy).itemsize)
 
-    def slices(self, f: BinaryIO, chunk_elements: int) -> Iterator[np.ndarray]:
-        left = self.elements
-        while left:
-            n = min(left, chunk_elements)
-            raw = f.read(n * self.width)
-            if len(raw) != n * self.width:
-                raise Incomparable(f"tensor {self.name!r}'s data is shorter than its shape",
-                                   tensor=self.name)
-            left -= n
-            yield self._values(raw)
-        if f.read(1):
-            raise Incomparable(f"tensor {self.name!r}'s data is longer than its shape",
-                               tensor=self.name)
-
-    def _values(self, raw: bytes) -> np.ndarray:
+    def values(self, raw: bytes | memoryview) -> np.ndarray:
+        """The float64 values of ``raw`` (BF16 widened by hand)."""
         if self.how == "bf16":
             halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
             return halves.view(np.float32).astype(np.float64)
