@@ -54,7 +54,7 @@ def test_killed_train_run_is_collected_or_resumed(tmp_path: Path) -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # A checkpoint directory named step-* is complete (it is renamed into place).
-        wait_until(lambda: any((root / "work").glob("*/run/checkpoints/step-*"))
+        wait_until(lambda: any((root / "work").glob("*/area/run/checkpoints/step-*"))
                    or proc.poll() is not None, "the first checkpoint", limit=300)
     finally:
         proc.send_signal(signal.SIGKILL)
