@@ -15,20 +15,27 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MERGES = ("h e", "l l", "he ll", "o r")
 
 
+def byte_level_vocabulary() -> tuple[list[str], list[int]]:
+    """The tiny files' tokens and token types: the 256 byte tokens as GPT-2 spells them, one
+    token per merge (normal, type 1), then the ChatML special tokens (control, type 3)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    tokens = [spelling[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
+    types = [1] * len(tokens) + [3] * len(SPECIALS)
+    return tokens + list(SPECIALS), types
+
+
 def write_gguf(path: Path, *, template: str | None = CHATML, eos: str = "<|im_start|>",
                architecture: str = "llama", tokenizer: bool = True, seed: int = 0,
                extra_tensor: str | None = None) -> Path:
     """Write the tiny model to ``path``. ``eos`` is the token the file names as eos (the
     issue's GGUF named ``<|im_start|>``, not the template's turn end)."""
     import gguf
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny")
-    spelling = bytes_to_unicode()
-    tokens = [spelling[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
-    types = [1] * len(tokens) + [3] * len(SPECIALS)
-    tokens += SPECIALS
+    tokens, types = byte_level_vocabulary()
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.recipes.test_gguf_fixtures import CHATML, MERGES, SPECIALS, byte_level_vocabulary
+
 HIDDEN, LAYERS, FFN, HEADS, KV_HEADS = 256, 2, 512, 4, 2
 KV = HIDDEN // HEADS * KV_HEADS
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-MERGES = ("h e", "l l", "he ll", "o r")
 VOCAB = 256 + len(MERGES) + len(SPECIALS)
 QK_K = 256
 BLOCK_BYTES = {"Q4_K": 2 + 2 + 12 + QK_K // 2, "Q6_K": QK_K // 2 + QK_K // 4 + QK_K // 16 + 2}
@@ -51,15 +49,11 @@ def write_qwen2_gguf(path: Path, *, seed: int = 0, layers: int = LAYERS,
                      hidden: int = HIDDEN, ffn: int = FFN) -> Path:
     """Write the tiny model to ``path`` (``layers``, ``hidden``, ``ffn`` make it larger)."""
     import gguf
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     kv = hidden // HEADS * KV_HEADS
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_name("tiny-qwen2")
-    spelling = bytes_to_unicode()
-    tokens = [spelling[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
-    types = [1] * len(tokens) + [3] * len(SPECIALS)
-    tokens += SPECIALS
+    tokens, types = byte_level_vocabulary()
     writer.add_context_length(256)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
