@@ -24,6 +24,18 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_store_above_the_tests(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test finds a store it did not make: the search upwards stops at this session's base
+    temporary directory (``NSCAS_CEILING_DIRECTORIES``, inherited by every process a test
+    starts), so a stray ``/tmp/.nscas`` is never found, and a caller's ``NSCAS_STORE`` is
+    dropped. A test of the search itself sets the ceiling to its own ``tmp_path``."""
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("NSCAS_STORE", raising=False)
+        env.setenv("NSCAS_CEILING_DIRECTORIES", str(tmp_path_factory.getbasetemp().resolve()))
+        yield
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One torch thread per process unless the caller says otherwise: the suite runs several
     workers on few cores, and every process it starts (a CLI run, a torchrun rank, the demo)

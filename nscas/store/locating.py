@@ -16,6 +16,7 @@ STORE_DIR = ".nscas"
 DB_NAME = "nscas.db"
 CONFIG_NAME = "store.toml"  # a team store's config (nscas.store.config): PostgreSQL + object storage
 ENV_VAR = "NSCAS_STORE"
+CEILING_VAR = "NSCAS_CEILING_DIRECTORIES"  # where the search upwards stops (like git's)
 BUSY_TIMEOUT_MS = 60_000
 REF_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 HEXISH = re.compile(r"(blake3:)?[0-9a-f]{8,}")
@@ -28,15 +29,30 @@ def is_tag(name: str) -> bool:
 
 def find_store(start: Path | None = None) -> Path:
     """The store directory: ``$NSCAS_STORE`` (a store directory, a directory holding
-    ``.nscas``, or a team store's ``store.toml``), else ``.nscas`` here or in a parent."""
+    ``.nscas``, or a team store's ``store.toml``), else ``.nscas`` here or in a parent, up to
+    the nearest ceiling of ``$NSCAS_CEILING_DIRECTORIES`` (searched, never gone above)."""
     env = os.environ.get(ENV_VAR)
     if env:
         return store_dir_of(Path(env))
     here = (start or Path.cwd()).resolve()
+    ceilings = ceiling_directories()
+    searched = here
     for d in (here, *here.parents):
+        searched = d
         if is_store_dir(d / STORE_DIR):
             return d / STORE_DIR
-    raise StoreError("no nscas store here or in any parent directory (run 'nscas init' or pass --store)")
+        if d in ceilings:
+            raise StoreError(f"no nscas store in {here} or its parents up to {d} (the ceiling "
+                             f"{CEILING_VAR} sets); run 'nscas init' or pass --store")
+    raise StoreError(f"no nscas store in {here} or any parent directory up to {searched} "
+                     "(run 'nscas init' or pass --store)")
+
+
+def ceiling_directories() -> frozenset[Path]:
+    """The directories of ``$NSCAS_CEILING_DIRECTORIES`` (``os.pathsep``-separated, like
+    ``GIT_CEILING_DIRECTORIES``), resolved; an empty or relative entry is ignored."""
+    entries = os.environ.get(CEILING_VAR, "").split(os.pathsep)
+    return frozenset(Path(e).resolve() for e in entries if e and os.path.isabs(e))
 
 
 def store_dir_of(path: Path) -> Path:

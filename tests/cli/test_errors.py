@@ -150,8 +150,28 @@ def test_no_store_found(nscas: Nscas, tmp_path: Path, monkeypatch: pytest.Monkey
     empty.mkdir()
     monkeypatch.chdir(empty)
     monkeypatch.delenv("NSCAS_STORE", raising=False)
-    assert_user_error(nscas("log", use_store=False), "no nscas store here or in any parent directory")
+    monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", str(tmp_path))
+    assert_user_error(nscas("log", use_store=False),
+                      f"no nscas store in {empty.resolve()} or its parents up to {tmp_path.resolve()}")
     assert list(empty.iterdir()) == []
+
+
+def test_the_search_for_a_store_stops_at_a_ceiling(nscas: Nscas, store: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store is ``project/.nscas``: found from below it, unless a ceiling lies between."""
+    project = store.parent
+    deeper = project / "a" / "b"
+    deeper.mkdir(parents=True)
+    monkeypatch.chdir(deeper)
+    monkeypatch.delenv("NSCAS_STORE", raising=False)
+    for ceiling in (str(project), f"relative/path:{project}", f"{project / 'x'}:{project}"):
+        monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", ceiling)
+        assert nscas("log", use_store=False).exit_code == 0
+    for ceiling in (str(project / "a"), f"{deeper}:{project}"):
+        monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", ceiling)
+        stop = Path(ceiling.split(":")[0]).resolve()
+        assert_user_error(nscas("log", use_store=False), f"its parents up to {stop} (the ceiling")
+    assert list(deeper.iterdir()) == []
 
 
 def test_os_errors_are_one_line_too(nscas: Nscas, two_blobs: tuple[Digest, Digest],

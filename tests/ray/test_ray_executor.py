@@ -22,7 +22,7 @@ from tests.ray.cluster import Cluster, local_cluster
 from tests.runner.helpers import PIPELINE, write
 from tests.runner.jobs_helpers import facts, release_fifo, wait_gone, wait_running
 from tests.verifiers.conftest import EXPERIMENT
-from tests.waiting import wait_until
+from tests.waiting import communicate, run_to_end, wait_until
 
 pytest.importorskip("ray")
 
@@ -42,11 +42,11 @@ def sequential(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> di
     return {r["step"]: r for r in _results(_nscas(cluster, base, "run", file, "--json"))}
 
 
-def _nscas(cluster: Cluster, home: Path, *args: object, env: dict[str, str] | None = None,
-           timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nscas.cli", *map(str, args)], cwd=home,
-                          env=env or cluster.env, capture_output=True, text=True,
-                          timeout=timeout)
+def _nscas(cluster: Cluster, home: Path, *args: object,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_to_end([sys.executable, "-m", "nscas.cli", *map(str, args)],
+                      f"nscas {' '.join(map(str, args))}", cwd=home, env=env or cluster.env,
+                      text=True)
 
 
 def _results(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
@@ -134,7 +134,7 @@ def test_a_worker_killed_mid_step_is_retried_to_the_same_action(tmp_path: Path,
         # before this) its writer closes now.
         os.unlink(fifo)
         os.close(first)
-        out, err = run.communicate(timeout=600)
+        out, err = communicate(run, "the run whose worker was killed")
     finally:
         if run.poll() is None:
             run.kill()
@@ -165,7 +165,7 @@ def test_the_demo_experiment_on_the_cluster_gives_the_report_of_a_local_run(
                         ("ray", ("--executor", "ray", "--ray-address", cluster.address))):
         (tmp_path / name).mkdir()
         init_store(tmp_path / name).close()
-        done = _nscas(cluster, tmp_path / name, "run", file, "--json", *extra, timeout=1500)
+        done = _nscas(cluster, tmp_path / name, "run", file, "--json", *extra)
         runs[name] = {r["step"]: r for r in _results(done)}
     with Store(tmp_path / "local" / ".nscas") as local, \
             Store(tmp_path / "ray" / ".nscas") as on_ray:
@@ -228,7 +228,7 @@ def test_stopping_the_run_cancels_its_tasks(tmp_path: Path, cluster: Cluster) ->
     try:
         held = wait_running(fifo)
         run.send_signal(signal.SIGINT)
-        _, err = run.communicate(timeout=300)
+        _, err = communicate(run, "the run stopped by SIGINT")
     finally:
         if run.poll() is None:
             run.kill()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nscas.store.workarea import process_start
+from tests.waiting import run_to_end
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = """\
@@ -45,11 +46,12 @@ def start_nscas(home: Path, site: Path, *args: object) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def nscas_process(home: Path, site: Path, *args: object,
-                  timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nscas.cli", *map(str, args)], cwd=home,
-                          env=environment(site), capture_output=True, text=True,
-                          timeout=timeout)
+def nscas_process(home: Path, site: Path, *args: object) -> subprocess.CompletedProcess[str]:
+    """``nscas ARGS`` run to its end, in ``home``: however long it takes while it works (a
+    real recipe on a loaded machine), failed once it is stuck (tests.waiting.run_to_end)."""
+    return run_to_end([sys.executable, "-m", "nscas.cli", *map(str, args)],
+                      f"nscas {' '.join(map(str, args))}", cwd=home, env=environment(site),
+                      text=True)
 
 
 def facts(hold: Path, label: str) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from tests.runner.jobs_helpers import (
     wait_gone,
     wait_running,
 )
+from tests.waiting import communicate
 
 DIAMOND = """
 name = "diamond"
@@ -147,7 +148,7 @@ def test_ready_steps_run_at_once_each_with_its_cores(tmp_path: Path, site: Path)
         assert x["threads"] == y["threads"] == "1"
         for end in ends:
             os.close(end)
-        out, err = run.communicate(timeout=300)
+        out, err = communicate(run, "the run of two jobs")
     finally:
         if run.poll() is None:
             run.kill()
@@ -204,7 +205,8 @@ def test_two_runs_of_one_action_execute_it_once(tmp_path: Path, site: Path, kind
         else:
             _wait_blocked_on_advisory_claim(config.database)
         os.close(end)
-        outs = [json.loads(p.communicate(timeout=300)[0]) for p in (first, second)]
+        outs = [json.loads(communicate(p, "a run waiting on a claim")[0])
+                for p in (first, second)]
     finally:
         for p in (first, second):
             if p.poll() is None:
@@ -314,7 +316,7 @@ def test_stopping_the_run_stops_every_job_and_a_later_run_resumes(
     run = start_nscas(home, site, "run", file, "--jobs", "2")
     ends = [wait_running(fifo) for fifo in fifos]  # bad (as z) and x hold; the rest wait
     run.send_signal(how)
-    run.communicate(timeout=120)
+    communicate(run, "the stopped run")
     assert run.returncode != 0
     for label in ("z", "x"):
         execution = facts(hold, label)[0]

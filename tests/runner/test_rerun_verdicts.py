@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nscas.runs.plans import load_recipe
-from nscas.runs.runner import run_file
+from nscas.runs.runner import StepResult, run_file
 from nscas.runs.verdicts import compare_outputs
 from nscas.store.writer import Store
 from tests.verifiers.conftest import EXPERIMENT, experiment
@@ -21,13 +21,19 @@ MEASUREMENTS = {("evaluate", "timings"), ("serve", "requests"), ("report", "repo
 a rerun changes (their times differ)."""
 
 
+@pytest.fixture
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, StepResult]]:
+    """The tamper suite's run of ``EXPERIMENT`` (run once per test run), in a copy of its own:
+    a fixture, so that building it is not part of the rerun this test's timeout bounds."""
+    return experiment(tmp_path_factory)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_rerun_of_every_demo_recipe_reproduces_each_step(
-        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+        tmp_path: Path, first_run: tuple[Path, dict[str, StepResult]]) -> None:
     torch.set_num_threads(1)
-    # The first run is the tamper suite's (run once per test run), in a copy of its own.
-    root, first = experiment(tmp_path_factory)
+    root, first = first_run
     path = root / "experiment.toml"
     assert path.read_text() == EXPERIMENT
     with Store(root / ".nscas") as store:

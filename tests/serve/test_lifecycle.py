@@ -27,7 +27,7 @@ from nscas.recipes.serve.processes import (
 )
 from nscas.recipes.serve.replica import pin_to_cpus
 from nscas.store.opening import open_store
-from tests.waiting import STARTUP, wait_until
+from tests.waiting import STARTUP, run_to_end, wait_until
 
 from .conftest import MAX_NEW_TOKENS, Served, start_replicas
 
@@ -112,7 +112,7 @@ def test_a_checkpoint_whose_digest_is_wrong_is_never_served(served: Served,
         forged = store.put_record({**genuine, "params": other_params["params"]})
     argv = replica_command(str(forged), store_path=served.store_path, tasks=None,
                            options=ReplicaOptions())
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    done = run_to_end(argv, "the replica of a forged checkpoint", text=True)
     assert done.returncode == 1
     assert "listening" not in done.stdout
     assert done.stderr.startswith("nscas: error: corrupt data in parameters of checkpoint")

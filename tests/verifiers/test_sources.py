@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,24 @@ def test_the_store_is_found_like_git_finds_its_directory(pipeline: Pipeline,
     assert find_store_dir(None) == pipeline.store_dir
     with pytest.raises(SourceError):
         find_store_dir(deeper)
+
+
+def test_the_search_for_a_store_stops_at_a_ceiling(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the product's (§5.1): a ceiling directory is searched, its parents never."""
+    (tmp_path / ".nscas").mkdir()
+    (tmp_path / ".nscas" / "nscas.db").write_bytes(b"")  # the search only asks whether it is there
+    deeper = tmp_path / "a" / "b"
+    deeper.mkdir(parents=True)
+    monkeypatch.chdir(deeper)
+    monkeypatch.delenv("NSCAS_STORE", raising=False)
+    for ceiling in (str(tmp_path), f"relative:{tmp_path}", ""):
+        monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", ceiling)
+        assert find_store_dir(None).resolve() == (tmp_path / ".nscas").resolve()
+    for stop in (tmp_path / "a", deeper):
+        monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", f"{stop}:{tmp_path}")
+        with pytest.raises(SourceError, match=re.escape(f"up to {stop.resolve()}")):
+            find_store_dir(None)
 
 
 @pytest.mark.parametrize(("path", "safe"), [

@@ -44,6 +44,7 @@ def copy(bundle: Path, tmp_path: Path) -> Path:
 def test_a_full_bundle_verifies_offline(bundles: dict[str, Path], pipeline: Pipeline,
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NSCAS_STORE", raising=False)
+    monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # no store here or above
     report = verify(str(bundles["full"]))
     assert report.ok and exit_code(report) == 0, [c for c in report.failures]

@@ -98,6 +98,7 @@ def test_a_bundle_needs_no_store(pipeline: Pipeline, tmp_path: Path,
     export_bundle(pipeline.store, Digest.parse(pipeline.receipt("init")), tmp_path / "bundle",
                   weights=False)
     monkeypatch.delenv("NSCAS_STORE", raising=False)
+    monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     code, out, _ = run("bundle", "--json")
     assert code == 0

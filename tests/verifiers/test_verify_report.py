@@ -226,6 +226,7 @@ def test_an_export_bundle_verifies_offline(experiment: Experiment, tmp_path: Pat
                               cwd=tmp_path / "full", capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
     monkeypatch.delenv("NSCAS_STORE", raising=False)
+    monkeypatch.setenv("NSCAS_CEILING_DIRECTORIES", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # no store here or above
     name = label(experiment.report)
     full = verify(str(tmp_path / "full"))

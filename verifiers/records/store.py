@@ -38,6 +38,9 @@ STORE_DIR = ".nscas"
 ENV_VAR = "NSCAS_STORE"
 
 
+CEILING_VAR = "NSCAS_CEILING_DIRECTORIES"  # the search upwards stops there (§5.1)
+
+
 MIN_PREFIX = 8
 
 
@@ -50,7 +53,8 @@ def _is_store(path: Path) -> bool:
 
 def find_store_dir(path: Path | None = None) -> Path:
     """The store directory: ``path`` (a store, a directory holding ``.nscas``, or a team
-    store's ``store.toml``), else ``$NSCAS_STORE``, else ``.nscas`` here or in a parent."""
+    store's ``store.toml``), else ``$NSCAS_STORE``, else ``.nscas`` here or in a parent, up to
+    the nearest ceiling of ``$NSCAS_CEILING_DIRECTORIES`` (searched, never gone above)."""
     if path is None and os.environ.get(ENV_VAR):
         path = Path(os.environ[ENV_VAR])
     if path is not None:
@@ -63,11 +67,23 @@ def find_store_dir(path: Path | None = None) -> Path:
                                      f"or in {path / STORE_DIR}); pass --store or a bundle "
                                      "directory")
     here = Path.cwd().resolve()
+    ceilings = _ceilings()
     for directory in (here, *here.parents):
         if _is_store(directory / STORE_DIR):
             return directory / STORE_DIR
-    raise SourceError("store", "no nscas store here or in any parent directory; pass --store "
+        if directory in ceilings:
+            raise SourceError("store", f"no nscas store in {here} or its parents up to "
+                                       f"{directory} (the ceiling {CEILING_VAR} sets); pass "
+                                       "--store or a bundle directory")
+    raise SourceError("store", f"no nscas store in {here} or any parent directory; pass --store "
                                "or a bundle directory")
+
+
+def _ceilings() -> frozenset[Path]:
+    """``$NSCAS_CEILING_DIRECTORIES``: absolute directories split on ``os.pathsep``, resolved
+    (an empty or relative entry ignored)."""
+    entries = os.environ.get(CEILING_VAR, "").split(os.pathsep)
+    return frozenset(Path(e).resolve() for e in entries if e and os.path.isabs(e))
 
 
 def _open_read_only(db: Path) -> sqlite3.Connection:
