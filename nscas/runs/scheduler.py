@@ -4,7 +4,8 @@ The run file is checked whole first (``plan_file``: bad input writes nothing). T
 whose upstream steps have succeeded is answered here if its action has a succeeded receipt
 already (through the runner, under the action's claim, as a sequential run answers it: no job
 started), and otherwise starts as soon as a job slot and its declared resources
-(nscas.runs.resources) are free, as ``python -m nscas.runs.job`` in a new process group, with
+(nscas.runs.resources) are free: any ready step that fits starts, those heading the longest
+chain of steps first (``by_priority``), as ``python -m nscas.runs.job`` in a new process group, with
 its CPUs (affinity, thread count) and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its
 one step through the runner, so actions, outputs and IDs are those of a sequential run; two
 jobs (or runs) of one action run it once (nscas.store.claims). A failed step stops the steps
@@ -150,7 +151,7 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
         emit(StepEvent(step=step_name, state="waiting"))
     run = _Run(store, path, planned, options, pool, needs, deps, emit, rerun=rerun, sets=sets,
                name=name, sign_key=sign_key)
-    return run.go(chosen)
+    return run.go(by_priority(chosen, deps))
 
 
 class _Run:
@@ -222,9 +223,10 @@ class _Run:
         return self.results
 
     def _start_ready(self, waiting: list[str], failed: list[str]) -> list[str]:
-        """Answer or start what is ready (in run order, so that a chain of cached steps is
-        answered in one pass); the steps still waiting. A step that failed here joins
-        ``failed``."""
+        """Answer or start every ready step that fits what is free, in ``waiting``'s order
+        (``by_priority``: a step before those that depend on it, so that a chain of cached
+        steps is answered in one pass); a step that does not fit now lets the next one try.
+        The steps still waiting. A step that failed here joins ``failed``."""
         left = []
         for step in waiting:
             ready = self.deps[step] <= self.receipts.keys()
@@ -341,3 +343,20 @@ def _downstream_of(step: str, waiting: list[str], deps: Mapping[str, set[str]]) 
         frontier = {w for w in waiting if w not in found and deps[w] & frontier}
         found |= frontier
     return found
+
+
+def by_priority(steps: list[str], deps: Mapping[str, set[str]]) -> list[str]:
+    """``steps`` (in run order) by the longest chain of steps each still heads, longest first,
+    ties in run order: of the ready steps that fit, those on the critical path start first.
+    A chain is counted in steps (a step's time is not known before it runs). A step heads a
+    longer chain than any step that depends on it, so this order keeps every step before its
+    dependents."""
+    below: dict[str, set[str]] = {s: set() for s in steps}
+    for step in steps:
+        for upstream in deps[step]:
+            below[upstream].add(step)
+    chain: dict[str, int] = {}
+    for step in reversed(steps):  # run order is an order of dependencies
+        chain[step] = 1 + max((chain[d] for d in below[step]), default=0)
+    place = {s: i for i, s in enumerate(steps)}
+    return sorted(steps, key=lambda s: (-chain[s], place[s]))

@@ -4,17 +4,20 @@ task quality (report.json ``parameters``; docs/experiment.md §6.5).
 One pair per paired comparison of ``learning`` (each arm against the seed, clean against
 damaged, the pair against the single), in that order: the candidate's parameters against the
 baseline's by ``nscas.models.distance`` (the ``--rerun`` verdict's distance), over all tensors, per
-layer and per tensor. Tensors are streamed one of each model at a time.
+layer and per tensor. All pairs are compared in one pass (``compare_pairs``: each model's
+tensors read once, however many pairs it is in; the same bits as ``compare_params`` per pair),
+one tensor of each model at a time, on as many threads as the step was given cores.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from nscas.errors import RecipeError
-from nscas.models.distance import Incomparable, ParamsDiff, Sums, compare_params
+from nscas.models.distance import Incomparable, ParamsDiff, Sums, compare_pairs
 from nscas.objects.digests import Digest
 from nscas.store.protocol import ObjectReader
 
@@ -68,15 +71,17 @@ def parameters_section(store: ObjectReader, arms: Mapping[str, ArmSummary],
                        comparisons: tuple[Comparison, ...]) -> Parameters:
     """The distance of every compared pair's parameters; an architecture mismatch is a
     ``RecipeError`` naming both arms."""
-    pairs = []
-    for c in comparisons:
-        base, cand = arms[c.baseline], arms[c.candidate]
-        try:
-            diff = compare_params(store, Digest.parse(base.parameter_digest),
-                                  Digest.parse(cand.parameter_digest))
-        except Incomparable as exc:
-            raise RecipeError(f"arm {c.candidate!r} ({cand.model}) and arm {c.baseline!r} "
-                              f"({base.model}): {exc.message}") from None
-        pairs.append(ParameterPair(kind=c.kind, candidate=c.candidate, baseline=c.baseline,
-                                   diff=diff))
-    return Parameters(pairs=tuple(pairs))
+    def digests(c: Comparison) -> tuple[Digest, Digest]:
+        return (Digest.parse(arms[c.baseline].parameter_digest),
+                Digest.parse(arms[c.candidate].parameter_digest))
+
+    try:
+        diffs = compare_pairs(store, [digests(c) for c in comparisons],
+                              threads=len(os.sched_getaffinity(0)))
+    except Incomparable as exc:
+        c = comparisons[exc.pair or 0]
+        raise RecipeError(f"arm {c.candidate!r} ({arms[c.candidate].model}) and arm "
+                          f"{c.baseline!r} ({arms[c.baseline].model}): {exc.message}") from None
+    return Parameters(pairs=tuple(
+        ParameterPair(kind=c.kind, candidate=c.candidate, baseline=c.baseline, diff=diff)
+        for c, diff in zip(comparisons, diffs, strict=True)))

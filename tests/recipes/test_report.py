@@ -238,6 +238,24 @@ def test_the_parameters_of_every_compared_pair(done: dict[str, Any]) -> None:
     assert [s["style"] for s in lines["series"]] == ["-", "-", "-", "--", ":"]
 
 
+def test_the_parameters_part_is_compare_params_bit_for_bit(done: dict[str, Any],
+                                                          experiment: Experiment) -> None:
+    """The report compares all its pairs in one pass (``compare_pairs``); each pair's numbers
+    are those of ``compare_params`` on that pair alone, to the last bit."""
+    from nscas.models.distance import compare_params
+    from nscas.recipes.report.parameters import ParameterPair
+
+    pairs = done["report"]["parameters"]["pairs"]
+    assert len(pairs) == 5
+    for written in pairs:
+        diff = compare_params(experiment.store, Digest.parse(written["baseline_parameters"]),
+                              Digest.parse(written["candidate_parameters"]))
+        alone = ParameterPair(kind=written["kind"], candidate=written["candidate"],
+                              baseline=written["baseline"], diff=diff).to_json()
+        assert json.dumps(written) == json.dumps(alone), (written["candidate"],
+                                                          written["baseline"])
+
+
 def test_headline_claims_name_their_verifiers(done: dict[str, Any],
                                               experiment: Experiment) -> None:
     record = experiment.store.get_record(done["result"].receipt)

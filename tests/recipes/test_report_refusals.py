@@ -148,3 +148,30 @@ def test_answers_are_rescored_not_taken_from_the_checks_blob(experiment: Experim
     assert error.startswith("2 claimed value(s) differ")
     assert f"checks[{first_wrong['id']}] claimed" in error
     assert "correct claimed 3, recomputed 2" in error
+
+
+def test_arms_of_other_architectures_are_refused_naming_that_pair(tmp_path: Path) -> None:
+    """All pairs are compared in one pass; the one whose tensors differ in shape is named."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from nscas.errors import RecipeError
+    from nscas.recipes.report.parameters import parameters_section
+
+    store = init_store(tmp_path)
+
+    def params(shape: tuple[int, ...]) -> str:
+        data = store.put_bytes(bytes(4 * shape[0]))
+        return str(store.put_record({"nscas": "params/1", "tensors": {
+            "w": {"dtype": "F32", "shape": list(shape), "data": str(data)}}}))
+
+    arms: dict[str, Any] = {
+        name: SimpleNamespace(parameter_digest=params(shape), model=f"model-{name}")
+        for name, shape in (("seed", (4,)), ("same", (4,)), ("wider", (8,)))}
+    comparisons: Any = tuple(SimpleNamespace(kind="versus_seed", candidate=c, baseline="seed")
+                             for c in ("same", "wider"))
+    with pytest.raises(RecipeError) as info:
+        parameters_section(store, arms, comparisons)
+    assert info.value.message.startswith("arm 'wider' (model-wider) and arm 'seed' "
+                                         "(model-seed): the parameters cannot be compared")
+    store.close()
