@@ -56,7 +56,7 @@ def test_a_step_waits_while_the_disk_is_taken(store: Store, tmp_path: Path) -> N
     def go() -> None:
         try:
             run_scheduled(store, file, _disk(10.0), on_event=events.append)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+        except BaseException as exc:  # handed to the test's thread
             errors.append(exc)
 
     runner = threading.Thread(target=go)
