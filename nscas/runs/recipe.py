@@ -85,6 +85,9 @@ class RunContext:
     rerun: bool = False
     action: Digest | None = None
     work_area: Path | None = None  # None only where a caller runs a recipe outside the runner
+    shared_tree: Callable[[Digest], Path] | None = None
+    """A tree/1 input materialised once for the store's runs and shared read-only (never write
+    into it); None outside the runner (materialise into ``workdir`` then)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,12 @@ A recipe declares its needs in the ``nscas.resources`` entry-point group (``trai
 ``Needs``. The group is read here, not from the recipe's module, so a declaration is not part
 of the recipe's code identity: it changes where a step runs, never what it computes. A
 recipe with none declared needs one CPU core.
+
+The function is called with the step's params and ``inputs``: the bytes of each input whose
+size is known (``input_sizes``; those from upstream steps only once those have run), from which
+it estimates the disk its run takes (``disk_gb``). The scheduler starts a step only while the
+estimates of the running steps and its own fit the store's free disk less a margin
+(``store_disk``); one that would not fit even with nothing running fails at once.
 """
 
 from __future__ import annotations
@@ -13,11 +19,14 @@ import importlib.metadata
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nscas.errors import ConfigError
+from nscas.objects.digests import Digest
+from nscas.store.protocol import ObjectReader
 
 ENTRY_POINT_GROUP = "nscas.resources"
 
@@ -37,13 +46,18 @@ class Needs:
     world: int = 1
     """The processes (ranks) the step runs; informational: its ``cores`` and ``gpus`` count
     them already."""
+    disk_gb: float = 0.0
+    """An estimate of the most disk its run takes at once under the store (its work area and
+    scratch, a shared copy it may make), in GB; 0: none worth counting, or unknown."""
 
     def describe(self) -> str:
-        """``2 CPU cores, 1 GPU (about 12 GB)``."""
+        """``2 CPU cores, 1 GPU (about 12 GB), about 40 GB of disk``."""
         parts = [f"{self.cores} CPU core{'s' if self.cores != 1 else ''}"]
         if self.gpus:
             memory = f" (about {self.gpu_memory_gb:g} GB each)" if self.gpu_memory_gb else ""
             parts.append(f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}{memory}")
+        if self.disk_gb:
+            parts.append(f"about {self.disk_gb:.3g} GB of disk")
         return ", ".join(parts)
 
 
@@ -123,16 +137,75 @@ def _nvidia_gpus() -> Iterable[Gpu]:
     return gpus
 
 
-def needs_of(recipe: str, params: Any) -> Needs:
-    """What a step of ``recipe`` with these parsed params declares it needs."""
+InputSizes = Mapping[str, int]
+"""Bytes of a step's inputs by input name (as ``input_sizes`` counts them), where known."""
+
+
+def needs_of(recipe: str, params: Any, inputs: InputSizes | None = None) -> Needs:
+    """What a step of ``recipe`` with these parsed params and inputs (sizes, where known)
+    declares it needs."""
     found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=recipe)
     if not found:
         return Needs()
-    declare: Callable[[Any], Needs] = next(iter(found)).load()
-    needs = declare(params)
+    declare: Callable[[Any, InputSizes], Needs] = next(iter(found)).load()
+    needs = declare(params, inputs or {})
     if not isinstance(needs, Needs):
         raise ConfigError("resources", f"recipe {recipe!r} declares {needs!r}, not a Needs")
     return needs
+
+
+def input_sizes(store: ObjectReader, inputs: Mapping[str, Digest]) -> dict[str, int]:
+    """The bytes each input would take as files: a tree/1's or a record's ``files`` tree's
+    files (a checkpoint/1), a record's ``records`` blob (a tasks/1), else the object's own."""
+    out = {}
+    for name, oid in inputs.items():
+        info = store.info(oid)
+        if info.kind is None:
+            out[name] = info.size
+            continue
+        record = store.get_record(oid)
+        if info.kind != "tree/1" and isinstance(record.get("files"), str):
+            record = store.get_record(Digest.parse(record["files"]))
+        if record.get("nscas") == "tree/1":
+            out[name] = sum(int(e["size"]) for e in record["entries"].values())
+        elif isinstance(record.get("records"), str):
+            out[name] = store.info(Digest.parse(record["records"])).size
+        else:
+            out[name] = info.size
+    return out
+
+
+DISK_MARGIN = 0.02
+"""The share of the store's file system no step may count on (at least 1 GB): room for the
+store's own writes (objects, logs) beside the steps' estimates."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disk:
+    """The disk steps may take under the store: what is free now, less the margin."""
+
+    usable_gb: float
+    free_gb: float
+
+    def never_fits(self, needs: Needs) -> str | None:
+        """Why a step of ``needs`` could not start even with no other step running; else None."""
+        if needs.disk_gb <= self.usable_gb:
+            return None
+        return (f"it needs {needs.describe()}; the store's disk has {self.free_gb:.3g} GB free, "
+                f"{self.usable_gb:.3g} GB of it usable beside the margin (short of "
+                f"{needs.disk_gb - self.usable_gb:.3g} GB of disk)")
+
+    def fits(self, needs: Needs, running: Iterable[Needs]) -> bool:
+        """Whether a step of ``needs`` fits beside the ``running`` steps' estimates."""
+        return needs.disk_gb <= 0 or sum(n.disk_gb for n in running) + needs.disk_gb <= \
+            self.usable_gb
+
+
+def store_disk(root: Path) -> Disk:
+    """What the file system of the store at ``root`` has free, and what of it steps may use."""
+    usage = shutil.disk_usage(root)
+    margin = max(1e9, DISK_MARGIN * usage.total)
+    return Disk(usable_gb=max(0.0, usage.free - margin) / 1e9, free_gb=usage.free / 1e9)
 
 
 class Pool:

@@ -270,7 +270,8 @@ def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mappi
     area = store.work_area(action, action_claimed=True)  # run_step holds the action's claim
     ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=area.scratch,
                      progress=progress, store_path=store.root, rerun=rerun, action=action,
-                     work_area=area.persistent)
+                     work_area=area.persistent,
+                     shared_tree=lambda tree: store.shared_tree(area, tree))
     result: RecipeResult | None = None
     error: str | None = None
     succeeded = False

@@ -4,11 +4,13 @@ The run file is checked whole first (``plan_file``: bad input writes nothing). T
 whose upstream steps have succeeded is answered here if its action has a succeeded receipt
 already (through the runner, under the action's claim, as a sequential run answers it: no job
 started), and otherwise starts as soon as a job slot and its declared resources
-(nscas.runs.resources) are free: any ready step that fits starts, those heading the longest
-chain of steps first (``by_priority``), as ``python -m nscas.runs.job`` in a new process group, with
-its CPUs (affinity, thread count) and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its
-one step through the runner, so actions, outputs and IDs are those of a sequential run; two
-jobs (or runs) of one action run it once (nscas.store.claims). A failed step stops the steps
+(nscas.runs.resources: cores, GPUs, and for a step run on this machine the disk it estimates,
+beside the running steps' estimates, within the store's free disk) are free: any ready step
+that fits starts, those heading the longest chain of steps first (``by_priority``), as
+``python -m nscas.runs.job`` in a new process group, with its CPUs (affinity, thread count)
+and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its one step through the runner, so
+actions, outputs and IDs are those of a sequential run; two jobs (or runs) of one action run
+it once (nscas.store.claims). A failed step stops the steps
 that depend on it, and by default every other job too; a stopped or interrupted run ends every
 job's process group before it returns.
 """
@@ -21,7 +23,7 @@ import pickle
 import queue
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,19 @@ from nscas.objects.digests import Digest
 from nscas.runs.config import step_reference
 from nscas.runs.executor import Executor, LocalProcesses, Running
 from nscas.runs.job import JobSpec, Outcome
-from nscas.runs.planning import Planned, Source
+from nscas.runs.planning import Planned, Source, step_inputs
 from nscas.runs.plans import RunPlan, plan_file
-from nscas.runs.resources import Grant, Machine, Needs, Pool, needs_of, this_machine
+from nscas.runs.resources import (
+    Disk,
+    Grant,
+    Machine,
+    Needs,
+    Pool,
+    input_sizes,
+    needs_of,
+    store_disk,
+    this_machine,
+)
 from nscas.runs.run_state import LOGS, RunStateFile
 from nscas.runs.runner import StepResult, cached_receipt, run_planned_step
 from nscas.store.writer import Store
@@ -54,6 +66,9 @@ class Options:
     """What to hand out; None: this machine (its CPU affinity and ``nvidia-smi``'s GPUs)."""
     executor: Executor | None = None
     """What runs each step; None: a process of its own on this machine."""
+    disk: Callable[[], Disk] | None = None
+    """The disk steps may take now; None: the store's file system (``store_disk``) where
+    steps run on this machine, no disk admission under another executor (its nodes' disks)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,11 +154,16 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
                              if (ref := step_reference(v)) is not None and ref[0] in chosen}
             for item in planned.steps}
     pool = Pool(options.machine or this_machine(), gpu_share=options.gpu_share)
+    disk = _disk_of(store, options)
+    space = disk() if disk is not None else None
     needs: dict[str, Needs] = {}
     for item in planned.steps:
-        needs[item.step.name] = needs_of(item.recipe.name, item.params)
+        # Inputs from upstream steps count once those have run (``_Run._disk_admits``).
+        needs[item.step.name] = needs_of(item.recipe.name, item.params,
+                                         input_sizes(store, item.inputs))
         why = pool.never_fits(needs[item.step.name]) or (
-            options.executor.never_fits(needs[item.step.name]) if options.executor else None)
+            options.executor.never_fits(needs[item.step.name]) if options.executor else None) \
+            or (space.never_fits(needs[item.step.name]) if space is not None else None)
         if why is not None:
             raise StepNeverFits(item.step.name, why)
     emit = on_event or (lambda _: None)
@@ -152,6 +172,12 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
     run = _Run(store, path, planned, options, pool, needs, deps, emit, rerun=rerun, sets=sets,
                name=name, sign_key=sign_key)
     return run.go(by_priority(chosen, deps))
+
+
+def _disk_of(store: Store, options: Options) -> Callable[[], Disk] | None:
+    if options.disk is not None:
+        return options.disk
+    return (lambda: store_disk(store.root)) if options.executor is None else None
 
 
 class _Run:
@@ -166,7 +192,7 @@ class _Run:
         self.planned = planned
         self.items: dict[str, Planned] = {item.step.name: item for item in planned.steps}
         self.sources: dict[str, Source] = dict(planned.sources)
-        self.needs, self.deps = needs, deps
+        self.needs, self.deps = dict(needs), deps
         self.rerun, self.sets, self.name, self.sign_key = rerun, sets, name, sign_key
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.logs = store.root / LOGS / f"{stamp}-{os.getpid()}"
@@ -184,6 +210,10 @@ class _Run:
         self.failed: dict[str, Digest | None] = {}
         self.stopped: list[str] = []
         self.executor = options.executor or LocalProcesses()
+        self.disk = _disk_of(store, options)
+        """The disk steps may take now; None: steps are not admitted by disk."""
+        self.sized: set[str] = set()
+        """Steps whose disk estimate counts all their inputs (they were ready)."""
 
     def go(self, chosen: list[str]) -> list[StepResult]:
         waiting = list(chosen)
@@ -232,6 +262,10 @@ class _Run:
             ready = self.deps[step] <= self.receipts.keys()
             if ready and not self.rerun and self._answer_cached(step, failed):
                 continue
+            if ready and not self._disk_admits(step, failed):  # disk admission (h42fit)
+                if step not in failed:
+                    left.append(step)
+                continue
             grant = (self.pool.take(self.needs[step], self.items[step].step.share)
                      if ready and len(self.running) < self.options.jobs else None)
             if grant is None:
@@ -239,6 +273,28 @@ class _Run:
                 continue
             self._start(step, grant)
         return left
+
+    def _disk_admits(self, step: str, failed: list[str]) -> bool:
+        """Whether a ready step's disk estimate (from all its inputs, now known) fits beside
+        the running steps' estimates; a step it never could fit fails here (joins ``failed``)."""
+        if self.disk is None:
+            return True
+        item = self.items[step]
+        if step not in self.sized:
+            inputs = {**item.inputs,
+                      **step_inputs(self.store, item, self.sources, self.planned.where)}
+            declared = needs_of(item.recipe.name, item.params, input_sizes(self.store, inputs))
+            self.needs[step] = replace(self.needs[step], disk_gb=declared.disk_gb)
+            self.sized.add(step)
+        needs = self.needs[step]
+        space = self.disk()
+        why = space.never_fits(needs)
+        if why is None:
+            return space.fits(needs, (job.needs for job in self.running.values()))
+        self.failed[step] = None
+        failed.append(step)
+        self.emit(StepEvent(step=step, state="failed", message=f"cannot run here: {why}"))
+        return False
 
     def _answer_cached(self, step: str, failed: list[str]) -> bool:
         """Answer a step whose action has a succeeded receipt here, as a sequential run would

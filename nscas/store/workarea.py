@@ -7,6 +7,11 @@ run of the same action resumes from it) and ``scratch/`` (``RunContext.workdir``
 run claims the area, removed when it ends). One live process holds an area at a time. Creating,
 claiming and removing an area happen under an exclusive lock on ``work/.lock``, so ``gc`` never
 removes an area a run is claiming, and an area appears whole (made in ``work/.tmp-*`` and renamed).
+
+``work/shared/<object hex>/`` holds a tree/1 materialised once, read-only, for every run that
+reads it from a file path (``shared_tree``: a train's seed checkpoint), so that runs of one
+seed at once hold one copy, not one each. ``users/`` names the actions that asked for it; it
+goes when none of their areas is left (``release``, ``collect``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from nscas.objects.durable import fsync_dir
 
 WORK_DIR = "work"
 OWNER_FILE = "owner.json"
+SHARED_DIR = "shared"
 _LOCK = ".lock"
 _PENDING = (".tmp-", ".trash-")  # an area being made, an area being removed
 
@@ -131,6 +137,47 @@ class WorkAreas:
                                               process_start=None, claimed=owner.claimed))
                 return
             self._remove(area.root)
+            self._drop_unused_shared()
+
+    def shared_tree(self, area: WorkArea, tree: Digest, fill: Callable[[Path], None]) -> Path:
+        """The directory of the tree/1 ``tree``, materialised once (``fill`` writes it into a
+        new directory) and shared read-only by the runs that ask for it; ``area``'s action is
+        recorded as a user, so it stays while that area does."""
+        shared = self.dir / SHARED_DIR / tree.hex
+        with self._locked():
+            (shared / "users").mkdir(parents=True, exist_ok=True)
+            (shared / "users" / area.action.hex).touch()
+        done = shared / "tree"
+        fd = os.open(shared / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one run fills it; the others wait, then read it
+            if not done.is_dir():
+                fresh = shared / f"{_PENDING[0]}{secrets.token_hex(8)}"
+                shutil.rmtree(fresh, ignore_errors=True)
+                fill(fresh)
+                for path in fresh.rglob("*"):
+                    if path.is_file():
+                        path.chmod(0o444)
+                os.rename(fresh, done)
+                fsync_dir(shared)
+        finally:
+            os.close(fd)
+        return done
+
+    def _drop_unused_shared(self) -> None:
+        """Remove each shared tree none of whose users has an area left (under the lock)."""
+        root = self.dir / SHARED_DIR
+        if not root.is_dir():
+            return
+        for shared in sorted(root.iterdir()):
+            users = shared / "users"
+            names = [u.name for u in users.iterdir()] if users.is_dir() else []
+            if not any((self.dir / name).is_dir() for name in names):
+                trash = self.dir / f"{_PENDING[1]}{secrets.token_hex(8)}"
+                os.rename(shared, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        if not any(root.iterdir()):
+            root.rmdir()
 
     def collect(self, succeeded_since: Callable[[Digest, str], bool], *,
                 dry_run: bool = False) -> list[AreaVerdict]:
@@ -142,12 +189,14 @@ class WorkAreas:
         out: list[AreaVerdict] = []
         with nullcontext() if dry_run else self._locked():  # a dry run writes nothing, not even the lock
             for path in sorted(self.dir.iterdir()):
-                if path.name == _LOCK:
+                if path.name in (_LOCK, SHARED_DIR):
                     continue
                 verdict = _judge(path, succeeded_since)
                 if verdict.removed and not dry_run:
                     self._remove(path)
                 out.append(verdict)
+            if not dry_run:
+                self._drop_unused_shared()
         return out
 
     def _remove(self, path: Path) -> None:

@@ -411,6 +411,11 @@ class Store(StoreReader):
         """End the hold: scratch goes; the persistent directory stays only with ``keep``."""
         WorkAreas(self.root).release(area, keep=keep)
 
+    def shared_tree(self, area: WorkArea, tree: Digest) -> Path:
+        """The tree/1 ``tree`` materialised once under ``work/shared/``, read-only, for every
+        run that reads it from files (``area``'s, kept while that area is)."""
+        return WorkAreas(self.root).shared_tree(area, tree, lambda dest: self.materialise(tree, dest))
+
     # ------------------------------------------------------------ maintenance
 
     def delete_objects(self, ids: list[Digest], *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -142,6 +143,7 @@ def run(ctx: RunContext) -> RecipeResult:
     model_dir = ctx.workdir / "model"
     store.materialise(Digest.parse(store.get_record(ctx.inputs["model"])["files"]), model_dir)
     model, tokenizer = load_hf_dir(model_dir, device=p.device)
+    shutil.rmtree(model_dir)  # loaded: its disk is free while the model generates
     model.eval()
     limit = model.config.max_position_embeddings
     prompts = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,7 @@ def load_replica(store: ObjectReader, checkpoint: Digest, tasks: Digest | None, 
         raise IntegrityError(f"parameters of checkpoint {checkpoint}", record["params"],
                              recomputed)
     model, tokenizer = load_hf_dir(model_dir, device=device)
+    shutil.rmtree(model_dir)  # loaded: a replica holds no copy of its files while it serves
     model.eval()
     from nscas.recipes.common.generate import stop_ids
     from nscas.recipes.common.tokenise import TemplateError

@@ -9,8 +9,14 @@ Layout under a run's output directory::
                                       RNG state as optimizer.safetensors and state.json
                                       (docs/format.md §3.3), for a verifier to replay from
 
+    committed.json                    the train recipe's: each checkpoint it has stored, by
+                                      step (``record_committed``), so that what is stored can
+                                      leave the directory (``trim``)
+
 A checkpoint is written under a ``.partial-`` name, fsync'ed and renamed, so a directory
-named ``step-*`` is always complete; partial ones are removed before a resume.
+named ``step-*`` is always complete; partial ones are removed before a resume. A resume needs
+only the latest complete checkpoint (its ``hf/`` and ``state.pt``); ``trim`` removes the
+others once they are stored, and a stored checkpoint's ``state/``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ PUBLISHED_FORMAT = "nscas-train-state/1"
 PUBLISHED_TENSORS = "optimizer.safetensors"
 PUBLISHED_RECORD = "state.json"
 RUN_FORMAT = "train-run/1"
+COMMITTED_FORMAT = "train-committed/1"
+COMMITTED_FILE = "committed.json"
 _STEP_DIR = re.compile(r"step-(\d{6})")
 
 
@@ -74,11 +82,12 @@ def completed_checkpoints(output_dir: Path) -> list[CheckpointPaths]:
 
 
 def discard_partial(output_dir: Path) -> None:
-    """Remove checkpoints whose writing was interrupted (only this module makes them)."""
+    """Remove checkpoints whose writing or removal was interrupted (only this module makes
+    them)."""
     root = checkpoint_root(output_dir)
     if root.is_dir():
         for path in root.iterdir():
-            if path.name.startswith(".partial-"):
+            if path.name.startswith((".partial-", ".trash-")):
                 shutil.rmtree(path)
 
 
@@ -204,3 +213,48 @@ def run_identity(values: dict[str, Any], files: list[Path]) -> str:
                 digest.update(block)
         hashes.append(digest.hexdigest())
     return hashlib.sha256(rfc8785.dumps({"values": values, "files": hashes})).hexdigest()
+
+
+def read_committed(output_dir: Path) -> dict[int, str]:
+    """The checkpoints a run has stored, by step (object IDs as text); empty for a new run."""
+    path = Path(output_dir) / COMMITTED_FILE
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if raw.get("format") != COMMITTED_FORMAT:
+            raise ValueError(f"format is {raw.get('format')!r}, not {COMMITTED_FORMAT}")
+        return {int(step): str(oid) for step, oid in raw["checkpoints"].items()}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError) as exc:
+        raise RecipeError(f"cannot read {path}: {exc}") from exc
+
+
+def record_committed(output_dir: Path, step: int, oid: str) -> None:
+    """Add ``step``'s stored checkpoint to ``committed.json`` (atomically, fsync'ed)."""
+    done = read_committed(output_dir)
+    done[step] = oid
+    path = Path(output_dir) / COMMITTED_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(rfc8785.dumps({"format": COMMITTED_FORMAT,
+                                   "checkpoints": {str(s): done[s] for s in sorted(done)}}))
+    fsync_file(tmp)
+    os.rename(tmp, path)
+    fsync_dir(Path(output_dir))
+
+
+def trim(output_dir: Path, *, latest: int) -> None:
+    """Remove every stored (``committed.json``) checkpoint before step ``latest``: a resume
+    starts from the latest complete one; and, once ``latest`` is stored, its published
+    ``state/`` (a resume reads ``state.pt``). A checkpoint not yet stored is kept whole."""
+    stored = read_committed(output_dir)
+    for paths in completed_checkpoints(output_dir):
+        if paths.step not in stored or paths.step > latest:
+            continue
+        if paths.step < latest:
+            # Renamed first: a crash mid-removal leaves a .trash- name, never a step-* one.
+            trash = paths.hf_dir.parent.with_name(f".trash-{paths.hf_dir.parent.name}")
+            os.rename(paths.hf_dir.parent, trash)
+            shutil.rmtree(trash)
+        else:
+            shutil.rmtree(published_paths(paths), ignore_errors=True)
+    fsync_dir(checkpoint_root(output_dir))

@@ -45,10 +45,27 @@ def check_base(store: ObjectStore, base: Digest) -> dict[str, Any]:
     return record
 
 
+def _stored_checkpoints(store: ObjectReader, run_dir: Path) -> dict[int, Digest]:
+    """The checkpoints earlier sessions of this action stored (their files left the work
+    area), each still in the store."""
+    from nscas.recipes.train.checkpoints import read_committed
+
+    out = {}
+    for step, text in read_committed(run_dir).items():
+        oid = Digest.parse(text)
+        if not store.has(oid):
+            raise RecipeError(f"the checkpoint at step {step} that an earlier run of this action "
+                              f"stored ({oid}) is no longer in the store; remove the action's "
+                              "work area (nscas gc) and run it again")
+        out[step] = oid
+    return out
+
+
 def run(ctx: RunContext) -> RecipeResult:
     from transformers import AutoTokenizer
 
     from nscas.recipes.common.tokenise import encode_document, end_of_turn
+    from nscas.recipes.train.checkpoints import record_committed, trim
     from nscas.recipes.train.config import WorkerSpec
     from nscas.recipes.train.documents import TrainDocument, write_documents
     from nscas.recipes.train.events import CheckpointReady
@@ -65,8 +82,14 @@ def run(ctx: RunContext) -> RecipeResult:
     replay = store.get_record(ctx.inputs["replay"])
     if replay.get("role") != "replay":
         raise RecipeError(f"replay {ctx.inputs['replay']} is a {replay.get('role')!r} set, not replay")
-    base_dir = ctx.workdir / "base"
-    store.materialise(Digest.parse(base_record["files"]), base_dir)
+    # The seed's files are read where the runner materialised them once for every run of the
+    # store (read-only), not copied into each train's scratch: four arms of one seed hold one.
+    files = Digest.parse(base_record["files"])
+    if ctx.shared_tree is not None:
+        base_dir = ctx.shared_tree(files)
+    else:
+        base_dir = ctx.workdir / "base"
+        store.materialise(files, base_dir)
     tok_dir = ctx.workdir / "tokenizer"
     tok_dir.mkdir()
     for f in sorted(base_dir.iterdir()):
@@ -89,23 +112,30 @@ def run(ctx: RunContext) -> RecipeResult:
     run_dir = ctx.work_area / "run"
     spec = WorkerSpec(base_dir=str(base_dir), documents=(str(docs_file),), output_dir=str(run_dir),
                       tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action))
-    checkpoints: dict[int, Digest] = {}
+    checkpoints = _stored_checkpoints(store, run_dir)
 
     def on_checkpoint(ready: CheckpointReady) -> None:
-        parent = checkpoints[max(checkpoints)] if checkpoints else base
-        extra = None
-        if ready.step in p.publish_state:
-            # The published form of the state (safetensors and JSON), linked by the checkpoint.
-            published = ready.state_file.parent / "state"
-            if not published.is_dir():
-                raise RecipeError(f"checkpoint at step {ready.step} has no published state")
-            extra = {"state": str(store.put_tree(published))}
-        # Every checkpoint is stored as deltas to the one training started from (where they
-        # pay, docs/format.md §5.5.2): one link deep, whatever the number of checkpoints.
-        # The torch pickle a resume reads (state.pt) stays in the work area, which survives a
-        # crash: storing it too would keep two copies of the weights per checkpoint for good.
-        checkpoints[ready.step] = put_checkpoint(store, ready.hf_dir, step=ready.step,
-                                                 parent=parent, extra=extra, base=base)
+        # What is stored leaves the work area: once a later checkpoint is complete, a resume
+        # needs only it, and a stored checkpoint's published state is in the store.
+        trim(run_dir, latest=ready.step)
+        if ready.step not in checkpoints:  # else an earlier session of this action stored it
+            earlier = [s for s in checkpoints if s < ready.step]
+            parent = checkpoints[max(earlier)] if earlier else base
+            extra = None
+            if ready.step in p.publish_state:
+                # The published form of the state (safetensors and JSON), linked by the checkpoint.
+                published = ready.state_file.parent / "state"
+                if not published.is_dir():
+                    raise RecipeError(f"checkpoint at step {ready.step} has no published state")
+                extra = {"state": str(store.put_tree(published))}
+            # Every checkpoint is stored as deltas to the one training started from (where they
+            # pay, docs/format.md §5.5.2): one link deep, whatever the number of checkpoints.
+            # The torch pickle a resume reads (state.pt) stays in the work area, which survives a
+            # crash: storing it too would keep two copies of the optimizer state for good.
+            checkpoints[ready.step] = put_checkpoint(store, ready.hf_dir, step=ready.step,
+                                                     parent=parent, extra=extra, base=base)
+            record_committed(run_dir, ready.step, str(checkpoints[ready.step]))
+            trim(run_dir, latest=ready.step)
 
     ctx.progress.start(p.steps, f"training ({p.world} rank{'s' if p.world > 1 else ''}, {p.device})")
     # The ranks' and torch's launcher's temporary files go to the scratch directory too, so a

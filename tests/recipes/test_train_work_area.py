@@ -61,7 +61,7 @@ def test_killed_train_run_is_collected_or_resumed(tmp_path: Path) -> None:
         proc.wait(timeout=GENEROUS)
     assert proc.returncode == -signal.SIGKILL
     work = root / "work"
-    (area,) = [p for p in work.iterdir() if p.name != ".lock"]
+    (area,) = [p for p in work.iterdir() if p.name not in (".lock", "shared")]  # shared: the seed
     owner = read_owner(area)
     assert owner is not None and owner.pid == proc.pid
     # The ranks notice their runner is gone (their output pipe breaks) and exit.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nscas.errors import InvalidInput
 from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
-from nscas.runs.resources import Needs
+from nscas.runs.resources import InputSizes, Needs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,6 +33,8 @@ class ProbeParams:
     """The GPUs it declares."""
     gpu_memory_gb: float = 0.0
     """Its GPU memory estimate."""
+    disk_gb: float = 0.0
+    """Its disk estimate; with an input, plus that input's bytes (as a recipe estimates it)."""
 
 
 def run(ctx: RunContext) -> RecipeResult:
@@ -64,8 +66,9 @@ def _hold(where: Path, label: str) -> None:
             pass  # removed since: released
 
 
-def needs(params: ProbeParams) -> Needs:
-    return Needs(cores=params.cores, gpus=params.gpus, gpu_memory_gb=params.gpu_memory_gb)
+def needs(params: ProbeParams, inputs: InputSizes) -> Needs:
+    return Needs(cores=params.cores, gpus=params.gpus, gpu_memory_gb=params.gpu_memory_gb,
+                 disk_gb=params.disk_gb + inputs.get("source", 0) / 1e9)
 
 
 RECIPE = Recipe(
