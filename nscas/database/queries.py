@@ -136,15 +136,16 @@ def counts(c: Connection) -> dict[str, int]:
 
 def leaves(c: Connection, hex_id: str) -> Iterator[Leaf]:
     """The leaves of an object in order; NotFound for one not stored."""
-    row = c.execute("SELECT storage, codec, data, size FROM objects WHERE id = ?",
+    row = c.execute("SELECT storage, codec, data, size, base FROM objects WHERE id = ?",
                     (hex_id,)).fetchone()
     if row is None:
         raise NotFound(f"blake3:{hex_id}")
-    storage, codec, data, size = row
+    storage, codec, data, size, base = row
+    named = Digest(base) if base is not None else None
     if storage == "inline":
-        yield Digest(hex_id), codec, bytes(data), size
+        yield Digest(hex_id), codec, bytes(data), size, named
     elif storage == "file":
-        yield Digest(hex_id), codec, None, size
+        yield Digest(hex_id), codec, None, size, named
     else:
         for _, _, sub in part_rows(c, hex_id):
             yield from leaves(c, sub)

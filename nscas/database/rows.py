@@ -73,5 +73,6 @@ class DeltaRow(NamedTuple):
     base: str | None
 
 
-Leaf = tuple[Digest, str, bytes | None, int]
-"""(hex ID, codec, inline data or None, recorded size) of one leaf of an object."""
+Leaf = tuple[Digest, str, bytes | None, int, Digest | None]
+"""(ID, codec, inline data or None, recorded size, the base its row names or None) of one leaf
+of an object."""

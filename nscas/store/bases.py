@@ -42,7 +42,7 @@ def hints_from(store: StoreReader, base: Digest) -> Hints:
     # (offset -> (leaf ID, codec, size, storage)) of every leaf of the base, in order.
     at: dict[int, tuple[Digest, str, int]] = {}
     offset = 0
-    for leaf_id, codec, inline, size in store.leaves(base):
+    for leaf_id, codec, inline, size, _ in store.leaves(base):
         if inline is None:
             at[offset] = (leaf_id, codec, size)
         offset += size

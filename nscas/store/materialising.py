@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 AHEAD = 4
 """Leaves decoded ahead of the one being read (and threads decoding them), at most."""
 
-Leaf = tuple[Digest, str, bytes | None, int]
+Leaf = tuple[Digest, str, bytes | None, int, Digest | None]
 
 
 def decoded_leaves(store: StoreReader, leaves: list[Leaf], *,

@@ -10,6 +10,7 @@ wherever one is handed over (``RunContext(store=...)``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
@@ -17,6 +18,15 @@ from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
     from nscas.store.reading import Link, ObjectInfo, RefEntry
+
+
+class Unread(Enum):
+    """A leaf's base not read with it: ``read_leaf`` then reads it from the leaf's row."""
+
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
 
 
 class ObjectFacts(Protocol):
@@ -46,10 +56,12 @@ class ObjectReader(ObjectFacts, Protocol):
     def open(self, oid: Digest) -> BinaryIO: ...
     def materialise(self, oid: Digest, dest: Path) -> None: ...
     def part_ids(self, oid: Digest) -> list[tuple[int, Digest]]: ...
-    def leaves(self, oid: Digest) -> Iterator[tuple[Digest, str, bytes | None, int]]:
-        """(ID, codec, inline bytes or None, recorded size) of each leaf, in order."""
+    def leaves(self, oid: Digest) -> Iterator[tuple[Digest, str, bytes | None, int, Digest | None]]:
+        """(ID, codec, inline bytes or None, recorded size, the base its row names) of each
+        leaf, in order: what ``read_leaf`` takes."""
         ...
-    def read_leaf(self, oid: Digest, codec: str, inline: bytes | None, size: int) -> bytes: ...
+    def read_leaf(self, oid: Digest, codec: str, inline: bytes | None, size: int,
+                  base: Digest | Unread | None = UNREAD) -> bytes: ...
     def kinds_of(self, ids: Iterable[Digest]) -> dict[Digest, str | None]: ...
     def log(self, *, kind: str | None = None, limit: int = 20,
             before: int | None = None) -> list[ObjectInfo]: ...

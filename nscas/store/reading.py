@@ -45,6 +45,7 @@ from nscas.store.backends import chunk_backend
 from nscas.store.config import StoreConfig, read_config
 from nscas.store.locating import DB_NAME, HEXISH, REF_NAME, store_writable
 from nscas.store.materialising import LeafReader, materialise
+from nscas.store.protocol import UNREAD, Unread
 from nscas.suggestions import did_you_mean
 
 __all__ = ["BATCH", "OUTPUTS", "Link", "LinkWay", "Linked", "ObjectInfo", "RefEntry",
@@ -54,7 +55,7 @@ _UNREAD: Any = object()
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
                      "put_whole", "put_stored", "ref_set", "delete_objects", "execute_raw", "work_area",
-                     "release_work_area"})
+                     "release_work_area", "shared_tree"})
 
 
 class StoreReader:
@@ -289,23 +290,27 @@ class StoreReader:
             raise NotFound(str(oid))
         return io.BufferedReader(LeafReader(self, oid), buffer_size=1 << 20)
 
-    def leaves(self, oid: Digest) -> Iterator[tuple[Digest, str, bytes | None, int]]:
+    def leaves(self, oid: Digest) -> Iterator[tuple[Digest, str, bytes | None, int, Digest | None]]:
         """(ID, codec, inline data or None, recorded size) of an object's leaves in order."""
         with self._read() as c:
             yield from q.leaves(c, oid.hex)
 
-    def read_leaf(self, oid: Digest, codec: str, inline: bytes | None, size: int) -> bytes:
+    def read_leaf(self, oid: Digest, codec: str, inline: bytes | None, size: int,
+                  base: Digest | Unread | None = UNREAD) -> bytes:
         """A leaf's plain bytes, checked against its ID; a chunk decodes to at most ``size``
-        (its row's) bytes, whatever its stored bytes claim."""
+        (its row's) bytes, whatever its stored bytes claim. ``base``: the base its row names,
+        as ``leaves`` gives it (then no further statement is needed for a leaf that is not a
+        delta); left out, it is read from the row."""
         if inline is not None:
             got = blake3_hex(inline)
             if got != oid.hex:
                 raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
             return inline
-        return self.chunks.read(oid, codec, size, base=self.leaf_base(oid, codec))
+        return self.chunks.read(oid, codec, size, base=self.leaf_base(oid, codec, row_base=base))
 
     def leaf_base(self, oid: Digest, codec: str, *,
-                  arriving: tuple[Digest | None, int] | None = None) -> Base | None:
+                  arriving: tuple[Digest | None, int] | None = None,
+                  row_base: Digest | Unread | None = UNREAD) -> Base | None:
         """The base of a leaf in ``codec`` (None unless a delta), once its chain passes every
         check of docs/format.md §5.5.1 on the rows, before any byte is decoded: the base its
         row names, or for a leaf not stored yet (a transfer brings it) ``arriving`` = (the
@@ -313,7 +318,8 @@ class StoreReader:
         when the decoder asks for them."""
         codecs.check_known(oid, codec)
         if not codecs.is_delta(codec):
-            other = arriving[0] if arriving is not None else self._row_base(oid)
+            other = (arriving[0] if arriving is not None
+                     else self._row_base(oid) if isinstance(row_base, Unread) else row_base)
             if other is not None:  # a base column on a leaf of another codec: forged
                 raise CodecError(oid, f"no base for a {codec} leaf", f"base {other}",
                                  problem="bad-base")

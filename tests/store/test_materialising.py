@@ -59,7 +59,7 @@ def test_a_bad_leaf_in_the_middle_fails_get_and_leaves_nothing(store: Store,
                                                                tmp_path: Path) -> None:
     a, b = _family(tmp_path)
     child = store.put_file(b, base=store.put_file(a))
-    leaves = [leaf for leaf, _, inline, _ in store.leaves(child) if inline is None]
+    leaves = [leaf for leaf, _, inline, _, _ in store.leaves(child) if inline is None]
     victim = store.chunks.path(leaves[len(leaves) // 2])  # type: ignore[attr-defined]
     victim.write_bytes(victim.read_bytes()[:-1] + b"\x00")
     with pytest.raises(IntegrityError):

@@ -28,7 +28,7 @@ def _checkpoints(tmp: Path, n: int = 1 << 19) -> tuple[Path, Path]:
 
 
 def _raw(store: Store, oid: Digest) -> int:
-    return sum(size for *_, size in store.leaves(oid))
+    return sum(size for _, _, _, size, _ in store.leaves(oid))
 
 
 def test_a_child_whose_parent_the_remote_has_sends_its_deltas_only(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def test_verify_a_team_store_and_catch_a_tampered_object(team_services: TeamServ
     results = {r.step: r for r in run_file(store, host_a / "p.toml")}
     receipt = results["eval"].receipt
     leaves = [(h, codec) for oid in store.closure([receipt], with_parts=True)
-              for h, codec, inline, _ in store.leaves(oid) if inline is None]
+              for h, codec, inline, _, _ in store.leaves(oid) if inline is None]
     store.close()
     toml = host_a / ".nscas" / "store.toml"
 
