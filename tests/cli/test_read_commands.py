@@ -30,7 +30,7 @@ def _store_of_many(tmp_path: Path) -> tuple[Path, int]:
 
 def test_only_the_read_commands_end_the_process_at_once() -> None:
     assert {name for name, lazy in COMMANDS.items() if lazy.only_reads} == {"log", "show",
-                                                                            "lineage"}
+                                                                            "lineage", "du"}
 
 
 def test_the_whole_output_arrives_before_the_process_ends(tmp_path: Path) -> None:

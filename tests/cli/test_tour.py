@@ -48,10 +48,10 @@ def test_tour(nscas: Nscas, store: Path, checkpoint: Path, tmp_path: Path) -> No
     assert nscas("show", tree_id[7:15], "--json").json()["id"] == tree_id
     r = nscas("show", "experiments/tour/base")
     assert r.exit_code == 0
-    assert f"id:      {tree_id}" in r.stdout.splitlines()
+    assert f"id:         {tree_id}" in r.stdout.splitlines()
     assert f'$.entries["model.safetensors"].id  blob  {weights["id"]}' in r.stdout
     r = nscas("show", weights["id"])
-    assert f"size:    {weights['size']} bytes" in r.stdout
+    assert f"size:       {weights['size']} bytes" in r.stdout
     assert f"tree/1  {tree_id}  $.entries[\"model.safetensors\"].id" in r.stdout
 
     # cat and get give the same bytes back.

@@ -140,7 +140,9 @@ def test_push_to_and_pull_from_a_team_store(filled: tuple[Path, dict[str, Digest
     laptop = tmp_path / "laptop" / ".nscas"
     assert nscas("remote", "add", "lab", str(toml), store=laptop).code == 0
     out = _json(nscas("pull", "models/m", "--json", store=laptop))  # the only remote
-    assert out["bytes_sent"] > 40000
+    # The model's chunks travel in their stored codec (byte planes pay on this float data): more
+    # than nothing, less than the raw file.
+    assert 0 < out["bytes_sent"] < (tmp_path / "m.safetensors").stat().st_size
     with _clean(laptop) as s:
         assert s.get_bytes(ids["model"]) == (tmp_path / "m.safetensors").read_bytes()
 

@@ -26,8 +26,10 @@ def test_the_store_reader_gives_the_store_s_bytes(pipeline: Pipeline) -> None:
     try:
         rows = source._db.execute("SELECT id, storage, codec FROM objects").fetchall()
         kinds = {(storage, codec) for _, storage, codec in rows}
-        # The pipeline exercises every way of storing bytes.
-        assert {("inline", "raw"), ("file", "raw"), ("file", "zstd"), ("parts", "raw")} <= kinds
+        # The pipeline exercises every way of storing bytes: inline, a chunk file (zstd, and the
+        # byte planes its float tensors get), an object of parts.
+        assert {("inline", "raw"), ("file", "zstd"), ("parts", "raw")} <= kinds
+        assert any(storage == "file" and codec.startswith("planes") for storage, codec in kinds)
         for hex_id, _, _ in rows:
             oid = "blake3:" + hex_id
             assert read_all(source, oid) == pipeline.store.get_bytes(Digest.parse(oid))

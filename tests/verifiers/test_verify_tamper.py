@@ -184,10 +184,12 @@ def test_a_flipped_byte_in_a_weight_chunk_fails_integrity(pipeline: Pipeline,
                                                           tmp_path: Path) -> None:
     store_dir = pipeline.copy(tmp_path)
     seed = pipeline.output("init", "checkpoint")
-    db = sqlite3.connect(store_dir / "nscas.db")
-    (hex_id,) = db.execute("SELECT id FROM objects WHERE storage = 'file' AND codec = 'raw' "
-                           "AND size > 100000 LIMIT 1").fetchone()
-    db.close()
+    # The weights' chunks are byte planes (docs/format.md §5.5.1): flipping one stored byte
+    # decodes to other bytes or fails to decode, and either is an integrity finding.
+    files = pipeline.record(pipeline.record(seed)["files"])
+    weights = files["entries"]["model.safetensors"]["id"]
+    hex_id = next(leaf.hex for leaf, _, inline, size, _ in pipeline.store.leaves(Digest.parse(weights))
+                  if inline is None and size > 100000)
     chunk = store_dir / "data" / hex_id[:2] / hex_id[2:]
     data = bytearray(chunk.read_bytes())
     data[7] ^= 0x80
