@@ -1,5 +1,6 @@
-"""``verify --replay N --replay-steps K``: training updates replayed from a published optimizer
-state, in the verifier's own loop, against the journal's per-update parameter digests.
+"""``verify --replay N --replay-steps K``: training updates replayed from the run's base (a fresh
+optimizer: no published state needed) and from a published optimizer state, in the verifier's
+own loop, against the journal's per-update parameter digests.
 
 The forgery here is the one plain verification cannot catch: the final checkpoint swapped for
 another one, with every digest that speaks of it (the receipt's claims, the journal's step
@@ -45,7 +46,8 @@ PIPELINE = (tiny_pipeline(test=8, dev=4, train=16, replay=8)
             + step("train-plain", "train", inputs=_INPUTS,
                    params={**_PARAMS, "parameter_digests": 0})
             + step("train-loose", "train", inputs=_INPUTS,
-                   params={**_PARAMS, "publish_state": [2], "deterministic": False}))
+                   params={**_PARAMS, "publish_state": [2], "deterministic": False})
+            + step("train-two", "train", inputs=_INPUTS, params={**_PARAMS, "world": 2}))
 REPLAY = ReplayOptions(count=0, seed=1, steps=2)
 
 
@@ -57,6 +59,8 @@ class Trained:
     plain: str
     loose: str
     """A run with ``deterministic = false``."""
+    two: str
+    """A run of two ranks, without a published state."""
     light: Path
     """``--no-weights`` export of ``receipt``."""
 
@@ -85,7 +89,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
     export_bundle(store, steps["train"].receipt, root / "light", weights=False)
     yield Trained(root=root, store=store, receipt=str(steps["train"].receipt),
                   plain=str(steps["train-plain"].receipt),
-                  loose=str(steps["train-loose"].receipt), light=root / "light")
+                  loose=str(steps["train-loose"].receipt), two=str(steps["train-two"].receipt),
+                  light=root / "light")
     store.close()
 
 
@@ -112,6 +117,15 @@ def test_the_journal_carries_a_digest_per_update_and_the_state_is_published(
     state = json.loads(trained.store.get_bytes(Digest.parse(files["state.json"]["id"])))
     assert state["format"] == "nscas-train-state/1" and state["step"] == 2
     assert [g["weight_decay"] for g in state["groups"]] == [0.01, 0.0]
+    # Nothing the run computed drew from torch's generator: it is still as the rank seeded it,
+    # which is why a replay from the base (step 0) needs no published state.
+    import torch
+    from safetensors.torch import load as load_tensors
+
+    tensors = load_tensors(trained.store.get_bytes(Digest.parse(
+        files["optimizer.safetensors"]["id"])))
+    seeded = torch.Generator().manual_seed(TrainParams().schedule_seed).get_state()
+    assert torch.equal(tensors["rng/0/torch"], seeded)
     # Digests and a published state change nothing the training computes.
     plain = trained.record(trained.plain)
     assert trained.record(plain["outputs"]["checkpoint"])["params"] == \
@@ -142,8 +156,12 @@ def test_replayed_updates_reproduce_the_journal_digests_bit_for_bit_on_the_cpu(
     report = verify(trained.receipt, store=trained.store_dir, replay=REPLAY)
     check = _checks(report)["train." + trained.receipt[7:15] + ".replay.training"]
     assert check.status == "passed", check.message
-    assert check.recomputed["replayed"] == [3, 4] and check.recomputed["from"] == [2]
-    assert check.recomputed["relative_l2"] == [0.0] and check.recomputed["max_abs"] == [0.0]
+    # Updates 1 and 2 from the base with a fresh AdamW, 3 and 4 from the state of step 2.
+    assert check.recomputed["replayed"] == [1, 2, 3, 4] and check.recomputed["from"] == [0, 2]
+    assert check.recomputed["relative_l2"] == [0.0, 0.0]
+    assert check.recomputed["max_abs"] == [0.0, 0.0]
+    assert "from the base, the state of step 2" in check.message
+    assert "5 digest(s) compared" in check.message  # the loaded base's agreement too
     assert _checks(report)["replay.environment"].recomputed["steps"] == 2
     settings = check.recomputed["settings"]
     assert settings["deterministic_algorithms"] is True
@@ -208,17 +226,38 @@ def test_the_replay_process_environment_and_refusals(tmp_path: Path,
         compute(request, tmp_path)
 
 
-def test_a_run_without_published_state_is_not_rechecked_by_replay(trained: Trained) -> None:
-    report = verify(trained.plain, store=trained.store_dir, replay=REPLAY)
-    check = _checks(report)["train." + trained.plain[7:15] + ".replay.training"]
+@pytest.mark.parametrize("which", ["plain", "two"])
+def test_a_run_without_published_state_is_replayed_from_its_base(
+        trained: Trained, which: str) -> None:
+    # The state at step 0 is the run's own inputs and params: the base's weights, a fresh
+    # AdamW and the seeded generator. One rank (no per-update digests: the agreements at 0
+    # and 2 are compared) and two ranks (a digest per update), bit for bit.
+    receipt = getattr(trained, which)
+    report = verify(receipt, store=trained.store_dir, replay=REPLAY)
+    check = _checks(report)["train." + receipt[7:15] + ".replay.training"]
+    assert check.status == "passed", check.message
+    assert check.recomputed["from"] == [0] and check.recomputed["replayed"] == [1, 2]
+    assert check.recomputed["relative_l2"] == [0.0] and check.recomputed["max_abs"] == [0.0]
+    assert f"{2 if which == 'plain' else 3} digest(s) compared" in check.message
+
+
+def test_a_run_with_no_step_zero_agreement_nor_published_state_is_not_rechecked(
+        trained: Trained, tmp_path: Path) -> None:
+    forged = _forge(trained, tmp_path, swap=False, receipt=trained.plain, step=0,
+                    key="event", value="dropped")
+    check = _checks(verify(forged, store=trained.store_dir, replay=REPLAY))[
+        f"train.{forged[7:15]}.replay.training"]
     assert check.status == "skipped" and check.needs == "model"
-    assert "publish_state" in check.message
+    assert "publish_state" in check.message and "step 0" in check.message
 
 
-def _forge(trained: Trained, tmp: Path, *, swap: bool) -> str:
-    """A consistent forgery of the train receipt: with ``swap``, its final checkpoint swapped
-    for one whose weights differ by 1e-3 in one value and every digest claim rewritten for
-    it; without, only the journal's step 3 digest rewritten (rechained, a new head)."""
+def _forge(trained: Trained, tmp: Path, *, swap: bool, receipt: str | None = None,
+           step: int = 3, key: str = "parameters", value: Any = "0" * 64) -> str:
+    """A consistent forgery of a train receipt (``trained.receipt``'s by default): with
+    ``swap``, its final checkpoint swapped for one whose weights differ by 1e-3 in one value
+    and every digest claim rewritten for it; without, rank 0's journal's ``key`` of ``step``
+    set to ``value`` (rechained, a new head; a loss with the loss claims rewritten to match;
+    ``event`` of step 0: its agreement entry made another event)."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
@@ -226,14 +265,15 @@ def _forge(trained: Trained, tmp: Path, *, swap: bool) -> str:
     from nscas.models.checkpoints import put_checkpoint
     from nscas.recipes.common.digests import sha256_stream
     from nscas.recipes.train.exchange import parameter_digest
-    from nscas.recipes.train.journal import entry_hash
+    from nscas.recipes.train.journal import entry_hash, loss_claims
     from nscas.store.protocol import tree_record
 
     store = trained.store
-    receipt = trained.record(trained.receipt)
-    tree = trained.record(receipt["outputs"]["checkpoints"])["entries"]
-    journal = trained.journal(trained.receipt)
-    outputs, claims = dict(receipt["outputs"]), dict(receipt["claims"])
+    target = trained.receipt if receipt is None else receipt
+    receipt_record = trained.record(target)
+    tree = trained.record(receipt_record["outputs"]["checkpoints"])["entries"]
+    journal = trained.journal(target)
+    outputs, claims = dict(receipt_record["outputs"]), dict(receipt_record["claims"])
     if swap:
         final = trained.record(tree["step-000004"]["id"])
         folder = tmp / "swapped"
@@ -253,18 +293,26 @@ def _forge(trained: Trained, tmp: Path, *, swap: bool) -> str:
         for entry in journal:
             if entry.get("step") == 4:  # the step entry and the agreement at step 4
                 entry["parameters"] = digest
+    elif key == "event":
+        for entry in journal:
+            if entry.get("step") == step and entry.get("event") == "agreed":
+                entry["event"] = value
     else:
         for entry in journal:
-            if entry.get("step") == 3 and "event" not in entry:
-                entry["parameters"] = "0" * 64
+            if entry.get("step") == step and "event" not in entry:
+                entry[key] = value
+        if key == "loss":
+            losses = [e["loss"] for e in journal if "event" not in e]
+            for name, claimed in loss_claims(losses).items():
+                claims[name] = {**claims[name], "value": claimed}
     prev, lines = None, []
     for entry in journal:
         entry["prev"] = prev
         entry["hash"] = prev = entry_hash(entry)
         lines.append(rfc8785.dumps(entry) + b"\n")
-    record = trained.record(receipt["journals"][0])
+    record = trained.record(receipt_record["journals"][0])
     record.update(entries=str(store.put_bytes(b"".join(lines))), head=prev)
-    forged = {**receipt, "outputs": outputs, "claims": claims,
+    forged = {**receipt_record, "outputs": outputs, "claims": claims,
               "journals": [str(store.put_record(record))]}
     return str(store.put_record(forged))
 
@@ -282,6 +330,22 @@ def test_a_consistent_rewrite_only_a_replay_can_see_is_caught(
         f"{name}.replay.training"]
     assert check.status == "failed"
     assert ("step 4: parameter digest" if swap else "step 3: parameter digest") in check.message
+
+
+@pytest.mark.parametrize(("step", "key", "value", "words"), [
+    (1, "parameters", "0" * 64, "step 1: parameter digest"),
+    (2, "loss", 1.25, "step 2: loss"),
+], ids=["digest-at-1", "loss-at-2"])
+def test_a_rewrite_before_any_published_state_is_caught_from_the_base(
+        trained: Trained, tmp_path: Path, step: int, key: str, value: Any, words: str) -> None:
+    forged = _forge(trained, tmp_path, swap=False, step=step, key=key, value=value)
+    name = f"train.{forged[7:15]}"
+    plain = verify(forged, store=trained.store_dir)
+    assert plain.ok, [(c.name, c.message) for c in plain.checks if c.status == "failed"]
+    check = _checks(verify(forged, store=trained.store_dir, replay=REPLAY))[
+        f"{name}.replay.training"]
+    assert check.status == "failed"
+    assert words in check.message, check.message
 
 
 def test_a_bundle_without_weights_lists_the_training_replay_as_not_rechecked(
@@ -307,7 +371,7 @@ def test_the_command_replays_training_steps(trained: Trained) -> None:
                      "--replay-seed", "3", store=trained.store_dir)
     assert v.code == 0, v.stderr
     check = v.check("train." + trained.receipt[7:15] + ".replay.training")
-    assert check["status"] == "passed" and check["recomputed"]["replayed"] == [3]
+    assert check["status"] == "passed" and check["recomputed"]["replayed"] == [1, 3]
     refused = nscas_verify(trained.receipt, "--replay-steps", "1", store=trained.store_dir)
     assert refused.code == 2 and refused.stdout == ""
 

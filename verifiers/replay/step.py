@@ -1,10 +1,10 @@
 """The arithmetic of a training replay, in a process of its own.
 
 ``python -m nscas.verifiers.replay.step REQUEST.json RESULT.json`` makes the updates a
-``Request`` names from a published optimizer state and writes a ``Result``: per update the
-objective, the gradient norm before clipping and the BLAKE3 parameter digest, the distance
-from a checkpoint's weights at the last replayed step, and the numeric settings it computed
-under. ``replay.training`` does everything else (the journal, the state's record, the documents'
+``Request`` names from a published optimizer state, or from the run's base with a fresh AdamW,
+and writes a ``Result``: per update the objective, the gradient norm before clipping and the
+BLAKE3 parameter digest, the distance from a checkpoint's weights at the last replayed step,
+and the numeric settings it computed under. ``replay.training`` does everything else (the journal, the state's record, the documents'
 tokens, the comparison) and starts this process through ``compute``.
 
 Why a process of its own: a ``deterministic`` run on CUDA computes with cuBLAS's fixed
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +88,10 @@ class Request:
 
     model_dir: str
     """The checkpoint's files (config, weights), loadable by ``from_pretrained``."""
-    state_file: str
-    """The published ``optimizer.safetensors``."""
+    state_file: str | None
+    """The published ``optimizer.safetensors``; None: the run's start (step 0), a fresh AdamW
+    whose groups are the model's tensors of two or more dimensions (``weight_decay``) and the
+    others (no decay), torch's generator seeded with ``seed`` before the model loads."""
     groups: tuple[Group, ...]
     device: str
     autocast: bool
@@ -110,6 +112,11 @@ class Request:
     """Step -> the weight files (safetensors) of that step's checkpoint, for the distance."""
     seconds: float | None
     """Time left for the replay (loading included); later updates are left unmade."""
+    weight_decay: float = 0.0
+    """A fresh AdamW's decay of the tensors of two or more dimensions (no ``state_file``)."""
+    seed: int | None = None
+    """``torch.manual_seed`` before the model loads, as the run seeded rank 0 (no
+    ``state_file``)."""
 
     def to_json(self) -> dict[str, Any]:
         value = asdict(self)
@@ -177,12 +184,16 @@ class Result:
     max_abs: float | None = None
     """Distance of the parameters after the last replayed update from the weights of that
     step's checkpoint, when the request named it."""
+    loaded: str | None = None
+    """BLAKE3 hex of the parameters as loaded, before any update (from the run's base only:
+    the digest its ranks agreed on at step 0)."""
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Result:
         return cls(settings=Settings(**value["settings"]),
                    updates=tuple(Measured(**m) for m in value["updates"]),
-                   relative_l2=value["relative_l2"], max_abs=value["max_abs"])
+                   relative_l2=value["relative_l2"], max_abs=value["max_abs"],
+                   loaded=value.get("loaded"))
 
 
 def environment(deterministic: bool, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -260,9 +271,16 @@ def replay(request: Request, deadline: float | None = None) -> Result:
     started = apply_settings(request.deterministic)
     import torch
 
-    tensors = _load_safetensors(request.state_file)
+    fresh = request.state_file is None
+    if request.state_file is None:
+        tensors: dict[str, Any] = {}
+        if request.seed is not None:
+            torch.manual_seed(request.seed)  # as the run's rank 0, before its model loaded
+    else:
+        tensors = _load_safetensors(request.state_file)
     device = request.device
     model = _load_model(request.model_dir, device)
+    loaded = parameter_digest(model) if fresh else None
     if "rng/0/torch" in tensors:
         torch.set_rng_state(tensors["rng/0/torch"])
     if device == "cuda" and "rng/0/cuda" in tensors:
@@ -294,7 +312,7 @@ def replay(request: Request, deadline: float | None = None) -> Result:
     if measured and measured[-1].step in request.compare:
         distance = _distance(model, request.compare[measured[-1].step])
     return Result(settings=settings, updates=tuple(measured), relative_l2=distance[0],
-                  max_abs=distance[1])
+                  max_abs=distance[1], loaded=loaded)
 
 
 def _load_safetensors(path: str) -> dict[str, Any]:
@@ -331,6 +349,13 @@ def _optimizer(model: Any, request: Request, tensors: Mapping[str, Any]) -> Any:
     import torch
 
     named = dict(model.named_parameters())
+    if request.state_file is None:  # docs/experiment.md §3.5: decay on 2+ dimensions only
+        trained = [n for n, p in named.items() if p.requires_grad]
+        request = replace(request, groups=(
+            Group(params=tuple(n for n in trained if named[n].ndim >= 2),
+                  weight_decay=request.weight_decay, lr=request.lr),
+            Group(params=tuple(n for n in trained if named[n].ndim < 2), weight_decay=0.0,
+                  lr=request.lr)))
     missing = [n for g in request.groups for n in g.params if n not in named]
     if missing:
         raise ReplayStepError("the published state", f"names parameters the model lacks: "

@@ -1,9 +1,12 @@
-"""Replay of training: K updates after a published optimizer state, in the verifier's own loop.
+"""Replay of training: K updates after the run's start or a published optimizer state, in the
+verifier's own loop.
 
-``nscas verify --replay N --replay-steps K`` takes every checkpoint of a train run that
-carries a published state (train param ``publish_state``; docs/format.md §3.3), and makes
-updates ``s+1 .. s+K`` again from its weights (FP32) and its optimizer and torch RNG state
-(safetensors and JSON: no pickle) as docs/experiment.md §3 specifies them: the journal's batch
+``nscas verify --replay N --replay-steps K`` makes updates ``1 .. K`` of a train run again from
+its base (its ``base`` input's weights, a fresh AdamW, torch's generator seeded as the run
+seeded rank 0: the whole state at step 0, which the run's own inputs and params determine), and
+for every checkpoint that carries a published state (train param ``publish_state``;
+docs/format.md §3.3) updates ``s+1 .. s+K`` from its weights (FP32) and its optimizer and
+torch RNG state (safetensors and JSON: no pickle), as docs/experiment.md §3 specifies them: the journal's batch
 of document indices (the seeded schedule, which plain verification already rebuilt), each
 document tokenised with the base checkpoint's own chat template and ``tokenizer.json`` (labels
 as ``replay._encode`` gives them for retention probes), the objective ``Σ w_i·loss_i / S``
@@ -119,19 +122,22 @@ def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: fl
         return Check.skipped(name, f"optimizer {run.params.get('optimizer')!r} is not replayed "
                              "(this loop replays AdamW)", needs="model")
     checkpoints = run_checkpoints(objects, run)
-    published = [(step, oid) for step, oid in sorted(checkpoints.items())
-                 if "state" in objects.record_of(oid, "checkpoint/1")]
+    journal = _rank0_steps(objects, run)
+    # A run whose ranks agreed on the loaded base at step 0 started from it with a fresh
+    # optimizer: its first updates replay from the base, no published state needed.
+    published = [(0, run.inputs["base"])] if 0 in journal[1] else []
+    published += [(step, oid) for step, oid in sorted(checkpoints.items())
+                  if "state" in objects.record_of(oid, "checkpoint/1")]
     if not published:
-        return Check.skipped(name, "no checkpoint of this run carries a published optimizer "
-                             "state (train param publish_state), so no update can be replayed",
-                             needs="model")
+        return Check.skipped(name, "the journal has no agreement at step 0 and no checkpoint "
+                             "of this run carries a published optimizer state (train param "
+                             "publish_state), so no update can be replayed", needs="model")
     if any(weights_omitted(objects, oid) for _, oid in published):
         return Check.skipped(name, "the bundle omits the weights and optimizer state a replay "
                              "of training needs", needs="weights")
     if run.params.get("compile"):
         return Check.skipped(name, "compiled passes (compile = true) are not replayed",
                              needs="model")
-    journal = _rank0_steps(objects, run)
     total = run.params.get("steps")
     results = []
     for start, oid in published:
@@ -159,8 +165,9 @@ def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: fl
         f"at step {r.steps[-1]} relative L2 {r.relative_l2:.3g}, max |Δ| {r.max_abs:.3g} "
         "from the checkpoint's weights" for r in results
         if r.steps and r.relative_l2 is not None and r.max_abs is not None)
-    summary = (f"updates {_span(replayed)} replayed from the state of step(s) "
-               f"{', '.join(str(r.start) for r in results)} on {where}; "
+    starts = ", ".join("the base" if r.start == 0 else f"the state of step {r.start}"
+                       for r in results)
+    summary = (f"updates {_span(replayed)} replayed from {starts} on {where}; "
                f"{sum(r.compared for r in results)} digest(s) compared")
     if distance:
         summary += f"; {distance}"
@@ -257,9 +264,11 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
                  checkpoints: Mapping[int, str], device: str,
                  deadline: float | None) -> Replayed:
     record = objects.record_of(checkpoint, "checkpoint/1")
-    state, problems = state_record_problems(objects, run, start, record)
-    if state is None:
-        raise Unusable(record["state"], "; ".join(problems))
+    state: Mapping[str, Any] | None = None
+    if start:
+        state, problems = state_record_problems(objects, run, start, record)
+        if state is None:
+            raise Unusable(record["state"], "; ".join(problems))
     steps, agreed = journal
     docs = _Documents(objects, run)
     params = run.params
@@ -281,15 +290,20 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
         return Replayed(start=start, steps=(), differing=tuple(gap), compared=0)
     counted = count_problems(updates, steps, docs)
     betas = params.get("betas", [0.9, 0.95])
-    state_entries = objects.record_of(record["state"], "tree/1")["entries"]
     with contextlib.ExitStack() as files:
         work = Path(files.enter_context(tempfile.TemporaryDirectory(prefix="nscas-replay-")))
+        state_file = None
+        if state is not None:
+            entries = objects.record_of(record["state"], "tree/1")["entries"]
+            state_file = str(files.enter_context(objects.as_file(entries[STATE_TENSORS]["id"],
+                                                                 STATE_TENSORS)))
         request = Request(
             model_dir=str(checkpoint_dir(objects, checkpoint, work / "model", files)),
-            state_file=str(files.enter_context(objects.as_file(
-                state_entries[STATE_TENSORS]["id"], STATE_TENSORS))),
+            state_file=state_file,
             groups=tuple(Group(params=tuple(g["params"]), weight_decay=g["weight_decay"],
-                               lr=g["lr"]) for g in state["groups"]),
+                               lr=g["lr"]) for g in (state or {}).get("groups", ())),
+            weight_decay=params.get("weight_decay", 0.01),
+            seed=None if state is not None else params.get("schedule_seed", 20260913),
             device=device, autocast=device == "cuda" and params.get("device") == "cuda",
             deterministic=bool(params.get("deterministic", True)),
             gradient_checkpointing=bool(params.get("gradient_checkpointing", False)),
@@ -306,6 +320,11 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
             raise Unusable(exc.subject, exc.why) from None
     lrs = {u.step: u.lr for u in updates}
     differing, compared = [], 0
+    if result.loaded is not None and 0 in agreed:
+        compared += 1
+        if result.loaded != agreed[0]:
+            differing.append(f"step 0: the base loads to parameter digest {result.loaded[:16]}…, "
+                             f"the journal's agreement {str(agreed[0])[:16]}…")
     for measured in result.updates:
         entry = steps[measured.step]
         what = []
