@@ -15,8 +15,10 @@ Layout under a run's output directory::
 
 A checkpoint is written under a ``.partial-`` name, fsync'ed and renamed, so a directory
 named ``step-*`` is always complete; partial ones are removed before a resume. A resume needs
-only the latest complete checkpoint (its ``hf/`` and ``state.pt``); ``trim`` removes the
-others once they are stored, and a stored checkpoint's ``state/``.
+only the latest complete checkpoint (its ``hf/`` and ``state.pt``), so at most one resume state
+is kept: once a checkpoint is complete the earlier ones' ``state.pt`` go, and the final step's
+checkpoint has none (nothing resumes a finished run). ``trim`` removes the earlier checkpoints
+once they are stored, and a stored checkpoint's ``state/``.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class CheckpointPaths:
     hf_dir: Path
     """The HF model directory (what becomes a ``checkpoint/1``)."""
     state_file: Path
-    """Optimizer and RNG state, for resuming only."""
+    """Optimizer and RNG state, for resuming only (absent at the final step, and from a
+    checkpoint once a later one is complete)."""
 
 
 def checkpoint_root(output_dir: Path) -> Path:
@@ -97,11 +100,12 @@ def write_checkpoint(
     *,
     model: PreTrainedModel,
     tokenizer_dir: Path,
-    state: dict[str, Any],
+    state: dict[str, Any] | None,
     published: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> CheckpointPaths:
-    """Write the model as an HF directory and ``state`` (plus format and step) atomically;
-    ``published`` (``published_state``) also as ``state/``."""
+    """Write the model as an HF directory and ``state`` (plus format and step; None: no resume
+    state, the final step's) atomically, ``published`` (``published_state``) also as
+    ``state/``; then remove the earlier checkpoints' resume states, which no resume reads now."""
     final = paths_for(output_dir, step)
     if final.hf_dir.parent.exists():
         raise DestinationExists(str(final.hf_dir.parent))
@@ -110,12 +114,17 @@ def write_checkpoint(
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
     save_hf_dir(model, Path(tokenizer_dir), partial / "hf", trained=True)
-    torch.save({"format": STATE_FORMAT, "step": step, **state}, partial / "state.pt")
+    if state is not None:
+        torch.save({"format": STATE_FORMAT, "step": step, **state}, partial / "state.pt")
     if published is not None:
         write_published(partial / "state", *published)
     fsync_tree(partial)
     os.rename(partial, final.hf_dir.parent)
     fsync_dir(checkpoint_root(output_dir))
+    for earlier in completed_checkpoints(output_dir):
+        if earlier.step < step:
+            # The recipe may be removing the whole directory meanwhile (trim): gone either way.
+            earlier.state_file.unlink(missing_ok=True)
     return final
 
 

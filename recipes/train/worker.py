@@ -146,7 +146,7 @@ def train_rank(spec: WorkerSpec) -> None:
     optimizer = make_optimizer(model, params)
     outer = OuterStep(model, params, world=world) if params.diloco else None
 
-    if start_step:
+    if start_step and start_step < params.steps:  # the final checkpoint has no resume state
         state = ckpt.read_state(ckpt.paths_for(output_dir, start_step), device=device)
         if state.get("world") != world or state.get("identity") != identity:
             raise RecipeError(f"checkpoint at step {start_step} in {output_dir} belongs to another run")
@@ -173,8 +173,9 @@ def train_rank(spec: WorkerSpec) -> None:
         published = (ckpt.published_state(model, optimizer, rng, step=step, world=world)
                      if step in params.publish_state else None)
         return ckpt.write_checkpoint(
-            output_dir, step, model=model, tokenizer_dir=Path(spec.tokenizer_dir), state=state,
-            published=published,
+            output_dir, step, model=model, tokenizer_dir=Path(spec.tokenizer_dir),
+            # Nothing resumes a finished run: its work area holds no 2W of resume state for it.
+            state=None if step == params.steps else state, published=published,
         )
 
     def announce(step: int, hf_dir: Path, state_file: Path) -> None:
