@@ -88,6 +88,9 @@ class RunContext:
     shared_tree: Callable[[Digest], Path] | None = None
     """A tree/1 input materialised once for the store's runs and shared read-only (never write
     into it); None outside the runner (materialise into ``workdir`` then)."""
+    unshare_tree: Callable[[Digest], None] | None = None
+    """Say this run is done reading a ``shared_tree``: its copy goes once no other run uses it,
+    so that it does not sit beside the run's later files (None where ``shared_tree`` is)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

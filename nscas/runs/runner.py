@@ -271,7 +271,8 @@ def _execute(store: Store, recipe: Recipe, step: str, params: Any, inputs: Mappi
     ctx = RunContext(store=store, inputs=dict(inputs), params=params, workdir=area.scratch,
                      progress=progress, store_path=store.root, rerun=rerun, action=action,
                      work_area=area.persistent,
-                     shared_tree=lambda tree: store.shared_tree(area, tree))
+                     shared_tree=lambda tree: store.shared_tree(area, tree),
+                     unshare_tree=lambda tree: store.unshare_tree(area, tree))
     result: RecipeResult | None = None
     error: str | None = None
     succeeded = False

@@ -55,7 +55,7 @@ _UNREAD: Any = object()
 # The writer's methods: asked of a reader, they fail as a read-only store's writes always did.
 _WRITES = frozenset({"put_bytes", "put_record", "put_records", "put_file", "put_tree",
                      "put_whole", "put_stored", "ref_set", "delete_objects", "execute_raw", "work_area",
-                     "release_work_area", "shared_tree"})
+                     "release_work_area", "shared_tree", "unshare_tree"})
 
 
 class StoreReader:

@@ -11,7 +11,8 @@ removes an area a run is claiming, and an area appears whole (made in ``work/.tm
 ``work/shared/<object hex>/`` holds a tree/1 materialised once, read-only, for every run that
 reads it from a file path (``shared_tree``: a train's seed checkpoint), so that runs of one
 seed at once hold one copy, not one each. ``users/`` names the actions that asked for it; it
-goes when none of their areas is left (``release``, ``collect``).
+goes when none of their areas is left (``release``, ``collect``), or when the last of them is
+done with it (``unshare``: a train, once its ranks have loaded the seed).
 """
 
 from __future__ import annotations
@@ -163,6 +164,14 @@ class WorkAreas:
         finally:
             os.close(fd)
         return done
+
+    def unshare(self, area: WorkArea, tree: Digest) -> None:
+        """``area``'s action is done with the shared tree ``tree``: it is no longer a user, and
+        the tree goes if no other user with an area is left (a later ``shared_tree`` makes it
+        again)."""
+        with self._locked():
+            (self.dir / SHARED_DIR / tree.hex / "users" / area.action.hex).unlink(missing_ok=True)
+            self._drop_unused_shared()
 
     def _drop_unused_shared(self) -> None:
         """Remove each shared tree none of whose users has an area left (under the lock)."""

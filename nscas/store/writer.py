@@ -416,6 +416,11 @@ class Store(StoreReader):
         run that reads it from files (``area``'s, kept while that area is)."""
         return WorkAreas(self.root).shared_tree(area, tree, lambda dest: self.materialise(tree, dest))
 
+    def unshare_tree(self, area: WorkArea, tree: Digest) -> None:
+        """``area``'s run is done with the shared ``tree``: removed unless another run's area
+        still uses it."""
+        WorkAreas(self.root).unshare(area, tree)
+
     # ------------------------------------------------------------ maintenance
 
     def delete_objects(self, ids: list[Digest], *,

@@ -68,7 +68,7 @@ def run(ctx: RunContext) -> RecipeResult:
     from nscas.recipes.train.checkpoints import record_committed, trim
     from nscas.recipes.train.config import WorkerSpec
     from nscas.recipes.train.documents import TrainDocument, write_documents
-    from nscas.recipes.train.events import CheckpointReady
+    from nscas.recipes.train.events import CheckpointReady, StepProgress
     from nscas.recipes.train.launch import run_training
 
     p: TrainParams = ctx.params
@@ -137,15 +137,24 @@ def run(ctx: RunContext) -> RecipeResult:
             record_committed(run_dir, ready.step, str(checkpoints[ready.step]))
             trim(run_dir, latest=ready.step)
 
+    loaded: list[bool] = []
+
+    def on_progress(progress: StepProgress) -> None:
+        if not loaded and ctx.shared_tree is not None and ctx.unshare_tree is not None:
+            # An update was made, so every rank has loaded the seed (they agreed on its digest
+            # first): its shared copy (W) need not sit beside this run's checkpoints.
+            ctx.unshare_tree(files)
+            loaded.append(True)
+        ctx.progress.advance(1, loss=round(progress.loss, 4),
+                             tokens_per_s=round(progress.tokens_per_second))
+
     ctx.progress.start(p.steps, f"training ({p.world} rank{'s' if p.world > 1 else ''}, {p.device})")
     # The ranks' and torch's launcher's temporary files go to the scratch directory too, so a
     # killed run leaves nothing outside the store's work areas.
     rank_tmp = ctx.workdir / "tmp"
     rank_tmp.mkdir()
     outcome = run_training(
-        spec, on_checkpoint=on_checkpoint, env={"TMPDIR": str(rank_tmp)},
-        on_progress=lambda s: ctx.progress.advance(1, loss=round(s.loss, 4),
-                                                   tokens_per_s=round(s.tokens_per_second)),
+        spec, on_checkpoint=on_checkpoint, env={"TMPDIR": str(rank_tmp)}, on_progress=on_progress,
     )
     ctx.progress.finish()
     if p.steps not in checkpoints:

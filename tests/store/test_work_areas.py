@@ -141,3 +141,24 @@ def test_an_area_held_on_another_host_is_taken_over_only_under_the_actions_claim
     with pytest.raises(WorkAreaBusy):  # a live holder on this host is refused even so
         store.work_area(action, action_claimed=True)
     store.release_work_area(taken, keep=False)
+
+
+def test_a_shared_tree_goes_once_the_last_of_its_users_is_done_with_it(
+        store: Store, tmp_path: Path) -> None:
+    folder = tmp_path / "seed"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"w" * 100)
+    tree = store.put_tree(folder)
+    one, two = (store.work_area(store.put_bytes(name)) for name in (b"one", b"two"))
+    copy = store.shared_tree(one, tree)
+    assert store.shared_tree(two, tree) == copy  # one copy for both
+    store.unshare_tree(one, tree)
+    assert (copy / "model.safetensors").read_bytes() == b"w" * 100  # two still uses it
+    store.unshare_tree(two, tree)
+    assert not copy.exists()
+    # Asked for again (a resume), it is made again; the areas themselves stay.
+    assert (store.shared_tree(one, tree) / "model.safetensors").is_file()
+    assert one.persistent.is_dir() and two.persistent.is_dir()
+    store.release_work_area(one, keep=False)
+    store.release_work_area(two, keep=False)
+    assert not (store.root / "work" / "shared").exists()
