@@ -276,7 +276,9 @@ class _Run:
 
     def _disk_admits(self, step: str, failed: list[str]) -> bool:
         """Whether a ready step's disk estimate (from all its inputs, now known) fits beside
-        the running steps' estimates; a step it never could fit fails here (joins ``failed``)."""
+        the running steps' estimates. One that does not fit what is free now waits while steps
+        run (they hold disk they give back when they end); with none running, it never could
+        fit, and fails here (joins ``failed``)."""
         if self.disk is None:
             return True
         item = self.items[step]
@@ -291,6 +293,8 @@ class _Run:
         why = space.never_fits(needs)
         if why is None:
             return space.fits(needs, (job.needs for job in self.running.values()))
+        if self.running:
+            return False
         self.failed[step] = None
         failed.append(step)
         self.emit(StepEvent(step=step, state="failed", message=f"cannot run here: {why}"))

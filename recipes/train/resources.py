@@ -17,18 +17,31 @@ def needs(params: TrainParams, inputs: InputSizes) -> Needs:
 
 
 def disk_bytes(params: TrainParams, inputs: InputSizes) -> int:
-    """The most the run holds at once under the store: the seed's shared copy (counted as if
-    this run makes it), its documents tokenised, and two checkpoints of its work area: the
-    latest complete one (a resume's; the earlier ones have left once stored) and the one
-    being written. A checkpoint is the model's files (W: the seed's), the resume state (AdamW's
-    two moments, 2W; diloco: each rank's inner moments and the outer momentum) and, at a
-    ``publish_state`` step, the published state (2W more) until it is stored."""
+    """The most the run holds at once under the store, its own stored checkpoints included.
+
+    With W the seed's bytes: a checkpoint in the work area is the model's files (W), a resume
+    state except at the final step (AdamW's two moments, 2W; diloco: each rank's inner moments
+    and the outer momentum) and, at a ``publish_state`` step, the published state (2W) until
+    it is stored; the store keeps of it at most its raw bytes (W, + 2W published). The seed's
+    shared copy (W, counted as if this run makes it) is released once the ranks have loaded it
+    (after the first update), so it is counted at the start, at a resume and beside the first
+    checkpoint only. Checkpoints are assumed stored before the next one is complete, as the
+    recipe stores each while training goes on. Its documents, tokenised, stay throughout."""
     weights = inputs.get("base", 0)
     moments = 2 * weights * (params.world if params.diloco else 1) + (
         weights if params.diloco else 0)
     steps = sorted(params.checkpoint_set)
-    size = {s: weights + moments + (2 * weights if s in params.publish_state else 0)
-            for s in steps}
-    held = max(size[s] + (size[steps[i - 1]] if i else 0) for i, s in enumerate(steps))
+    published = {s: 2 * weights if s in params.publish_state else 0 for s in steps}
+    resume = {s: moments if s != params.steps else 0 for s in steps}
+    written = {s: weights + resume[s] + published[s] for s in steps}  # until it is stored
+    stored = [0]  # the store's bytes of the checkpoints before each, then of them all
+    for s in steps:
+        stored.append(stored[-1] + weights + published[s])
+    phases = [weights]  # the seed's copy, before the first update
+    for i, s in enumerate(steps):
+        resumed = weights + weights + resume[s] + stored[i + 1]  # a resume from s
+        earlier = written[steps[i - 1]] if i else weights  # the latest complete one, or the seed
+        writing = earlier + written[s] + stored[i]
+        phases += [resumed, writing, written[s] + stored[i + 1]]  # ..., then s stored
     documents = 4 * (inputs.get("documents", 0) + inputs.get("replay", 0))  # token ids as JSON
-    return weights + held + documents
+    return max(phases) + documents

@@ -1,6 +1,8 @@
 """A train run's work area holds one checkpoint (plus the one being written) at a time: each
-checkpoint leaves it once it is stored, the seed is read from one shared read-only copy, and a
-run interrupted after a trim resumes to the same checkpoints as a run from the start."""
+checkpoint leaves it once it is stored, only the latest keeps a resume state and the final one
+has none, the seed is read from one shared read-only copy that goes once the ranks have loaded
+it, the run never holds more disk than its recipe declares to the scheduler, and a run
+interrupted after a trim resumes to the same checkpoints as a run from the start."""
 
 from __future__ import annotations
 
@@ -16,12 +18,18 @@ import nscas.recipes.train.recipe as train_recipe
 from nscas.errors import RecipeError
 from nscas.objects.digests import Digest
 from nscas.recipes.train.checkpoints import COMMITTED_FILE
+from nscas.recipes.train.config import TrainParams
+from nscas.recipes.train.resources import disk_bytes
+from nscas.runs.resources import input_sizes
 from nscas.runs.runner import StepFailed, run_file
+from nscas.store.workarea import WorkAreas
 from nscas.store.writer import Store
 from tests.pipelines import init_step, prepare_step, run_pipeline, tokenizer_step
 
 PARAMS = ("steps = 8\ncheckpoint_steps = [2, 4, 6]\npublish_state = [4]\nlr = 1e-3\n"
           "batch = 4\nwarmup = 2\n")
+TRAIN = TrainParams(steps=8, checkpoint_steps=(2, 4, 6), publish_state=(4,), lr=1e-3, batch=4,
+                    warmup=2)
 
 
 def _bytes(root: Path) -> int:
@@ -57,6 +65,12 @@ class Sampler:
         self._thread.join()
 
 
+def _train_inputs(steps: dict[str, Any]) -> dict[str, Digest]:
+    prepared = steps["prepare"].outputs
+    return {"base": steps["init"].outputs["checkpoint"], "documents": prepared["train"],
+            "replay": prepared["replay"]}
+
+
 def _train_file(tmp_path: Path, steps: dict[str, Any]) -> Path:
     prepared = steps["prepare"].outputs
     recipe = tmp_path / "train.toml"
@@ -67,10 +81,10 @@ def _train_file(tmp_path: Path, steps: dict[str, Any]) -> Path:
 
 
 @pytest.fixture
-def trained(tmp_path: Path) -> Iterator[tuple[Store, Path]]:
+def trained(tmp_path: Path) -> Iterator[tuple[Store, Path, dict[str, Digest]]]:
     store, steps = run_pipeline(tmp_path, prepare_step(train=16, replay=4)
                                 + tokenizer_step() + init_step())
-    yield store, _train_file(tmp_path, steps)
+    yield store, _train_file(tmp_path, steps), _train_inputs(steps)
     store.close()
 
 
@@ -80,6 +94,7 @@ def _watch(monkeypatch: pytest.MonkeyPatch, store: Store,
     about to be stored."""
     seen: list[dict[str, Any]] = []
     put = train_recipe.put_checkpoint
+    shared = store.root / "work" / "shared"
 
     def watched(st: Any, hf_dir: Path, *, step: int, **kw: Any) -> Digest:
         run_dir = hf_dir.parents[2]
@@ -88,54 +103,62 @@ def _watch(monkeypatch: pytest.MonkeyPatch, store: Store,
         seen.append({"step": step, "held": held, "area": area,
                      "published": sorted(p.parent.name for p in
                                          (run_dir / "checkpoints").glob("*/state")),
+                     "states": sorted(p.parent.name for p in
+                                      (run_dir / "checkpoints").glob("*/state.pt")),
                      "scratch": sorted(p.name for p in (area / "scratch").iterdir()),
-                     "shared": sorted((store.root / "work" / "shared").iterdir())})
-        tree = seen[-1]["shared"][0] / "tree"
-        seen[-1]["seed_bytes"] = _bytes(tree)
-        seen[-1]["modes"] = {p.stat().st_mode & 0o777 for p in tree.rglob("*") if p.is_file()}
+                     "shared": sorted(shared.iterdir()) if shared.is_dir() else []})
         if before_put is not None:
             before_put(step)
         return put(st, hf_dir, step=step, **kw)
 
+    unshare = WorkAreas.unshare
+
+    def unsharing(areas: WorkAreas, area: Any, tree: Digest) -> None:
+        # What the seed's one copy was when the run let it go: read-only, the seed's files.
+        copy = shared / tree.hex / "tree"
+        seen.append({"unshared": tree, "seed_bytes": _bytes(copy), "modes": {
+            p.stat().st_mode & 0o777 for p in copy.rglob("*") if p.is_file()}})
+        unshare(areas, area, tree)
+
     monkeypatch.setattr(train_recipe, "put_checkpoint", watched)
+    monkeypatch.setattr(WorkAreas, "unshare", unsharing)
     return seen
-
-
-def _one_checkpoint_bytes(store: Store, result: Any) -> int:
-    """The bytes of one stored checkpoint's files, its published state, and a resume state of
-    the same size as the moments (what the work area keeps of one checkpoint, at most)."""
-    files = Digest.parse(store.get_record(result.outputs["checkpoint"])["files"])
-    entries = store.get_record(files)["entries"]
-    weights = sum(e["size"] for path, e in entries.items() if path.endswith(".safetensors"))
-    hf = sum(e["size"] for e in entries.values())
-    return hf + 4 * weights + (1 << 20)  # hf/, state.pt and state/ (2W each), a little more
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_work_area_keeps_only_the_latest_checkpoint(
-        trained: tuple[Store, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    store, recipe = trained
+        trained: tuple[Store, Path, dict[str, Digest]], monkeypatch: pytest.MonkeyPatch) -> None:
+    store, recipe, inputs = trained
     seen = _watch(monkeypatch, store)
     work = store.root / "work"
-    with Sampler(work) as sampler:
+    before = _bytes(store.root)
+    with Sampler(store.root) as sampler:
         (result,) = run_file(store, recipe)
     assert result.status == "succeeded"
-    assert [s["step"] for s in seen] == [2, 4, 6, 8]
-    for s in seen:
+    (unshared,) = [s for s in seen if "unshared" in s]
+    puts = [s for s in seen if "step" in s]
+    assert [s["step"] for s in puts] == [2, 4, 6, 8]
+    assert seen.index(unshared) == 0  # let go after the first update, before any checkpoint
+    for s in puts:
         # Every checkpoint before the one being stored has left the work area (the worker may
         # be writing a later one meanwhile), and so has a stored step's published state.
         assert [h for h in s["held"] if h.startswith("step-") and int(h[5:]) <= s["step"]] == [
             f"step-{s['step']:06d}"], s
         assert s["published"] in ([], [f"step-{s['step']:06d}"]), s
-        # The seed is read from the one shared copy, not copied into the run's scratch.
-        assert "base" not in s["scratch"] and len(s["shared"]) == 1, s
-    assert seen[0]["modes"] == {0o444}  # read-only: no run writes into another's seed
-    one = _one_checkpoint_bytes(store, result)
-    seed = seen[0]["seed_bytes"]
-    # At most the latest complete checkpoint and the one being written, beside the seed.
-    assert sampler.peak <= seed + 2 * one, (sampler.peak, seed, one)
-    assert sampler.peak > seed  # it did see the run's checkpoints
+        # One resume state, the latest checkpoint's, and none at the final step.
+        assert [h for h in s["states"] if int(h[5:]) <= s["step"]] == (
+            [] if s["step"] == 8 else [f"step-{s['step']:06d}"]), s
+        # The seed is read from the one shared copy, not copied into the run's scratch, and
+        # that copy went once the ranks had loaded it.
+        assert "base" not in s["scratch"] and s["shared"] == [], s
+    assert unshared["modes"] == {0o444}  # read-only: no run writes into another's seed
+    assert unshared["seed_bytes"] > 0
+    # Everything the run held under the store at once, its stored objects included, within
+    # what train declares to the scheduler's disk admission.
+    declared = disk_bytes(TRAIN, input_sizes(store, inputs))
+    grew = sampler.peak - before
+    assert 0 < grew <= declared, (grew, declared)
     assert [p.name for p in work.iterdir()] == [".lock"]  # the area and the seed's copy went
     steps = store.get_record(result.outputs["checkpoints"])["entries"]
     assert sorted(steps) == [f"step-{s:06d}" for s in (2, 4, 6, 8)]
@@ -144,8 +167,8 @@ def test_the_work_area_keeps_only_the_latest_checkpoint(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_run_interrupted_after_a_trim_resumes_to_the_same_checkpoints(
-        trained: tuple[Store, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    store, recipe = trained
+        trained: tuple[Store, Path, dict[str, Digest]], monkeypatch: pytest.MonkeyPatch) -> None:
+    store, recipe, _inputs = trained
 
     failing = {6}
 
@@ -162,12 +185,12 @@ def test_a_run_interrupted_after_a_trim_resumes_to_the_same_checkpoints(
     # Steps 2 and 4 were stored, and left once a later one was complete; 6 is not stored.
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000006"]
     assert (run_dir / COMMITTED_FILE).exists()
-    assert (store.root / "work" / "shared").is_dir()  # kept with the area, for the resume
+    assert not (store.root / "work" / "shared").exists()  # let go once loaded; a resume makes it
 
     seen.clear()
     (resumed,) = run_file(store, recipe)
     assert resumed.status == "succeeded" and not resumed.cached
-    assert [s["step"] for s in seen] == [6, 8]  # 2 and 4 came from committed.json
+    assert [s["step"] for s in seen if "step" in s] == [6, 8]  # 2 and 4: from committed.json
     journals = store.get_record(resumed.receipt)["journals"]
     assert [store.get_record(store.resolve(j))["resumed_from"] for j in journals] == [6]
 

@@ -75,6 +75,58 @@ def test_a_step_waits_while_the_disk_is_taken(store: Store, tmp_path: Path) -> N
     assert order == [("x", "running"), ("x", "done"), ("y", "running"), ("y", "done")]
 
 
+def test_a_step_waits_for_the_disk_running_steps_hold_rather_than_failing(
+        store: Store, tmp_path: Path) -> None:
+    # While x runs it holds disk, so what is free now is less than y's estimate, which the
+    # whole disk would hold: y waits for x to end (serialised), it does not fail.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    file = write(tmp_path, "two.toml", f"""
+        [[step]]
+        name = "x"
+        recipe = "probe"
+        params = {{ label = "x", hold = "{hold}", disk_gb = 6.0 }}
+        [[step]]
+        name = "y"
+        recipe = "probe"
+        params = {{ label = "y", hold = "{hold}", disk_gb = 6.0 }}
+        """)
+    fifos = {label: release_fifo(hold, label) for label in ("x", "y")}
+    events: list[StepEvent] = []
+    errors: list[BaseException] = []
+    held = threading.Event()  # x's files are on the disk
+
+    def seen(event: StepEvent) -> None:
+        events.append(event)
+        if event.step == "x" and event.state == "running":
+            held.set()
+
+    def free() -> Disk:
+        usable = 4.0 if held.is_set() else 10.0
+        return Disk(usable_gb=usable, free_gb=usable + 1)
+
+    def go() -> None:
+        try:
+            run_scheduled(store, file, Options(jobs=2, disk=free), on_event=seen)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    runner = threading.Thread(target=go)
+    runner.start()
+    try:
+        end = wait_running(fifos["x"])
+        assert not (hold / "y.json").exists()
+        assert [e.state for e in events if e.step == "y"] == ["waiting"]
+        held.clear()  # x's work area goes as it ends
+        os.close(end)
+        os.close(wait_running(fifos["y"]))
+    finally:
+        runner.join(timeout=300)
+    assert not errors, errors
+    order = [(e.step, e.state) for e in events if e.state in ("running", "done", "failed")]
+    assert order == [("x", "running"), ("x", "done"), ("y", "running"), ("y", "done")]
+
+
 def test_steps_that_fit_together_run_together(store: Store, tmp_path: Path) -> None:
     hold = tmp_path / "hold"
     hold.mkdir()
@@ -146,16 +198,42 @@ def test_a_step_whose_inputs_make_it_too_big_fails_once_they_are_known(
     assert [e.step for e in events if e.state == "running"] == ["a"]
 
 
-def test_train_declares_two_checkpoints_and_the_seed() -> None:
+def test_train_declares_its_checkpoints_the_seed_and_what_it_stores() -> None:
     w = 10**9  # a 1 GB seed
     params = TrainParams(steps=128, checkpoint_steps=(64, 128), publish_state=(64,))
     needs = needs_of("train", params, {"base": w})
-    # the seed's copy (W), step 64 with its published state (5W) and step 128 (3W)
+    # Writing step 128 (its files, W: no resume state at the final step) beside step 64 (W +
+    # 2W resume state + 2W published, if not yet stored) and what step 64 stored (W + 2W).
     assert needs.disk_gb == pytest.approx(9.0)
+    # Without a published state: step 64 (3W) beside the seed's copy (W) and what it stored
+    # (W), or writing step 128 (W) beside step 64 (3W) and what it stored (W).
     assert needs_of("train", TrainParams(steps=128, checkpoint_steps=(64, 128)),
-                    {"base": w}).disk_gb == pytest.approx(7.0)
+                    {"base": w}).disk_gb == pytest.approx(5.0)
+    # Every checkpoint but the final one keeps a resume state: more checkpoints, more held.
+    assert needs_of("train", TrainParams(steps=8, checkpoint_steps=(2, 4, 6)),
+                    {"base": w}).disk_gb == pytest.approx(3.0 + 3.0 + 2.0)
     assert needs_of("evaluate", _evaluate_params(), {"model": 3 * w}) == Needs(
         cores=1, disk_gb=3.0)
+
+
+def test_the_published_scale_trains_run_one_at_a_time_on_a_64_gib_disk() -> None:
+    # examples/cooperative-learning/qwen2.5-coder-1.5b.toml's header: W = 7.11 GB, a store of
+    # 4.95 GB before the run, 64 GiB under it. Each train fits the disk alone, so none fails at
+    # admission; two never fit at once, so the scheduler runs them one at a time.
+    import tomllib
+
+    file = tomllib.loads((REPO / "examples" / "cooperative-learning" /
+                          "qwen2.5-coder-1.5b.toml").read_text())
+    trains = [s for s in file["step"] if s["recipe"] == "train"]
+    assert len(trains) == 4 and all("publish_state" not in s["params"] for s in trains)
+    w = 7.11e9
+    needs = [needs_of("train", TrainParams(**s["params"]), {"base": int(w)}) for s in trains]
+    assert [n.disk_gb for n in needs] == pytest.approx([5 * w / GB] * 4)
+    total = 64 * 2**30
+    usable = (total - 4.95e9 - max(1e9, 0.02 * total)) / GB
+    space = Disk(usable_gb=usable, free_gb=usable + 1.37)
+    assert all(space.never_fits(n) is None for n in needs)
+    assert not space.fits(needs[1], [needs[0]])
 
 
 def _evaluate_params() -> Any:
