@@ -28,6 +28,8 @@ import json
 import os
 import re
 import shutil
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -249,6 +251,22 @@ def record_committed(output_dir: Path, step: int, oid: str) -> None:
     fsync_file(tmp)
     os.rename(tmp, path)
     fsync_dir(Path(output_dir))
+
+
+def await_stored(output_dir: Path, steps: Iterable[int], *, timeout: float) -> None:
+    """Return once ``committed.json`` lists every one of ``steps`` (the recipe stores each
+    checkpoint announced to it, then records it there); ``RecipeError`` after ``timeout``
+    seconds. The recipe is another process, and a rank has no channel from it but this file."""
+    wanted = set(steps)
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while not wanted <= read_committed(output_dir).keys():
+        if time.monotonic() > deadline:
+            missing = sorted(wanted - read_committed(output_dir).keys())
+            raise RecipeError(f"checkpoints at steps {missing} were not stored within "
+                              f"{timeout:g} s (checkpoint_timeout_seconds)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
 
 
 def trim(output_dir: Path, *, latest: int) -> None:

@@ -273,6 +273,10 @@ class WorkerSpec:
     """The training parameters."""
     run_key: str | None = None
     """Names the run for resume checks (e.g. the action ID); None: derived from the inputs."""
+    stored_before_next: bool = False
+    """Write a checkpoint only once every one announced before it is stored (``committed.json``
+    lists it): the work area then holds at most the latest stored checkpoint and the one being
+    written, whatever the storing costs, which is what train declares to disk admission."""
 
     def __post_init__(self) -> None:
         if not self.documents:
@@ -287,6 +291,7 @@ class WorkerSpec:
             "params": params_to_json(self.params),
             "tokenizer_dir": self.tokenizer_dir,
             "run_key": self.run_key,
+            "stored_before_next": self.stored_before_next,
         }
         return json.dumps(body, indent=1, sort_keys=True)
 
@@ -309,6 +314,7 @@ class WorkerSpec:
                 params=parse_params(TrainParams, body["params"], str(path)),
                 tokenizer_dir=body["tokenizer_dir"],
                 run_key=body.get("run_key"),
+                stored_before_next=bool(body.get("stored_before_next", False)),
             )
         except (KeyError, TypeError) as exc:
             raise InvalidInput(f"train spec {path} is incomplete: {exc}") from exc

@@ -111,7 +111,8 @@ def run(ctx: RunContext) -> RecipeResult:
         raise RecipeError("train runs through the runner, which gives it an action and a work area")
     run_dir = ctx.work_area / "run"
     spec = WorkerSpec(base_dir=str(base_dir), documents=(str(docs_file),), output_dir=str(run_dir),
-                      tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action))
+                      tokenizer_dir=str(tok_dir), params=p, run_key=str(ctx.action),
+                      stored_before_next=True)
     checkpoints = _stored_checkpoints(store, run_dir)
 
     def on_checkpoint(ready: CheckpointReady) -> None:

@@ -155,10 +155,12 @@ def train_rank(spec: WorkerSpec) -> None:
         else:
             optimizer.load_state_dict(state["optimizer"])
         restore_rng_state(state["rng"][rank], device)
+    announced: list[int] = []  # rank 0's checkpoints told to the recipe, which stores them
     if rank == 0:
         for completed in ckpt.completed_checkpoints(output_dir):
             _emit(CheckpointReady(step=completed.step, hf_dir=completed.hf_dir,
                                   state_file=completed.state_file, resumed=True))
+            announced.append(completed.step)
 
     def write(step: int, rng: list[dict[str, Any]], inner: list[Any] | None
               ) -> ckpt.CheckpointPaths:
@@ -172,6 +174,9 @@ def train_rank(spec: WorkerSpec) -> None:
                               "parameters": parameter_digest(model).hex()}
         published = (ckpt.published_state(model, optimizer, rng, step=step, world=world)
                      if step in params.publish_state else None)
+        if spec.stored_before_next:
+            # However slowly the recipe stores, the work area never holds a third checkpoint.
+            ckpt.await_stored(output_dir, announced, timeout=params.checkpoint_timeout_seconds)
         return ckpt.write_checkpoint(
             output_dir, step, model=model, tokenizer_dir=Path(spec.tokenizer_dir),
             # Nothing resumes a finished run: its work area holds no 2W of resume state for it.
@@ -179,6 +184,7 @@ def train_rank(spec: WorkerSpec) -> None:
         )
 
     def announce(step: int, hf_dir: Path, state_file: Path) -> None:
+        announced.append(step)
         _emit(CheckpointReady(step=step, hf_dir=hf_dir, state_file=state_file, resumed=False))
 
     if device.type == "cuda":

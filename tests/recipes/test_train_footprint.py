@@ -210,3 +210,20 @@ def test_a_stored_checkpoint_gone_from_the_store_is_named(tmp_path: Path) -> Non
         record_committed(tmp_path / "run", 4, str(gone))
         with pytest.raises(RecipeError, match="step 4 that an earlier run of this action stored"):
             train_recipe._stored_checkpoints(store, tmp_path / "run")
+
+
+def test_a_checkpoint_waits_for_the_earlier_ones_to_be_stored(tmp_path: Path) -> None:
+    import threading
+
+    from nscas.recipes.train.checkpoints import await_stored, record_committed
+
+    record_committed(tmp_path, 2, "blake3:" + "2" * 64)
+    await_stored(tmp_path, [], timeout=0)
+    await_stored(tmp_path, [2], timeout=0)
+    with pytest.raises(RecipeError, match=r"steps \[4\] were not stored within 0.05 s"):
+        await_stored(tmp_path, [2, 4], timeout=0.05)
+    # The recipe's process records step 4 while the rank waits: the wait ends then.
+    storing = threading.Thread(target=record_committed, args=(tmp_path, 4, "blake3:" + "4" * 64))
+    storing.start()
+    await_stored(tmp_path, [2, 4], timeout=600)
+    storing.join()

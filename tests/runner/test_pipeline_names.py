@@ -100,7 +100,7 @@ def test_set_is_part_of_the_action_as_if_written(probe: Recipe, home: Path) -> N
                            sets=("label=bare words", "probe.count=4"))
         assert store.get_record(solo.action)["params"] | {} == {
             "fail": "", "label": "bare words", "count": 4, "scale": 1.0, "hold": "", "cores": 1,
-            "gpus": 0, "gpu_memory_gb": 0.0}
+            "gpus": 0, "gpu_memory_gb": 0.0, "disk_gb": 0.0}
 
 
 @pytest.mark.parametrize(("args", "said"), [
