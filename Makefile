@@ -86,10 +86,11 @@ demo-system:
 # pytest-xdist workers: most tests wait on subprocesses, servers and the disk, so more workers
 # than cores pays. Each module (or class) runs on one worker, which makes its module-scoped
 # fixtures once, and the modules are handed out longest first, in the order tests/conftest.py
-# sorts them (hence --no-loadscope-reorder).
+# sorts them (hence --no-loadscope-reorder). --durations=30: the log names the slowest tests,
+# so a run that grew says where.
 TEST_WORKERS ?= 4
 test: lint system
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-store

@@ -31,7 +31,14 @@ from nscas.errors import (
     TagImmutable,
 )
 from nscas.objects import canonical, kinds
-from nscas.objects.chunks import INLINE_MAX, LEAF_MAX, ChunkFiles, Segment, plan_segments
+from nscas.objects.chunks import (
+    INLINE_MAX,
+    LEAF_MAX,
+    ChunkBackend,
+    ChunkFiles,
+    Segment,
+    plan_segments,
+)
 from nscas.objects.digests import Digest, Readable, blake3_hex, sha256_hex
 from nscas.store.backends import chunk_backend
 from nscas.store.bases import Hints, hints_from, width_hints
@@ -116,7 +123,8 @@ def _init_team_store(root: Path, config: StoreConfig | None) -> Store:
         c.close()
     if rev is not None and rev not in known_revisions():
         raise newer_schema(rev, root)
-    chunk_backend(root, config).ensure()
+    chunks = chunk_backend(root, config)
+    chunks.ensure()
     with _faults(root):
         upgrade_pg(config.database)
         root.mkdir(parents=True, exist_ok=True)
@@ -125,7 +133,7 @@ def _init_team_store(root: Path, config: StoreConfig | None) -> Store:
             tmp.write_text(render_config(config), encoding="utf-8")
             tmp.chmod(0o600)  # it may hold a password
             os.replace(tmp, root / CONFIG_NAME)
-    return Store(root, config=config)
+    return Store(root, config=config, chunks=chunks)
 
 
 class Store(StoreReader):
@@ -135,8 +143,8 @@ class Store(StoreReader):
     """
 
     def __init__(self, root: Path, *, readonly: bool = False,
-                 config: StoreConfig | None = _UNREAD) -> None:
-        super().__init__(root, config)
+                 config: StoreConfig | None = _UNREAD, chunks: ChunkBackend | None = None) -> None:
+        super().__init__(root, config, chunks=chunks)
         self.readonly = readonly
         if not readonly and not store_writable(root):
             self.close()

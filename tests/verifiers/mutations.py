@@ -245,14 +245,14 @@ def run_batch(cases: list[Case], root: Path, outside: Path) -> None:
 
 def batches(cases: list[Case], size: int) -> list[list[Case]]:
     """Cases grouped, up to ``size`` a group, by op and resealing, so that no two cases of a
-    group touch one file or one folder's new names."""
+    group touch one file or (but JSON edits, which add no name) one folder's new names."""
     groups: list[list[Case]] = []
     open_groups: dict[tuple[str, bool], list[list[Case]]] = {}
     for case in cases:
-        mine = {case.path, *case.touches}
-        folders = {p.rpartition("/")[0] for p in mine}
+        mine = {case.path.partition("#")[0], *case.touches}
+        folders = set() if case.op.startswith("json-") else {p.rpartition("/")[0] for p in mine}
         for group in open_groups.setdefault((case.op, case.resealed), []):
-            theirs = {p for c in group for p in (c.path, *c.touches)}
+            theirs = {p for c in group for p in (c.path.partition("#")[0], *c.touches)}
             if len(group) < size and not (mine & theirs) and case.op != "reorder" and not (
                     folders & {p.rpartition("/")[0] for p in theirs}):
                 group.append(case)

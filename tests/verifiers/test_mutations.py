@@ -5,8 +5,9 @@ the honest bundle passes.
 Cases run in-process through ``verify`` (a few through the real command), several of one
 operation on disjoint files at a time; a case whose path the batch's findings do not name is
 run again on its own, and must be named then. By default one file of each kind (top folder
-and extension) gets every operation; ``NSCAS_MUTATIONS=all`` gives every file every one
-(docs/verify.md has the numbers of both).
+and extension) gets every operation, and the JSON edits are of every member of the manifest
+and of one member of each JSON type in a trained model's configuration files;
+``NSCAS_MUTATIONS=all`` gives every file every one (docs/verify.md has the numbers of both).
 """
 
 from __future__ import annotations
@@ -94,6 +95,26 @@ def by_class(bundle: Path, cases: list[Case]) -> list[Case]:
     return [c for c in cases if c.path.partition("#")[0] in keep]
 
 
+def by_type(bundle: Path, cases: list[Case]) -> list[Case]:
+    """Every member of the manifest, which the verifier reads member by member; of a trained
+    model's configuration files, whose bytes its records pin whole, one member of each JSON
+    type (an edit is chosen by the value's type: a bool flipped, a number incremented ...)."""
+    if EVERY_FILE:
+        return cases
+    kept: list[Case] = []
+    seen: set[tuple[str, str, str]] = set()
+    for case in cases:
+        file, _, member = case.path.partition("#")
+        if file == "manifest.json":
+            kept.append(case)
+        elif file.startswith("models/clean-single/"):
+            value = json.loads((bundle / file).read_bytes())[member]
+            if (file, case.op, type(value).__name__) not in seen:
+                seen.add((file, case.op, type(value).__name__))
+                kept.append(case)
+    return kept
+
+
 def _report(name: str, tally: Tally) -> None:
     print(f"\n{name}: {tally.cases} cases, {tally.verifications} verifications, "
           f"{tally.findings} failed checks; by operation: {json.dumps(tally.by_op)}")
@@ -116,11 +137,10 @@ def test_every_layout_operation_is_named(demo: Demo, tmp_path: Path) -> None:
 
 
 def test_every_json_member_a_reader_sees_is_named(demo: Demo, tmp_path: Path) -> None:
-    cases = list(json_cases(demo.bundle))
-    if not EVERY_FILE:  # the manifest and a trained model's configuration
-        keep = {"manifest.json", "models/clean-single/"}
-        cases = [c for c in cases if any(c.path.startswith(k) for k in keep)]
+    cases = by_type(demo.bundle, list(json_cases(demo.bundle)))
     assert {c.op for c in cases} == {"json-change", "json-duplicate", "json-drop"}
+    assert any(c.path.startswith("manifest.json#") for c in cases)
+    assert any(c.path.startswith("models/clean-single/config.json#") for c in cases)
     tally = check_all(demo.bundle, cases, tmp_path / "work")
     _report("json", tally)
     assert not tally.missed, "\n".join(tally.missed[:20])
