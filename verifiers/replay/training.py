@@ -49,7 +49,8 @@ from ..training.journals import learning_rate
 from ..training.state import STATE_TENSORS, run_checkpoints, state_record_problems
 from .models import checkpoint_dir, encode_turns
 from .options import ReplayOptions
-from .step import Document, Group, ReplayStepError, Request, Settings, Update, compute
+from .step import compute
+from .stepio import Document, Group, ReplayStepError, Request, Settings, Update
 
 EXACT_WORLDS = (1, 2)
 """Worlds whose gradient all-reduce the replay reproduces exactly (scaling by 1/2 and one
