@@ -1,10 +1,15 @@
-"""How scheduled jobs end: a job's watch on its scheduler leaves the job's own exit status."""
+"""How scheduled jobs end: a job's watch on its scheduler leaves the job's own exit status,
+and a Ray task that never answers its kill does not hold the run."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+from pathlib import Path
+from typing import Any
 
+from nscas.runs.rayexec import _Task
 from tests.waiting import GENEROUS
 
 WATCHING = ("import sys; from nscas.runs.job import die_with; "
@@ -36,3 +41,35 @@ def test_a_job_ends_when_its_scheduler_closes_the_pipe() -> None:
         assert job.wait(timeout=GENEROUS) == -15  # SIGTERM: a job stops as a stopped one
     finally:
         job.kill()
+
+
+class _Unanswering:
+    """A Ray whose task never ends, cancelled or not (a lost node, a stuck raylet)."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[bool] = []
+        self.never = threading.Event()
+
+    def get(self, ref: Any) -> tuple[bytes, bytes]:
+        self.never.wait()
+        return b"", b""
+
+    def cancel(self, ref: Any, *, force: bool = False) -> None:
+        self.cancelled.append(force)
+
+
+def test_a_ray_task_that_never_ends_is_reported_and_let_go(tmp_path: Path) -> None:
+    ray = _Unanswering()
+    posted: list[dict[str, Any] | None] = []
+    task = _Task(ray, object(), posted.append, kill_wait_s=0.05)
+    follower = threading.Thread(target=task.follow, args=(tmp_path / "log",), daemon=True)
+    follower.start()
+    task.kill()  # returns: the run moves on
+    assert ray.cancelled == [True]
+    assert posted[-1] is None and isinstance(posted[0], dict)
+    assert "did not end within 0.05 s of its forced cancel" in posted[0]["message"]
+    assert "did not end" in task.why_ended()
+    ray.never.set()  # Ray answers at last: nothing more reaches the scheduler
+    follower.join(timeout=GENEROUS)
+    assert not follower.is_alive()
+    assert posted[-1] is None and len(posted) == 2
