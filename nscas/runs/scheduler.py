@@ -7,7 +7,8 @@ started), and otherwise starts as soon as a job slot and its declared resources
 (nscas.runs.resources: cores, GPUs, and for a step run on this machine the disk it estimates,
 beside the running steps' estimates, within the store's free disk) are free: any ready step
 that fits starts, those heading the longest chain of steps first (``by_priority``), as
-``python -m nscas.runs.job`` in a new process group, with its CPUs (affinity, thread count)
+a job in a new process group (forked by one warm server that imported the run's recipes
+once: nscas.runs.warm), with its CPUs (affinity, thread count)
 and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its one step through the runner, so
 actions, outputs and IDs are those of a sequential run; two jobs (or runs) of one action run
 it once (nscas.store.claims). A failed step stops the steps
@@ -48,6 +49,7 @@ from nscas.runs.resources import (
 )
 from nscas.runs.run_state import LOGS, RunStateFile
 from nscas.runs.runner import StepResult, cached_receipt, run_planned_step
+from nscas.runs.warm import WarmJobs
 from nscas.store.writer import Store
 
 STOP_GRACE_S = 10.0
@@ -209,7 +211,12 @@ class _Run:
         self.receipts: dict[str, Digest] = {}
         self.failed: dict[str, Digest | None] = {}
         self.stopped: list[str] = []
-        self.executor = options.executor or LocalProcesses()
+        # Steps run on this machine fork from one warm server (nscas.runs.warm), which imports
+        # the run's recipes once, not each job its own.
+        self.warm = (WarmJobs(sorted({item.recipe.run.__module__ for item in planned.steps}),
+                              self.logs / "warm.log")
+                     if options.executor is None else None)
+        self.executor = options.executor or LocalProcesses(self.warm)
         self.disk = _disk_of(store, options)
         """The disk steps may take now; None: steps are not admitted by disk."""
         self.sized: set[str] = set()
@@ -247,6 +254,8 @@ class _Run:
             self._stop_all()  # Ctrl-C, a kill of this run: no job outlives it
             raise
         finally:
+            if self.warm is not None:
+                self.warm.close()
             self.state.close()
         if self.failed or self.stopped:
             raise StepsFailed(self.failed, self.results, tuple(self.stopped))
