@@ -3,11 +3,11 @@ forks a job per step.
 
 A cold job (``python -m nscas.runs.job``) starts an interpreter and imports torch and
 transformers before its step does anything: seconds on every step of a pipeline, on the
-critical path too. ``WarmJobs`` starts one server (``python -m nscas.runs.warm``) on the first
-job of a run; the server imports the run's recipe modules and ``PRELOAD``, and then forks one
-job per step. The child takes a session of its own (its pid is its process group, as a cold
-job's), its log as stdout and stderr, the step's environment and thread count, and runs
-``nscas.runs.job.serve``, as a cold job does.
+critical path too. ``WarmJobs`` starts one server (``python -m nscas.runs.warm``) as a run
+begins (its imports overlap the run's planning); the server imports what jobs import (the
+registered recipes, ``PRELOAD``), and then forks one job per step. The child takes a session
+of its own (its pid is its process group, as a cold job's), its log as stdout and stderr, the
+step's environment and thread count, and runs ``nscas.runs.job.serve``, as a cold job does.
 
 Fork safety: the server starts no thread and only imports (it runs no torch operation, so no
 thread pool exists, and never touches CUDA), so every child starts from a process of one
@@ -17,8 +17,9 @@ Over a SOCK_SEQPACKET socket pair the scheduler sends one message a job: JSON (t
 number, its spec, its environment) with three descriptors (the write end of its events pipe,
 the read end of its watch pipe, its log). The server answers ``{"job": n, "pid": p}`` once it
 has forked it, and ``{"pid": p, "status": s}`` once that child has exited (``s`` as
-``subprocess`` gives a return code: negative for a signal). The server ends when its stdin
-(a pipe the scheduler holds) reaches end-of-file: at ``close`` or when the scheduler dies.
+``subprocess`` gives a return code: negative for a signal). The server ends at ``close``
+(SIGTERM), or when its stdin (a pipe the scheduler holds) reaches end-of-file: when the
+scheduler dies.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import importlib.metadata
 import itertools
 import json
 import os
@@ -36,28 +38,23 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 PRELOAD = ("torch", "transformers")
-"""Imported by the server where installed, beside the run's recipe modules: the recipes import
+"""Imported by the server where installed, beside the registered recipes: the recipes import
 them inside ``run`` (so that planning a run does not), and they are most of a cold start."""
 JOB_MODULES = ("nscas.runs.job", "nscas.runs.plans", "nscas.runs.runner",
                "nscas.signing.signatures", "nscas.store.writer")
 """What every job imports to run its step, whatever its recipe."""
 _MESSAGE_BYTES = 1 << 20
-_CLOSE_GRACE_S = 10.0
 
 
 class WarmJobs:
-    """The scheduler's side: starts the server on first use, forks jobs through it, and
-    follows their exits. Used from the scheduler's thread and its jobs' reader threads."""
+    """The scheduler's side: starts the server (``open``, else on first use), forks jobs
+    through it, and follows their exits. Used from the scheduler's thread and its jobs' reader threads."""
 
-    def __init__(self, preload: Sequence[str], log: Path) -> None:
-        self._preload = tuple(dict.fromkeys([*JOB_MODULES, *preload, *PRELOAD]))
-        self._log = log
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._server: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
@@ -65,6 +62,13 @@ class WarmJobs:
         self._numbers = itertools.count()
         self._waiting: dict[int, WarmJob] = {}  # by job number, until forked
         self._running: dict[int, WarmJob] = {}  # by pid, until reaped
+
+    def open(self) -> None:
+        """Start the server now (else with the first job): its imports run while this process
+        does other work."""
+        with self._lock:
+            if self._socket is None and not self._gone:
+                self._start_server()
 
     def start(self, spec_json: str, *, env: dict[str, str], events: int, watch: int,
               log: int) -> WarmJob | None:
@@ -86,31 +90,29 @@ class WarmJobs:
         return job if job.pid is not None else None
 
     def close(self) -> None:
-        """End the server (the jobs it forked are the scheduler's to end, each by its group)."""
+        """End the server, at once (the jobs it forked are the scheduler's to end, each by
+        its group, and are not the server's to wait for)."""
         with self._lock:
             server, sock, self._gone = self._server, self._socket, True
         if server is None or sock is None:
             return
+        server.terminate()  # it may be importing still: no need to wait for that
         if server.stdin is not None:
             server.stdin.close()
+        server.wait()
         sock.close()
-        try:
-            server.wait(timeout=_CLOSE_GRACE_S)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
     def _start_server(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # The server imports what this process does (its recipes above all), however this
         # process's path was made, as a cold job does.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._log.parent.mkdir(parents=True, exist_ok=True)
-        with self._log.open("ab") as out:
-            self._server = subprocess.Popen(
-                [sys.executable, "-m", "nscas.runs.warm", str(theirs.fileno()), *self._preload],
-                env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),), start_new_session=True)
+        # Its own output is nothing a run shows: a module it could not import is the job's to
+        # report, and without the server a job starts cold. Each job's output is its log.
+        self._server = subprocess.Popen(
+            [sys.executable, "-m", "nscas.runs.warm", str(theirs.fileno())], env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
         self._socket = ours
         threading.Thread(target=self._listen, args=(ours,), name="warm-jobs",
@@ -163,12 +165,10 @@ class WarmJob:
 
 
 def main(argv: list[str]) -> int:
-    """The server: import, then fork a job per message until stdin reaches end-of-file."""
+    """The server: import, then fork a job per message until stdin reaches end-of-file. A job
+    asked for while it is still importing is forked between two imports (it imports what it
+    needs that is not loaded yet itself): a first step that needs no torch waits for none."""
     sock = socket.socket(fileno=int(argv[1]))
-    for name in argv[2:]:
-        # A module that is not installed here is one no step of this run imports either.
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
@@ -176,24 +176,51 @@ def main(argv: list[str]) -> int:
     poller = select.poll()
     for fd in (sock.fileno(), sys.stdin.fileno(), wake_read):
         poller.register(fd, select.POLLIN)
-    while True:
-        for fd, _ in poller.poll():
-            if fd == sys.stdin.fileno() and not os.read(fd, 4096):
-                return 0  # the scheduler closed it, or is gone
-            if fd == wake_read:
-                os.read(wake_read, 4096)
-            if fd == sock.fileno():
-                message, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 3)
-                if not message:
-                    return 0
-                request = json.loads(message)
-                try:
-                    pid = _fork(request, fds, keep=(sock.fileno(), wake_read, wake_write))
-                finally:
-                    for received in fds:
-                        os.close(received)
-                sock.send(json.dumps({"job": request["job"], "pid": pid}).encode())
-        _reap(sock)
+    keep = (sock.fileno(), wake_read, wake_write)
+    for name in _preload():
+        # Not preloaded is only slower: the job imports the module itself, and reports it if
+        # it cannot (a module not installed, or one whose import fails).
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+        if not _serve(poller, sock, keep, timeout=0):
+            return 0
+    while _serve(poller, sock, keep, timeout=None):
+        pass
+    return 0
+
+
+def _preload() -> list[str]:
+    """What jobs import, lightest first: the job's own modules, every registered recipe, and
+    ``PRELOAD``."""
+    from nscas.runs.registry import ENTRY_POINT_GROUP
+
+    recipes = [ep.module for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    return list(dict.fromkeys([*JOB_MODULES, *recipes, *PRELOAD]))
+
+
+def _serve(poller: select.poll, sock: socket.socket, keep: tuple[int, ...], *,
+           timeout: int | None) -> bool:
+    """Fork what is asked for, tell what exited (waiting up to ``timeout`` ms for either);
+    whether to go on (the scheduler is still there)."""
+    wake_read = keep[1]
+    for fd, _ in poller.poll(timeout):
+        if fd == sys.stdin.fileno() and not os.read(fd, 4096):
+            return False  # the scheduler is gone
+        if fd == wake_read:
+            os.read(wake_read, 4096)
+        if fd == sock.fileno():
+            message, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 3)
+            if not message:
+                return False
+            request = json.loads(message)
+            try:
+                pid = _fork(request, fds, keep=keep)
+            finally:
+                for received in fds:
+                    os.close(received)
+            sock.send(json.dumps({"job": request["job"], "pid": pid}).encode())
+    _reap(sock)
+    return True
 
 
 def _reap(sock: socket.socket) -> None:

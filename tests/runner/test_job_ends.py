@@ -1,5 +1,6 @@
 """How scheduled jobs end: a job's watch on its scheduler leaves the job's own exit status,
-and a Ray task that never answers its kill does not hold the run."""
+and a Ray task that never answers its kill does not hold the run; and how a warm job starts:
+with its step's thread count though torch loaded before it."""
 
 from __future__ import annotations
 
@@ -73,3 +74,13 @@ def test_a_ray_task_that_never_ends_is_reported_and_let_go(tmp_path: Path) -> No
     follower.join(timeout=GENEROUS)
     assert not follower.is_alive()
     assert posted[-1] is None and len(posted) == 2
+
+
+def test_a_warm_job_takes_its_steps_thread_count_in_the_torch_it_inherits() -> None:
+    # torch loaded (as in the warm server) with two threads, then the step's environment.
+    code = ("import torch; torch.set_num_threads(2); from nscas.runs.warm import "
+            "_apply_thread_count; _apply_thread_count('1'); print(torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=GENEROUS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
