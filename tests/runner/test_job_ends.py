@@ -4,6 +4,7 @@ with its step's thread count though torch loaded before it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nscas.runs.rayexec import _Task
+from nscas.runs.warm import WarmJobs
 from tests.waiting import GENEROUS
 
 WATCHING = ("import sys; from nscas.runs.job import die_with; "
@@ -84,3 +86,25 @@ def test_a_warm_job_takes_its_steps_thread_count_in_the_torch_it_inherits() -> N
                           timeout=GENEROUS)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1"
+
+
+def test_without_its_warm_server_a_job_is_started_cold() -> None:
+    # WarmJobs.start answers None where the server is not there: the executor starts the job
+    # as ``python -m nscas.runs.job`` then.
+    closed = WarmJobs()
+    closed.close()
+    assert closed.start("{}", env={}, events=-1, watch=-1, log=-1) is None
+    killed = WarmJobs()
+    killed.open()
+    server = killed._server
+    assert server is not None
+    server.kill()
+    server.wait(timeout=GENEROUS)
+    read_end, write_end = os.pipe()
+    try:
+        assert killed.start("{}", env={}, events=write_end, watch=read_end,
+                            log=write_end) is None
+    finally:
+        killed.close()
+        os.close(read_end)
+        os.close(write_end)
