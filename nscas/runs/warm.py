@@ -10,8 +10,11 @@ of its own (its pid is its process group, as a cold job's), its log as stdout an
 step's environment and thread count, and runs ``nscas.runs.job.serve``, as a cold job does.
 
 Fork safety: the server starts no thread and only imports (it runs no torch operation, so no
-thread pool exists, and never touches CUDA), so every child starts from a process of one
-thread with no device state; CUDA_VISIBLE_DEVICES and the thread count are the child's own.
+torch thread pool exists, and never touches CUDA; the one thread an import starts, numpy's
+OpenBLAS pool, stops itself around a fork), so every child starts as a process of one thread
+with no device state; CUDA_VISIBLE_DEVICES and the thread count are the child's own. A child
+that ends while the server imports is told ended after that import (the server reaps
+between imports): only in a run's first seconds.
 
 Over a SOCK_SEQPACKET socket pair the scheduler sends one message a job: JSON (the job's
 number, its spec, its environment) with three descriptors (the write end of its events pipe,
