@@ -7,8 +7,8 @@ started), and otherwise starts as soon as a job slot and its declared resources
 (nscas.runs.resources: cores, GPUs, and for a step run on this machine the disk it estimates,
 beside the running steps' estimates, within the store's free disk) are free: any ready step
 that fits starts, those heading the longest chain of steps first (``by_priority``), as
-a job in a new process group (forked by one warm server that imported the run's recipes
-once: nscas.runs.warm), with its CPUs (affinity, thread count)
+a job in a new process group (forked by one warm server per run that imported the recipes,
+torch and transformers once: nscas.runs.warm), with its CPUs (affinity, thread count)
 and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its one step through the runner, so
 actions, outputs and IDs are those of a sequential run; two jobs (or runs) of one action run
 it once (nscas.store.claims). A failed step stops the steps
