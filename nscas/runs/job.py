@@ -161,23 +161,32 @@ def _stop_on_term(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
-def _die_with_parent() -> None:
+def die_with(fd: int) -> None:
     """End this job when the scheduler that started it dies (even by SIGKILL), so that no job
-    outlives its run: the scheduler holds the write end of this process's stdin and never
-    writes, so a read returns end-of-file exactly when it is gone."""
+    outlives its run: the scheduler holds the write end of the pipe ``fd`` reads and never
+    writes, so a read returns end-of-file exactly when it is gone. The watch reads the raw
+    descriptor: a daemon thread blocked in a buffered ``sys.stdin`` read holds that buffer's
+    lock, and the interpreter's exit, flushing stdin, then dies with "Fatal Python error:
+    _enter_buffered_busy" (exit status 134) instead of returning the job's own."""
 
     def watch() -> None:
-        sys.stdin.buffer.read()
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError:  # the descriptor is gone: nothing to watch
+            return
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="scheduler-watch", daemon=True).start()
 
 
-def main(argv: list[str]) -> int:
-    spec = JobSpec.from_json(argv[1])
+def serve(spec: JobSpec, *, watch: int) -> int:
+    """Run ``spec`` as this process's one job (its signals, its CPUs, its events), ending it
+    if the pipe ``watch`` reads reaches end-of-file; the job's exit status. Shared by a cold
+    job process (``main``) and one forked warm (nscas.runs.warm)."""
     signal.signal(signal.SIGTERM, _stop_on_term)
     signal.signal(signal.SIGINT, _stop_on_term)
-    _die_with_parent()
+    die_with(watch)
     if spec.cores:
         os.sched_setaffinity(0, spec.cores)
     events = Events(os.fdopen(spec.events, "w", encoding="utf-8"))
@@ -185,6 +194,10 @@ def main(argv: list[str]) -> int:
     events.send({"event": "outcome",
                  "pickle": base64.b64encode(pickle.dumps(outcome)).decode("ascii")})
     return outcome.exit_code
+
+
+def main(argv: list[str]) -> int:
+    return serve(JobSpec.from_json(argv[1]), watch=sys.stdin.fileno())
 
 
 if __name__ == "__main__":

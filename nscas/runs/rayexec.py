@@ -50,6 +50,8 @@ LOG_TAIL_BYTES = 1 << 20
 """The most of a task's output brought back to its log (its end)."""
 RELAY_WAIT_S = 1.0
 """How long the scheduler's side waits for one event before it looks whether the run ended."""
+KILL_WAIT_S = 60.0
+"""How long ``kill`` waits for a force-cancelled task to end before it reports it and moves on."""
 
 
 class RayMissing(NscasError):
@@ -217,8 +219,10 @@ class RayCluster:
 
 
 class _Task:
-    def __init__(self, ray: Any, ref: Any, post: Post) -> None:
+    def __init__(self, ray: Any, ref: Any, post: Post, *,
+                 kill_wait_s: float = KILL_WAIT_S) -> None:
         self._ray, self._ref, self._post = ray, ref, post
+        self._kill_wait_s = kill_wait_s
         self._why = "the Ray task ended"
         self._ended = threading.Event()
         self._posting = threading.Lock()  # no event after the end
@@ -249,6 +253,8 @@ class _Task:
             with log.open("ab") as out:
                 out.write(text)
         with self._posting:
+            if self._ended.is_set():
+                return  # given up on by ``kill``: the scheduler has moved on
             if outcome is not None:
                 self._post({"event": "outcome",
                             "pickle": base64.b64encode(outcome).decode("ascii")})
@@ -267,7 +273,18 @@ class _Task:
     def kill(self) -> None:
         if not self._ended.is_set():
             self._ray.cancel(self._ref, force=True)  # ends its worker
-        self._ended.wait()
+        if self._ended.wait(self._kill_wait_s):
+            return
+        # Ray did not answer for the cancelled task (a lost node, a stuck raylet): the run
+        # does not wait on it for ever. Say so, and end the step here.
+        with self._posting:
+            if self._ended.is_set():
+                return
+            self._why = (f"the Ray task did not end within {self._kill_wait_s:g} s of its "
+                         "forced cancel; left to Ray")
+            self._post({"event": "note", "message": self._why})
+            self._ended.set()
+            self._post(None)
 
     def why_ended(self) -> str:
         return self._why

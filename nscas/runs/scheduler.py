@@ -7,7 +7,8 @@ started), and otherwise starts as soon as a job slot and its declared resources
 (nscas.runs.resources: cores, GPUs, and for a step run on this machine the disk it estimates,
 beside the running steps' estimates, within the store's free disk) are free: any ready step
 that fits starts, those heading the longest chain of steps first (``by_priority``), as
-``python -m nscas.runs.job`` in a new process group, with its CPUs (affinity, thread count)
+a job in a new process group (forked by one warm server per run that imported the recipes,
+torch and transformers once: nscas.runs.warm), with its CPUs (affinity, thread count)
 and GPUs (``CUDA_VISIBLE_DEVICES``) given. Each job runs its one step through the runner, so
 actions, outputs and IDs are those of a sequential run; two jobs (or runs) of one action run
 it once (nscas.store.claims). A failed step stops the steps
@@ -48,6 +49,7 @@ from nscas.runs.resources import (
 )
 from nscas.runs.run_state import LOGS, RunStateFile
 from nscas.runs.runner import StepResult, cached_receipt, run_planned_step
+from nscas.runs.warm import WarmJobs
 from nscas.store.writer import Store
 
 STOP_GRACE_S = 10.0
@@ -148,6 +150,23 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
                   on_event: Callable[[StepEvent], None] | None = None) -> list[StepResult]:
     """Run the file's chosen steps at most ``options.jobs`` at once; their results in the order
     they ended. Raises ``StepsFailed`` (after every job has ended) if a step failed."""
+    # Steps run on this machine fork from one warm server (nscas.runs.warm), started first so
+    # that its imports overlap the planning.
+    warm = WarmJobs() if options.executor is None else None
+    try:
+        if warm is not None:
+            warm.open()
+        return _plan_and_run(store, path, options, warm, rerun=rerun, sets=sets, only=only,
+                             start=start, name=name, sign_key=sign_key, on_event=on_event)
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+def _plan_and_run(store: Store, path: Path, options: Options, warm: WarmJobs | None, *,
+                  rerun: bool, sets: tuple[str, ...], only: tuple[str, ...], start: str | None,
+                  name: str | None, sign_key: Path | None,
+                  on_event: Callable[[StepEvent], None] | None) -> list[StepResult]:
     planned = plan_file(store, path, sets=sets, only=only, start=start, name=name)
     chosen = planned.names
     deps = {item.step.name: {ref[0] for v in item.step.inputs.values()
@@ -170,7 +189,7 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
     for step_name in chosen:
         emit(StepEvent(step=step_name, state="waiting"))
     run = _Run(store, path, planned, options, pool, needs, deps, emit, rerun=rerun, sets=sets,
-               name=name, sign_key=sign_key)
+               name=name, sign_key=sign_key, warm=warm)
     return run.go(by_priority(chosen, deps))
 
 
@@ -187,7 +206,7 @@ class _Run:
     def __init__(self, store: Store, path: Path, planned: RunPlan, options: Options,
                  pool: Pool, needs: Mapping[str, Needs], deps: Mapping[str, set[str]],
                  emit: Callable[[StepEvent], None], *, rerun: bool, sets: tuple[str, ...],
-                 name: str | None, sign_key: Path | None) -> None:
+                 name: str | None, sign_key: Path | None, warm: WarmJobs | None) -> None:
         self.store, self.path, self.options, self.pool = store, path, options, pool
         self.planned = planned
         self.items: dict[str, Planned] = {item.step.name: item for item in planned.steps}
@@ -209,7 +228,7 @@ class _Run:
         self.receipts: dict[str, Digest] = {}
         self.failed: dict[str, Digest | None] = {}
         self.stopped: list[str] = []
-        self.executor = options.executor or LocalProcesses()
+        self.executor = options.executor or LocalProcesses(warm)
         self.disk = _disk_of(store, options)
         """The disk steps may take now; None: steps are not admitted by disk."""
         self.sized: set[str] = set()

@@ -3,7 +3,9 @@
 ``run_training`` writes the worker spec into the output directory, runs
 ``python -m torch.distributed.run ... -m nscas.recipes.train.worker SPEC.json`` as a child
 process group, turns rank 0's progress lines into callbacks (on the caller's thread), and on
-failure stops every rank and raises one error naming the rank that failed first.
+failure stops every rank and raises one error naming the rank that failed first. One rank on
+the CPU (``trains_here``) runs in the caller's process instead: the same worker code, the
+same results, without two interpreters' start and imports.
 """
 
 from __future__ import annotations
@@ -23,12 +25,19 @@ from pathlib import Path
 from typing import IO
 
 import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore
 
 from nscas.errors import InvalidInput, RecipeError
 from nscas.recipes.common.lifetime import child_env
 from nscas.recipes.train.checkpoints import CheckpointPaths, completed_checkpoints
 from nscas.recipes.train.config import TrainParams, WorkerSpec
-from nscas.recipes.train.events import CheckpointReady, StepProgress, parse_event_line
+from nscas.recipes.train.events import (
+    CheckpointReady,
+    StepProgress,
+    WorkerEvent,
+    parse_event_line,
+)
 from nscas.recipes.train.protocol import (
     RankError,
     RankResult,
@@ -130,8 +139,7 @@ def run_training(
         environment["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     seen: set[int] = set()
 
-    def dispatch(line: str) -> None:
-        event = parse_event_line(line)
+    def dispatch(event: WorkerEvent | None) -> None:
         if isinstance(event, StepProgress) and on_progress is not None:
             on_progress(event)
         elif isinstance(event, CheckpointReady) and event.step not in seen:
@@ -139,12 +147,16 @@ def run_training(
             if on_checkpoint is not None:
                 on_checkpoint(event)
 
-    returncode, stderr_tail = _supervise(
-        launcher_command(spec_file, params), env=environment, dispatch=dispatch,
-        output_dir=output_dir, world=params.world, timeout=params.timeout_seconds,
-    )
-    if returncode != 0:
-        raise _failure(output_dir, params.world, returncode, stderr_tail)
+    if trains_here(params):
+        _train_here(spec, dispatch=dispatch, threads=environment.get("OMP_NUM_THREADS"))
+    else:
+        returncode, stderr_tail = _supervise(
+            launcher_command(spec_file, params), env=environment,
+            dispatch=lambda line: dispatch(parse_event_line(line)),
+            output_dir=output_dir, world=params.world, timeout=params.timeout_seconds,
+        )
+        if returncode != 0:
+            raise _failure(output_dir, params.world, returncode, stderr_tail)
 
     results = tuple(
         RankResult.read(result_path(output_dir, r))
@@ -159,6 +171,59 @@ def run_training(
         checkpoints=tuple(completed_checkpoints(output_dir)),
         journals=tuple(Path(r.journal) for r in results),
     )
+
+
+def trains_here(params: TrainParams) -> bool:
+    """Whether ``run_training`` runs the rank in its own process: one rank on this host's
+    CPU communicates with no one, so torch's launcher and a rank process (an interpreter, its
+    imports of torch and transformers: seconds) buy it nothing. Several ranks and GPUs go
+    through the launcher (a GPU rank sets up CUDA for determinism before CUDA starts, which
+    a process that may have used CUDA already cannot promise)."""
+    return params.world == 1 and params.nnodes == 1 and params.device == "cpu"
+
+
+class _CallerRaised(Exception):
+    """An exception of the caller's own callback, carried out of the rank unchanged."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(str(raised))
+        self.raised = raised
+
+
+def _train_here(spec: WorkerSpec, *, dispatch: Callable[[WorkerEvent], None],
+                threads: str | None) -> None:
+    """Rank 0 of 1 in this process, as the launcher's rank process would run it: the thread
+    count of the rank's environment (else one per core, a fresh torch's), its errors as the
+    launcher reports a rank's, the caller's callbacks' own exceptions unchanged; torch's
+    process-wide settings that the rank changes are put back after it."""
+    from nscas.recipes.train.worker import train_rank
+
+    def emit(event: WorkerEvent) -> None:
+        try:
+            dispatch(event)
+        except BaseException as exc:
+            raise _CallerRaised(exc) from exc
+
+    saved_threads = torch.get_num_threads()
+    saved_deterministic = torch.are_deterministic_algorithms_enabled()
+    saved_rng = torch.random.get_rng_state()
+    torch.set_num_threads(int(threads) if threads and threads.isdigit()
+                          else len(os.sched_getaffinity(0)))
+    try:
+        train_rank(spec, rank=0, world=1, local_rank=0, emit=emit,
+                   rendezvous={"store": HashStore(), "rank": 0, "world_size": 1})
+    except _CallerRaised as caller:
+        raise caller.raised from None
+    except InvalidInput as exc:
+        raise InvalidInput(f"training failed on rank 0: {exc.message}") from None
+    except Exception as exc:  # a rank's failure, reported as the launcher reports one
+        raise RecipeError(f"training failed on rank 0: {str(exc) or type(exc).__name__}") from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(saved_threads)
+        torch.use_deterministic_algorithms(saved_deterministic)
+        torch.random.set_rng_state(saved_rng)
 
 
 def _supervise(

@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidInput("usage: python -m nscas.recipes.train.worker SPEC.json")
         spec = WorkerSpec.read(Path(args[0]))
         output_dir = Path(spec.output_dir)
-        train_rank(spec)
+        train_rank(spec, rank=rank, world=int(os.environ["WORLD_SIZE"]),
+                   local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         return 0
     except Exception as exc:  # every failure is recorded for the launcher, then the rank exits
         if output_dir is not None and output_dir.is_dir():
@@ -97,12 +99,15 @@ def default_backend(device: torch.device, world: int) -> str:
     return "nccl" if device.type == "cuda" and world > 1 else "gloo"
 
 
-def train_rank(spec: WorkerSpec) -> None:
-    """Everything one rank does, from joining the process group to writing its result."""
+def train_rank(spec: WorkerSpec, *, rank: int, world: int, local_rank: int,
+               emit: Callable[[WorkerEvent], None] | None = None,
+               rendezvous: Mapping[str, Any] | None = None) -> None:
+    """Everything one rank does, from joining the process group to writing its result.
+    Rank 0's events go to ``emit`` (default: its progress lines on stdout); the group meets
+    as ``rendezvous`` says (``init_process_group``'s store, rank and world size: one rank in
+    its caller's process), else as torch's launcher set it up in the environment."""
+    send = emit or _emit
     params = spec.params
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world != params.world:
         raise RecipeError(f"launched with {world} ranks but params.world is {params.world}")
     device = select_device(params.device, local_rank, deterministic=params.deterministic)
@@ -115,6 +120,7 @@ def train_rank(spec: WorkerSpec) -> None:
         backend,
         timeout=timedelta(seconds=params.timeout_seconds),
         device_id=device if backend == "nccl" else None,
+        **(rendezvous or {}),
     )
     control = dist.new_group(
         backend="gloo", timeout=timedelta(seconds=params.checkpoint_timeout_seconds)
@@ -158,8 +164,8 @@ def train_rank(spec: WorkerSpec) -> None:
     announced: list[int] = []  # rank 0's checkpoints told to the recipe, which stores them
     if rank == 0:
         for completed in ckpt.completed_checkpoints(output_dir):
-            _emit(CheckpointReady(step=completed.step, hf_dir=completed.hf_dir,
-                                  state_file=completed.state_file, resumed=True))
+            send(CheckpointReady(step=completed.step, hf_dir=completed.hf_dir,
+                                 state_file=completed.state_file, resumed=True))
             announced.append(completed.step)
 
     def write(step: int, rng: list[dict[str, Any]], inner: list[Any] | None
@@ -185,11 +191,11 @@ def train_rank(spec: WorkerSpec) -> None:
 
     def announce(step: int, hf_dir: Path, state_file: Path) -> None:
         announced.append(step)
-        _emit(CheckpointReady(step=step, hf_dir=hf_dir, state_file=state_file, resumed=False))
+        send(CheckpointReady(step=step, hf_dir=hf_dir, state_file=state_file, resumed=False))
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    reporter = _Reporter(params.steps, enabled=rank == 0)
+    reporter = _Reporter(params.steps, emit=send if rank == 0 else None)
     with Journal(journal_path(output_dir, rank)) as journal:
         if start_step or journal.entries:
             # An earlier session of this run left a journal: say where this one takes over.
@@ -227,17 +233,17 @@ def _resume_outer(state: dict[str, Any], outer: OuterStep, model: torch.nn.Modul
 class _Reporter:
     """Rank 0's progress lines: step, loss, tokens per second and an ETA."""
 
-    def __init__(self, steps: int, *, enabled: bool) -> None:
+    def __init__(self, steps: int, *, emit: Callable[[WorkerEvent], None] | None) -> None:
         self.steps = steps
         self.seconds: list[float] = []
-        self.enabled = enabled
+        self.emit = emit
 
     def step(self, record: StepRecord) -> None:
         self.seconds.append(record.seconds)
-        if not self.enabled:
+        if self.emit is None:
             return
         mean = sum(self.seconds) / len(self.seconds)
-        _emit(StepProgress(
+        self.emit(StepProgress(
             step=record.step,
             steps=self.steps,
             loss=record.loss,

@@ -84,3 +84,19 @@ def test_training_runs_from_a_directory_holding_a_checkout(
                      steps=1, batch=2, world=1, warmup=0, checkpoint_steps=(1,))
     outcome = run_training(spec, env=THREADS)
     assert [c.step for c in outcome.checkpoints] == [1]
+
+
+def test_one_cpu_rank_trains_in_the_callers_process(tiny: tuple[Path, Path, Path]) -> None:  # noqa: F811
+    # No launcher and no rank interpreter to start: the rank runs here, as it would there.
+    from nscas.recipes.train.launch import run_training
+
+    root, tokenizer, base = tiny
+    docs = make_documents(4, seed=7, lengths=(20, 30))
+    spec = make_spec(root, docs=docs, base=base, tokenizer=tokenizer, out="here",
+                     steps=2, batch=2, world=1, warmup=0, checkpoint_steps=(2,))
+    others: list[list[int]] = []
+    outcome = run_training(spec, env=THREADS,
+                           on_progress=lambda _: others.append(_processes_naming(spec.output_dir)))
+    assert others == [[], []]  # at each update, no process but this one works on the run
+    assert [r.rank for r in outcome.results] == [0]
+    assert [c.step for c in outcome.checkpoints] == [2]

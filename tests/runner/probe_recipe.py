@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,10 @@ def _hold(where: Path, label: str) -> None:
     facts = {"pid": os.getpid(), "pgid": os.getpgid(0),
              "cores": sorted(os.sched_getaffinity(0)),
              "threads": os.environ.get("OMP_NUM_THREADS"),
-             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "parent": os.getppid(),
+             # torch's own count, where this process has torch (a warm job's server loaded it)
+             "torch_threads": (sys.modules["torch"].get_num_threads()
+                               if "torch" in sys.modules else None)}
     with (where / f"{label}.json").open("a") as f:
         f.write(json.dumps(facts) + "\n")
     release = where / f"{label}.release"

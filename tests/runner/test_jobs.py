@@ -146,6 +146,10 @@ def test_ready_steps_run_at_once_each_with_its_cores(tmp_path: Path, site: Path)
         if len(os.sched_getaffinity(0)) >= 2:
             assert len(x["cores"]) == 1 and x["cores"] != y["cores"]
         assert x["threads"] == y["threads"] == "1"
+        # Forked by the run's warm server (nscas.runs.warm); where it had loaded torch before
+        # this step's environment existed, the step's thread count is torch's own all the same.
+        assert x["parent"] == y["parent"] != run.pid
+        assert x["torch_threads"] in (None, 1) and y["torch_threads"] in (None, 1)
         for end in ends:
             os.close(end)
         out, err = communicate(run, "the run of two jobs")

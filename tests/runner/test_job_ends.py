@@ -1,0 +1,110 @@
+"""How scheduled jobs end: a job's watch on its scheduler leaves the job's own exit status,
+and a Ray task that never answers its kill does not hold the run; and how a warm job starts:
+with its step's thread count though torch loaded before it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from nscas.runs.rayexec import _Task
+from nscas.runs.warm import WarmJobs
+from tests.waiting import GENEROUS
+
+WATCHING = ("import sys; from nscas.runs.job import die_with; "
+            "die_with(sys.stdin.fileno()); sys.exit(3)")
+
+
+def test_a_job_watching_its_stdin_pipe_exits_with_its_own_status() -> None:
+    # The scheduler holds the pipe open for the job's whole life, so it is open at the exit.
+    job = subprocess.Popen([sys.executable, "-c", WATCHING], stdin=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    try:
+        code = job.wait(timeout=GENEROUS)
+        assert job.stderr is not None
+        err = job.stderr.read().decode()
+    finally:
+        assert job.stdin is not None
+        job.stdin.close()
+        job.kill()
+    assert "Fatal Python error" not in err
+    assert code == 3, err
+
+
+def test_a_job_ends_when_its_scheduler_closes_the_pipe() -> None:
+    held = "import sys, time; from nscas.runs.job import die_with; die_with(0); time.sleep(600)"
+    job = subprocess.Popen([sys.executable, "-c", held], stdin=subprocess.PIPE)
+    try:
+        assert job.stdin is not None
+        job.stdin.close()  # as when the scheduler dies
+        assert job.wait(timeout=GENEROUS) == -15  # SIGTERM: a job stops as a stopped one
+    finally:
+        job.kill()
+
+
+class _Unanswering:
+    """A Ray whose task never ends, cancelled or not (a lost node, a stuck raylet)."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[bool] = []
+        self.never = threading.Event()
+
+    def get(self, ref: Any) -> tuple[bytes, bytes]:
+        self.never.wait()
+        return b"", b""
+
+    def cancel(self, ref: Any, *, force: bool = False) -> None:
+        self.cancelled.append(force)
+
+
+def test_a_ray_task_that_never_ends_is_reported_and_let_go(tmp_path: Path) -> None:
+    ray = _Unanswering()
+    posted: list[dict[str, Any] | None] = []
+    task = _Task(ray, object(), posted.append, kill_wait_s=0.05)
+    follower = threading.Thread(target=task.follow, args=(tmp_path / "log",), daemon=True)
+    follower.start()
+    task.kill()  # returns: the run moves on
+    assert ray.cancelled == [True]
+    assert posted[-1] is None and isinstance(posted[0], dict)
+    assert "did not end within 0.05 s of its forced cancel" in posted[0]["message"]
+    assert "did not end" in task.why_ended()
+    ray.never.set()  # Ray answers at last: nothing more reaches the scheduler
+    follower.join(timeout=GENEROUS)
+    assert not follower.is_alive()
+    assert posted[-1] is None and len(posted) == 2
+
+
+def test_a_warm_job_takes_its_steps_thread_count_in_the_torch_it_inherits() -> None:
+    # torch loaded (as in the warm server) with two threads, then the step's environment.
+    code = ("import torch; torch.set_num_threads(2); from nscas.runs.warm import "
+            "_apply_thread_count; _apply_thread_count('1'); print(torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=GENEROUS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+
+
+def test_without_its_warm_server_a_job_is_started_cold() -> None:
+    # WarmJobs.start answers None where the server is not there: the executor starts the job
+    # as ``python -m nscas.runs.job`` then.
+    closed = WarmJobs()
+    closed.close()
+    assert closed.start("{}", env={}, events=-1, watch=-1, log=-1) is None
+    killed = WarmJobs()
+    killed.open()
+    server = killed._server
+    assert server is not None
+    server.kill()
+    server.wait(timeout=GENEROUS)
+    read_end, write_end = os.pipe()
+    try:
+        assert killed.start("{}", env={}, events=write_end, watch=read_end,
+                            log=write_end) is None
+    finally:
+        killed.close()
+        os.close(read_end)
+        os.close(write_end)
