@@ -70,6 +70,12 @@ class Base:
 
     id: Digest
     load: Callable[[], bytes]
+    stream: Callable[[int], bytearray | None] | None = None
+    """Its plane stream for a width W, decoded but not checked against its ID, or None where
+    its codec has none of that width: a delta then XORs the two streams and un-planes once
+    (planes of a XOR b = planes of a XOR planes of b). Safe unchecked because the delta's own
+    plain bytes are checked, and they are wrong if the base's are; only then is ``load`` used,
+    to say which of the two is corrupt (:func:`nscas.objects.chunks.check_plain`)."""
 
 
 # ----------------------------------------------------------------- the plane stream
@@ -84,7 +90,9 @@ def planes(data: bytes | bytearray | memoryview, w: int) -> bytes:
     q = n // w
     arr = np.frombuffer(data, dtype=np.uint8)
     out = np.empty(n, dtype=np.uint8)
-    out[:q * w].reshape(w, q)[:] = arr[:q * w].reshape(q, w).T
+    rows, grid = out[:q * w].reshape(w, q), arr[:q * w].reshape(q, w)
+    for k in range(w):  # a plane at a time: about 4 x faster than one strided transpose
+        rows[k] = grid[:, k]
     out[q * w:] = arr[q * w:]
     return out.tobytes()
 
@@ -101,7 +109,9 @@ def unplanes(stream: bytes | bytearray | memoryview, w: int) -> bytearray:
     q = n // w
     src = np.frombuffer(stream, dtype=np.uint8)
     dst = np.frombuffer(out, dtype=np.uint8)
-    dst[:q * w].reshape(q, w)[:] = src[:q * w].reshape(w, q).T
+    grid, rows = dst[:q * w].reshape(q, w), src[:q * w].reshape(w, q)
+    for k in range(w):  # a plane at a time: about 4 x faster than one strided transpose
+        grid[:, k] = rows[k]
     dst[q * w:] = src[q * w:]
     return out
 
