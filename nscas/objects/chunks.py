@@ -309,7 +309,7 @@ def check_plain(data: bytes | bytearray | memoryview, oid: Digest, base: Base | 
 
 
 def plane_stream(stored: bytes, codec: str, oid: Digest, size: int, w: int, *,
-                 where: str = "", base: Base | None = None) -> bytearray | None:
+                 where: str = "", base: Base | None = None) -> memoryview | None:
     """The plane stream for width ``w`` of a leaf of ``size`` plain bytes held in memory as
     ``stored`` (``raw`` or ``zstd`` for W = 1, ``planesW``, or ``xorW`` with ``base`` its
     checked base row), bounded like every decode, not checked against its ID: the caller
@@ -324,7 +324,11 @@ def plane_stream(stored: bytes, codec: str, oid: Digest, size: int, w: int, *,
                      oid, where)
     if codec == "raw":
         data = capped.read(limit + 1)
-        return bytearray(data) if len(data) == limit else None  # wrong: the checked path says so
+        if len(data) != limit:
+            return None  # wrong: the checked path says how
+        out = codecs.buffer(limit)
+        out[:] = data
+        return out
     if not delta:
         return _inflate(capped, oid, limit, where)
     _check_header(capped, codec, oid, where, base)
@@ -470,7 +474,7 @@ def _frames(src: Readable) -> Readable:
 
 
 def _decode_planes(src: Readable, codec: str, oid: Digest, limit: int, where: str,
-                   base: Base | None, *, fast: bool = False) -> bytearray:
+                   base: Base | None, *, fast: bool = False) -> bytearray | memoryview:
     """The plain bytes of a ``planesW`` or ``xorW`` chunk (docs/format.md §5.5.1): the header
     checked against the row's base first, then a plane stream of exactly ``limit`` bytes
     decoded into one buffer, un-planed, and for a delta XORed with the base's plain bytes
@@ -519,13 +523,12 @@ def _check_header(capped: Readable, codec: str, oid: Digest, where: str,
                          f"blake3:{head.hex()} in the header of {where}", problem="bad-base")
 
 
-def _inflate(capped: Readable, oid: Digest, limit: int, where: str) -> bytearray:
+def _inflate(capped: Readable, oid: Digest, limit: int, where: str) -> memoryview:
     """The content of the zstd frames of ``capped``, exactly ``limit`` bytes, decoded straight
     into one buffer; one byte more is never inflated."""
     import zstandard
 
-    out = bytearray(limit)
-    view = memoryview(out)
+    out = view = codecs.buffer(limit)
     got = 0
     reader = _frames(capped)
     try:
@@ -542,7 +545,7 @@ def _inflate(capped: Readable, oid: Digest, limit: int, where: str) -> bytearray
     return out
 
 
-def _xor_frames(capped: Readable, stream: bytearray, oid: Digest, limit: int,
+def _xor_frames(capped: Readable, stream: memoryview, oid: Digest, limit: int,
                 where: str) -> None:
     """XOR the content of the zstd frames of ``capped`` (exactly ``limit`` bytes, block by
     block, never one more) into ``stream``."""
@@ -571,11 +574,11 @@ def _xor_frames(capped: Readable, stream: bytearray, oid: Digest, limit: int,
 
 
 def _unplane_stream(capped: Readable, codec: str, oid: Digest, limit: int,
-                    where: str) -> bytearray:
+                    where: str) -> memoryview:
     """The plain bytes of a plane stream of exactly ``limit`` bytes in zstd frames."""
     import zstandard
 
-    plain = bytearray(limit)
+    plain = codecs.buffer(limit)
     unplane = codecs.Unplaner(plain, codecs.width(codec))
     block = bytearray(min(_VERIFY_BLOCK, limit + 1) or 1)
     view = memoryview(block)
@@ -633,10 +636,14 @@ class _Capped(io.RawIOBase):
         return len(data)
 
     def read(self, n: int = -1) -> bytes:
-        size = self._left + 1 if n is None or n < 0 else n
-        buf = bytearray(min(size, self._left + 1, 1 << 20) if n is None or n < 0 else size)
-        got = self.readinto(buf)
-        return bytes(buf[:got])
+        # Straight from the source: a buffer filled, then copied to bytes, copies twice.
+        want = min(self._left + 1, 1 << 20) if n is None or n < 0 else min(n, self._left + 1)
+        data = self._src.read(want)
+        if len(data) > self._left:
+            raise IntegrityError(f"object {self._oid}", "stored bytes its size allows",
+                                 f"more in {self._where}")
+        self._left -= len(data)
+        return data
 
 
 def _written_before(path: Path, before: float) -> bool:
@@ -660,7 +667,7 @@ def _unlink(path: Path, before: float | None) -> bool:
     return True
 
 
-def _hash_hex(data: bytes | memoryview) -> str:
+def _hash_hex(data: bytes | bytearray | memoryview) -> str:
     threads = blake3.blake3.AUTO if len(data) >= (1 << 20) else 1
     return blake3.blake3(data, max_threads=threads).hexdigest()
 

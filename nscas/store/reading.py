@@ -336,7 +336,7 @@ class StoreReader:
         return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]),
                     stream=lambda w: self._plane_stream(found[0], found[1], found[2], w))
 
-    def _plane_stream(self, oid: Digest, codec: str, size: int, w: int) -> bytearray | None:
+    def _plane_stream(self, oid: Digest, codec: str, size: int, w: int) -> memoryview | None:
         """A chunk-file leaf's plane stream for width ``w``, unchecked (its user checks the
         bytes made of it), or None where its codec has none of that width."""
         if codecs.width(codec) != w:
