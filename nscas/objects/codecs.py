@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import zstandard
+
     from nscas.objects.digests import Digest
 
 HEADER = 32
@@ -32,11 +34,9 @@ MIN_SAVING = 0.03
 BUDGET_S = 2.0
 """Seconds of encoding per leaf after which no further candidate is tried."""
 _LEVEL = 3
-_LEVELS = (1, 3)
-"""zstd levels every plane is packed at, the smallest frame kept (§5.5.1 lets each frame have
-a level of its own)."""
-_DEEP_LEVEL = 9
+_DEEP_LEVEL = 9  # §5.5.1 lets each frame have a level of its own: see _smallest_frame
 _DEEP_BELOW = 0.35
+_NOISE = 0.95
 _SAMPLE = 64 << 10  # bytes of a large leaf tried first, to skip a candidate that cannot pay
 _SAMPLED = 4 * _SAMPLE  # leaves at least this large are sampled first
 
@@ -179,29 +179,34 @@ def pack_planes(data: bytes | bytearray | memoryview, w: int) -> bytes:
     (each plane's bytes alike, so each gets statistics and a level of its own,
     :func:`_smallest_frame`), the tail in the last; one plane copied at a time."""
     import numpy as np
+    import zstandard
 
+    # One compressor per level for all planes: each allocates its tables once, not per frame.
+    cctx = {lv: zstandard.ZstdCompressor(level=lv) for lv in (1, _LEVEL, _DEEP_LEVEL)}
     if w == 1:
-        return _smallest_frame(data)
+        return _smallest_frame(data, cctx)
     q = len(data) // w
     arr = np.frombuffer(data, dtype=np.uint8)
     grid = arr[:q * w].reshape(q, w)
-    frames = [_smallest_frame(np.ascontiguousarray(grid[:, k]).data) for k in range(w - 1)]
-    frames.append(_smallest_frame(np.concatenate([grid[:, w - 1], arr[q * w:]]).data))
+    frames = [_smallest_frame(np.ascontiguousarray(grid[:, k]).data, cctx) for k in range(w - 1)]
+    frames.append(_smallest_frame(np.concatenate([grid[:, w - 1], arr[q * w:]]).data, cctx))
     return b"".join(frames)
 
 
-def _smallest_frame(plane: bytes | bytearray | memoryview) -> bytes:
-    """The smallest of a plane's zstd frames at the levels of :data:`_LEVELS`, and at
-    :data:`_DEEP_LEVEL` for a plane that packs below :data:`_DEEP_BELOW` of its size (the
-    exponent planes and a fine-tune's sparse residual: small, and quick to search deeper).
-    Measured on SmolLM2-135M (docs/benchmarks.md §10): zstd-1 packs exponent planes tighter
-    than zstd-3, and zstd-9 a BF16 child's residual 8 % tighter."""
-    import zstandard
-
-    best = min((zstandard.ZstdCompressor(level=lv).compress(plane) for lv in _LEVELS), key=len)
-    if len(best) < _DEEP_BELOW * len(plane):
-        deep = zstandard.ZstdCompressor(level=_DEEP_LEVEL).compress(plane)
-        best = deep if len(deep) < len(best) else best
+def _smallest_frame(plane: bytes | bytearray | memoryview,
+                    cctx: dict[int, zstandard.ZstdCompressor]) -> bytes:
+    """A plane's zstd frame: zstd-1 first, then the smaller of that and a second try where
+    one can pay: zstd-9 for a plane that packs below :data:`_DEEP_BELOW` of its size (exponent
+    planes, a fine-tune's sparse residual: quick to search deeper), zstd-3 for one between that
+    and :data:`_NOISE` (a plane above is near-random mantissa bytes: no level packs it). On
+    SmolLM2-135M (docs/benchmarks.md §10) zstd-1 packs exponent planes tighter than zstd-3, and
+    zstd-9 a BF16 child's residual 8 % tighter."""
+    best = cctx[1].compress(plane)
+    ratio = len(best) / max(len(plane), 1)
+    if ratio < _NOISE:
+        level = _DEEP_LEVEL if ratio < _DEEP_BELOW else _LEVEL
+        again = cctx[level].compress(plane)
+        best = again if len(again) < len(best) else best
     return best
 
 
