@@ -10,7 +10,8 @@ scripts/get-smollm2 then ``nscas get``) and a child trained from it for a few CP
            (XOR with the parent's tensor, byte planes, zstd-3 over each tensor)
   bf16     the same two for the seed and the child saved in BF16
   push     bytes a push of the child sends to a store that holds the seed / raw child
-  get      nscas get of the delta-coded child vs the same child stored raw (speed ratio)
+  get      nscas get of the delta-coded child vs the same child stored raw (speed ratio, wall
+           and CPU), and a checkpoint load (get, then safetensors' load_file) the same way
 
 The reference methods are computed here with numpy and zstandard alone, not the store's code.
 """
@@ -18,6 +19,7 @@ The reference methods are computed here with numpy and zstandard alone, not the 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import struct
 import time
@@ -171,6 +173,7 @@ def bench_codecs(work: Path, seed: Path, *, steps: int, runs: int) -> dict[str, 
               f"{child_raw >> 20} MiB of tensors)")
     out["push"] = _push(work, seed, child)
     out["get"] = _get(work, seed, child, runs=runs)
+    summary(out)
     return out
 
 
@@ -193,8 +196,17 @@ def _push(work: Path, seed: Path, child: Path) -> dict[str, float]:
     return {"sent": sent, "raw": raw, "ratio": sent / raw}
 
 
+def _cpu() -> float:
+    """User + system seconds of this process, every thread included."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
-    """nscas get (materialise) of the delta-coded child vs the same child stored raw."""
+    """nscas get (materialise) of the delta-coded child vs the same child stored raw, and a
+    checkpoint load (materialise, then safetensors' load_file of its weights), wall and CPU."""
+    from safetensors.numpy import load_file
+
     delta_root, raw_root = work / "get-delta", work / "get-raw"
     for r in (delta_root, raw_root):
         shutil.rmtree(r, ignore_errors=True)
@@ -209,17 +221,50 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
         finally:
             codecs.choose = real  # type: ignore[assignment]
         assert plain == tuned
-        times: dict[str, list[float]] = {"delta": [], "raw": []}
+        times: dict[str, list[tuple[float, float]]] = {
+            f"{op} {label}": [] for op in ("get", "load") for label in ("delta", "raw")}
         for i in range(runs):  # interleaved
-            for label, store in (("delta", ds), ("raw", rs)):
-                dest = work / f"got-{label}-{i}"
-                shutil.rmtree(dest, ignore_errors=True)
-                times[label].append(_timed(lambda s=store, d=dest: s.materialise(tuned, d)))
-                shutil.rmtree(dest)
+            for op in ("get", "load"):
+                for label, store in (("delta", ds), ("raw", rs)):
+                    dest = work / f"got-{label}-{i}"
+                    shutil.rmtree(dest, ignore_errors=True)
+                    t0, c0 = time.perf_counter(), _cpu()
+                    store.materialise(tuned, dest)
+                    if op == "load":
+                        load_file(dest / "model.safetensors")
+                    times[f"{op} {label}"].append((time.perf_counter() - t0, _cpu() - c0))
+                    shutil.rmtree(dest)
     finally:
         ds.close()
         rs.close()
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    print(f"get of the child: delta-coded {med['delta']:.2f} s, raw {med['raw']:.2f} s: speed "
-          f"{med['raw'] / med['delta']:.2f}x of raw (median of {runs}, warm page cache)")
-    return {"delta_s": med["delta"], "raw_s": med["raw"], "speed": med["raw"] / med["delta"]}
+    med = {k: (sorted(w for w, _ in v)[len(v) // 2], sorted(c for _, c in v)[len(v) // 2])
+           for k, v in times.items()}
+    out: dict[str, float] = {}
+    print(f"\n{'child, median of ' + str(runs):<26}{'wall s':>8}{'CPU s':>8}")
+    for key, (wall, cpu) in med.items():
+        print(f"{key:<26}{wall:>8.2f}{cpu:>8.2f}")
+        out[f"{key.replace(' ', '_')}_s"], out[f"{key.replace(' ', '_')}_cpu_s"] = wall, cpu
+    for op in ("get", "load"):
+        out[f"{op}_speed"] = med[f"{op} raw"][0] / med[f"{op} delta"][0]
+        out[f"{op}_cpu_speed"] = med[f"{op} raw"][1] / med[f"{op} delta"][1]
+        print(f"{op} of the delta-coded child: {out[f'{op}_speed']:.2f}x the speed of raw "
+              f"(wall), {out[f'{op}_cpu_speed']:.2f}x (CPU)")
+    return out
+
+
+def summary(out: dict[str, Any]) -> None:
+    """Every target of issue 41 beside its measured ratio, from one run."""
+    print("\n## codecs: targets (issue 41), this run")
+    rows = [("F32 dense base stored / raw", out["F32"]["dense"], "<= 0.86"),
+            ("F32 child / reference XOR", out["F32"]["child"] / out["F32"]["ref_child"]["xor"],
+             "<= 0.95"),
+            ("BF16 dense base stored / raw", out["BF16"]["dense"], "<= 0.86"),
+            ("BF16 child / reference XOR",
+             out["BF16"]["child"] / out["BF16"]["ref_child"]["xor"], "<= 0.95"),
+            ("push of the child: sent / raw", out["push"]["ratio"], "<= 0.65"),
+            ("get: speed delta / raw (wall)", out["get"]["get_speed"], ">= 0.7"),
+            ("get: speed delta / raw (CPU)", out["get"]["get_cpu_speed"], ""),
+            ("load: speed delta / raw (wall)", out["get"]["load_speed"], ">= 0.7"),
+            ("load: speed delta / raw (CPU)", out["get"]["load_cpu_speed"], "")]
+    for label, value, target in rows:
+        print(f"{label:<34}{value:>8.3f}  {target}")

@@ -38,7 +38,7 @@ from nscas.errors import (
     StoreError,
 )
 from nscas.objects import canonical, codecs
-from nscas.objects.chunks import ChunkBackend, ChunkFiles
+from nscas.objects.chunks import ChunkBackend, ChunkFiles, plane_stream
 from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest, DualHasher, blake3_hex, parse_prefix
 from nscas.store.backends import chunk_backend
@@ -336,7 +336,17 @@ class StoreReader:
             else:
                 size, named = arriving[1], arriving[0].hex if arriving[0] is not None else None
             found = _chain(c, oid, size, named)
-        return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]))
+        return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]),
+                    stream=lambda w: self._plane_stream(found[0], found[1], found[2], w))
+
+    def _plane_stream(self, oid: Digest, codec: str, size: int, w: int) -> memoryview | None:
+        """A chunk-file leaf's plane stream for width ``w``, unchecked (its user checks the
+        bytes made of it), or None where its codec has none of that width."""
+        if codecs.width(codec) != w:
+            return None
+        base = self.leaf_base(oid, codec) if codecs.is_delta(codec) else None
+        return plane_stream(self.chunks.read_stored(oid, size), codec, oid, size, w,
+                            where=self.chunks.location(oid), base=base)
 
     def _row_base(self, oid: Digest) -> Digest | None:
         with self._read(snapshot=False) as c:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import blake3
 
 from nscas.errors import IntegrityError, StoreError
-from nscas.objects.chunks import decode, decode_stream, plain_digest, read_capped
+from nscas.objects.chunks import check_plain, decode, decode_stream, plain_digest, read_capped
 from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest, is_hex_id
 from nscas.store.config import S3Settings
@@ -151,9 +151,7 @@ class S3Chunks:
         with contextlib.closing(self._get(oid)) as body:
             data = self._reading(lambda: decode_stream(body, codec, oid, size,
                                                        where=self.location(oid), base=base))
-        got = blake3.blake3(data).hexdigest()
-        if got != oid.hex:
-            raise IntegrityError(f"object {oid}", str(oid), f"blake3:{got}")
+        check_plain(data, oid, base)
         return data
 
     def read_stored(self, oid: Digest, size: int) -> bytes:

@@ -318,3 +318,17 @@ def test_put_checkpoint_with_a_base_stores_its_tensors_as_deltas(store: Store,
     assert store.get_bytes(weights) == data
     with pytest.raises(InvalidInput, match="not a checkpoint/1"):
         put_checkpoint(store, b.parent, step=4, parent=seed, base=files)
+
+
+@pytest.mark.parametrize("w", [2, 4])
+def test_each_plane_s_frame_is_at_most_its_zstd_3_frame_and_decodes_to_the_stream(w: int) -> None:
+    parent, child = _fine_tune(1 << 18)
+    for data in (parent, codecs.xor(child, parent)):
+        packed = codecs.pack_planes(data, w)
+        assert zstandard.ZstdDecompressor().stream_reader(
+            packed, read_across_frames=True).read() == codecs.planes(data, w)
+        stream = codecs.planes(data, w)
+        q = len(data) // w
+        cuts = [stream[k * q:(k + 1) * q] for k in range(w - 1)] + [stream[(w - 1) * q:]]
+        level_3 = sum(len(zstandard.ZstdCompressor(level=3).compress(c)) for c in cuts)
+        assert len(packed) <= 1.01 * level_3

@@ -41,7 +41,8 @@ def test_a_child_whose_parent_the_remote_has_sends_its_deltas_only(tmp_path: Pat
         second = transfer(a, b, str(child))
         entries = a.get_record(child)["entries"]
         raw_child = a.info(Digest.parse(entries["model.safetensors"]["id"])).size
-        assert second.bytes_sent < 0.85 * raw_child < first.bytes_sent
+        # The bound for the child (0.65 of raw); the parent, whole, sends more.
+        assert second.bytes_sent < 0.65 * raw_child < first.bytes_sent
         assert fsck(b, deep=True).ok
         out = tmp_path / "out"
         b.materialise(child, out)
