@@ -80,7 +80,7 @@ class Base:
     its codec has none of that width: a delta then XORs the two streams and un-planes once
     (planes of a XOR b = planes of a XOR planes of b). Safe unchecked because the delta's own
     plain bytes are checked, and they are wrong if the base's are; only then is ``load`` used,
-    to say which of the two is corrupt (:func:`nscas.objects.chunks.check_plain`)."""
+    to say which of the two is corrupt (:func:`nscas.objects.decoding.check_plain`)."""
 
 
 # ----------------------------------------------------------------- the plane stream

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from nscas.errors import CodecError, InvalidInput
 from nscas.objects import codecs
-from nscas.objects.chunks import Segment, tensor_layout
 from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest
+from nscas.objects.segments import Segment, tensor_layout
 from nscas.store.putting import NO_HINT, Hint
 
 if TYPE_CHECKING:

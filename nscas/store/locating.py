@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nscas.errors import InvalidInput, StoreError
+
+if TYPE_CHECKING:
+    import sqlite3
 
 STORE_DIR = ".nscas"
 DB_NAME = "nscas.db"
@@ -88,3 +92,27 @@ def check_ref_name(name: str) -> None:
         )
     if HEXISH.fullmatch(name):
         raise InvalidInput(f"invalid ref name {name!r}: it would read as an object ID prefix")
+
+
+def immutable_open_ok(root: Path, exc: sqlite3.Error) -> bool:
+    """Whether a read-only open that failed with ``exc`` may be retried ``immutable=1``.
+
+    A WAL-mode database is read through its ``-shm`` file, which SQLite creates when missing;
+    on a read-only mount (or a full disk) it cannot. ``immutable=1`` reads the database file
+    alone, with no locks: right only when no commit waits in the ``-wal`` file, and when no
+    writer has it open (every writer holds the ``-shm`` file, so none exists). A ``-wal`` with
+    commits in it is refused: read without them, the store would look older than it is.
+    """
+    if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_CANTOPEN", "SQLITE_IOERR_SHMSIZE"):
+        return False
+    db = root / DB_NAME
+    if Path(f"{db}-shm").exists():
+        return False
+    if getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN" and store_writable(root):
+        return False  # not for want of a -shm file
+    wal = Path(f"{db}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise StoreError(f"the store at {root} is read-only and commits wait in {wal.name}, which "
+                         f"SQLite cannot read without {db.name}-shm; open the store once where it "
+                         "is writable")
+    return True

@@ -20,9 +20,10 @@ import blake3
 
 from nscas.errors import StoreError
 from nscas.objects import codecs
-from nscas.objects.chunks import INLINE_MAX, ChunkBackend, Segment, split_ranges
+from nscas.objects.chunks import INLINE_MAX, ChunkBackend
 from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest, Readable, sha256_hex
+from nscas.objects.segments import Segment, split_ranges
 
 # Pieces whose read buffers are in flight, each up to TENSOR_SPLIT bytes: this bounds memory.
 WINDOW = 3

@@ -38,12 +38,14 @@ from nscas.errors import (
     StoreError,
 )
 from nscas.objects import canonical, codecs
-from nscas.objects.chunks import ChunkBackend, ChunkFiles, plane_stream
+from nscas.objects.chunks import ChunkBackend, ChunkFiles
 from nscas.objects.codecs import Base
+from nscas.objects.decoding import plane_stream
 from nscas.objects.digests import Digest, DualHasher, blake3_hex, parse_prefix
 from nscas.store.backends import chunk_backend
+from nscas.store.chains import delta_chain
 from nscas.store.config import StoreConfig, read_config
-from nscas.store.locating import DB_NAME, HEXISH, REF_NAME, store_writable
+from nscas.store.locating import DB_NAME, HEXISH, REF_NAME, immutable_open_ok
 from nscas.store.materialising import LeafReader, materialise
 from nscas.store.protocol import UNREAD, Unread
 from nscas.suggestions import did_you_mean
@@ -81,7 +83,7 @@ class StoreReader:
         """A team store's config (PostgreSQL + object storage); None for an SQLite store."""
         self.immutable = False
         """True when the database was opened ``immutable=1``: a read-only store without the
-        ``-shm`` file that a WAL-mode read needs (see :func:`_immutable_open`)."""
+        ``-shm`` file that a WAL-mode read needs (see :func:`nscas.store.locating.immutable_open_ok`)."""
         if self.config is not None:
             self._open_team_store(self.config, chunks)
             return
@@ -93,7 +95,7 @@ class StoreReader:
         try:
             self._check_revision()
         except sqlite3.Error as exc:
-            if not _immutable_open(root, exc):
+            if not immutable_open_ok(root, exc):
                 raise database_error(exc, root) from None
             self._pool = Pool(SqliteEngine.reader(db, root, immutable=True))
             self.immutable = True
@@ -335,7 +337,7 @@ class StoreReader:
                 size, named = row.size, row.base
             else:
                 size, named = arriving[1], arriving[0].hex if arriving[0] is not None else None
-            found = _chain(c, oid, size, named)
+            found = delta_chain(c, oid, size, named)
         return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]),
                     stream=lambda w: self._plane_stream(found[0], found[1], found[2], w))
 
@@ -362,7 +364,7 @@ class StoreReader:
                 raise NotFound(str(oid))
             if not codecs.is_delta(row.codec):
                 return 0
-            return _chain(c, oid, row.size, row.base)[3]
+            return delta_chain(c, oid, row.size, row.base)[3]
 
     def materialise(self, oid: Digest, dest: Path) -> None:
         """Write a blob to a new file, or a tree/1 to a new (or empty) directory; never
@@ -506,66 +508,3 @@ class StoreReader:
     def counts(self) -> dict[str, int]:
         with self._read() as c:
             return q.counts(c)
-
-
-def _chain(c: Connection, oid: Digest, size: int, named: str | None
-           ) -> tuple[Digest, str, int, int]:
-    """(base ID, its codec, its size, chain depth) of a delta of ``size`` plain bytes whose
-    row names ``named``: every base present, stored in a chunk file, of the same size, at most
-    :data:`codecs.CHAIN_MAX` deltas deep and never a cycle, or a :class:`CodecError` saying
-    which (``bad-base`` or ``bad-chain``)."""
-    if named is None:
-        raise CodecError(oid, "the base of a delta named by its row", "none", problem="bad-base")
-    seen = {oid.hex}
-    depth = 1
-    first: tuple[str, int] | None = None
-    at = named
-    while True:
-        if at in seen:
-            raise CodecError(oid, "a chain of deltas without a cycle",
-                             f"blake3:{at} twice in its chain", problem="bad-chain")
-        row = q.delta_row(c, at)
-        if row is None:
-            raise CodecError(oid, f"its base blake3:{at} in the store", "none",
-                             problem="bad-base")
-        if row.storage != "file" or row.size != size:
-            raise CodecError(oid, f"a base of {size} bytes in a chunk file",
-                             f"blake3:{at} of {row.size} bytes, storage {row.storage}",
-                             problem="bad-base")
-        if first is None:
-            first = (row.codec, row.size)
-        if not codecs.is_delta(row.codec):
-            return Digest(named), first[0], first[1], depth
-        if row.base is None:
-            raise CodecError(oid, f"a base for blake3:{at} in its chain", "none",
-                             problem="bad-base")
-        depth += 1
-        if depth > codecs.CHAIN_MAX:
-            raise CodecError(oid, f"a chain at most {codecs.CHAIN_MAX} deltas deep",
-                             "a longer one", problem="bad-chain")
-        seen.add(at)
-        at = row.base
-
-
-def _immutable_open(root: Path, exc: sqlite3.Error) -> bool:
-    """Whether a read-only open that failed with ``exc`` may be retried ``immutable=1``.
-
-    A WAL-mode database is read through its ``-shm`` file, which SQLite creates when missing;
-    on a read-only mount (or a full disk) it cannot. ``immutable=1`` reads the database file
-    alone, with no locks: right only when no commit waits in the ``-wal`` file, and when no
-    writer has it open (every writer holds the ``-shm`` file, so none exists). A ``-wal`` with
-    commits in it is refused: read without them, the store would look older than it is.
-    """
-    if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_CANTOPEN", "SQLITE_IOERR_SHMSIZE"):
-        return False
-    db = root / DB_NAME
-    if Path(f"{db}-shm").exists():
-        return False
-    if getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN" and store_writable(root):
-        return False  # not for want of a -shm file
-    wal = Path(f"{db}-wal")
-    if wal.exists() and wal.stat().st_size > 0:
-        raise StoreError(f"the store at {root} is read-only and commits wait in {wal.name}, which "
-                         f"SQLite cannot read without {db.name}-shm; open the store once where it "
-                         "is writable")
-    return True

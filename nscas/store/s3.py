@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import blake3
 
 from nscas.errors import IntegrityError, StoreError
-from nscas.objects.chunks import check_plain, decode, decode_stream, plain_digest, read_capped
 from nscas.objects.codecs import Base
+from nscas.objects.decoding import check_plain, decode, decode_stream, plain_digest, read_capped
 from nscas.objects.digests import Digest, is_hex_id
 from nscas.store.config import S3Settings
 

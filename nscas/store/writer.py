@@ -31,15 +31,9 @@ from nscas.errors import (
     TagImmutable,
 )
 from nscas.objects import canonical, kinds
-from nscas.objects.chunks import (
-    INLINE_MAX,
-    LEAF_MAX,
-    ChunkBackend,
-    ChunkFiles,
-    Segment,
-    plan_segments,
-)
+from nscas.objects.chunks import INLINE_MAX, ChunkBackend, ChunkFiles
 from nscas.objects.digests import Digest, Readable, blake3_hex, sha256_hex
+from nscas.objects.segments import LEAF_MAX, Segment, plan_segments
 from nscas.store.backends import chunk_backend
 from nscas.store.bases import Hints, hints_from, width_hints
 from nscas.store.config import StoreConfig, read_config, render_config

@@ -17,8 +17,8 @@ from safetensors.numpy import save_file
 
 from nscas.models.checkpoints import put_checkpoint
 from nscas.models.distance import Incomparable, compare_params
-from nscas.objects.chunks import TENSOR_SPLIT
 from nscas.objects.digests import Digest
+from nscas.objects.segments import TENSOR_SPLIT
 from nscas.runs.verdicts import compare_outputs
 from nscas.store.writer import Store
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from nscas.objects import chunks
+from nscas.objects import segments
 from nscas.objects.digests import Digest
 from nscas.store import putting
 from nscas.store.s3 import S3Chunks
@@ -229,8 +229,8 @@ def build_records(store: Store) -> dict[str, tuple[Digest, dict[str, Any]]]:
 def small_chunks(size: int = 5000, tensor_split: int = 6000) -> Iterator[None]:
     """Shrink the chunking constants so that a few kilobytes already make several parts."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(chunks, "CHUNK_SIZE", size)
-        mp.setattr(chunks, "SINGLE_MAX", size)
-        mp.setattr(chunks, "TENSOR_SPLIT", tensor_split)
+        mp.setattr(segments, "CHUNK_SIZE", size)
+        mp.setattr(segments, "SINGLE_MAX", size)
+        mp.setattr(segments, "TENSOR_SPLIT", tensor_split)
         mp.setattr(putting, "INLINE_MAX", 256)
         yield

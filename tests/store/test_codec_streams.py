@@ -14,8 +14,8 @@ import zstandard
 
 from nscas.errors import DecodeBoundExceeded, IntegrityError
 from nscas.objects import codecs
-from nscas.objects.chunks import decode, plane_stream
 from nscas.objects.codecs import Base
+from nscas.objects.decoding import decode, plane_stream
 from nscas.objects.digests import Digest
 from nscas.store.putting import Leaf
 from nscas.store.reading import StoreReader

@@ -14,9 +14,10 @@ import zstandard
 
 from nscas.errors import CodecError, DecodeBoundExceeded, IntegrityError
 from nscas.objects import codecs
-from nscas.objects.chunks import TENSOR_SPLIT, decode, plain_digest
 from nscas.objects.codecs import Base
+from nscas.objects.decoding import decode, plain_digest
 from nscas.objects.digests import Digest
+from nscas.objects.segments import TENSOR_SPLIT
 from nscas.store.putting import Leaf
 from nscas.store.writer import Store
 from nscas.upkeep.fsck import fsck, gc

@@ -11,8 +11,9 @@ import pytest
 
 from nscas.errors import DestinationExists, IntegrityError, InvalidInput, NotFound
 from nscas.models.checkpoints import file_params_digest, put_checkpoint
-from nscas.objects.chunks import CHUNK_SIZE, INLINE_MAX, SINGLE_MAX, TENSOR_SPLIT
+from nscas.objects.chunks import INLINE_MAX
 from nscas.objects.digests import Digest
+from nscas.objects.segments import CHUNK_SIZE, SINGLE_MAX, TENSOR_SPLIT
 from nscas.store.writer import Store
 from tests.store.helpers import (
     EMPTY_BLAKE3,

@@ -1,4 +1,4 @@
-"""Every chunk decode is bounded by the leaf's record (nscas.objects.chunks.plain_blocks): exactly the
+"""Every chunk decode is bounded by the leaf's record (nscas.objects.decoding.plain_blocks): exactly the
 recorded size passes, one byte more is refused naming the chunk, whatever the codec or frame."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nscas.errors import DecodeBoundExceeded, IntegrityError
-from nscas.objects.chunks import ZSTD_WINDOW_MAX, decode, plain_digest, stored_max
+from nscas.objects.decoding import ZSTD_WINDOW_MAX, decode, plain_digest, stored_max
 from nscas.objects.digests import Digest
 
 

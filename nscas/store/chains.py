@@ -1,0 +1,50 @@
+"""A delta leaf's chain of bases, checked on the database rows before any byte is decoded
+(docs/format.md §5.5.1): each base present, in a chunk file, of the delta's size, the chain
+at most ``codecs.CHAIN_MAX`` deep and never a cycle."""
+
+from __future__ import annotations
+
+from nscas.database import queries as q
+from nscas.database.connections import Connection
+from nscas.errors import CodecError
+from nscas.objects import codecs
+from nscas.objects.digests import Digest
+
+
+def delta_chain(c: Connection, oid: Digest, size: int, named: str | None
+           ) -> tuple[Digest, str, int, int]:
+    """(base ID, its codec, its size, chain depth) of a delta of ``size`` plain bytes whose
+    row names ``named``: every base present, stored in a chunk file, of the same size, at most
+    :data:`codecs.CHAIN_MAX` deltas deep and never a cycle, or a :class:`CodecError` saying
+    which (``bad-base`` or ``bad-chain``)."""
+    if named is None:
+        raise CodecError(oid, "the base of a delta named by its row", "none", problem="bad-base")
+    seen = {oid.hex}
+    depth = 1
+    first: tuple[str, int] | None = None
+    at = named
+    while True:
+        if at in seen:
+            raise CodecError(oid, "a chain of deltas without a cycle",
+                             f"blake3:{at} twice in its chain", problem="bad-chain")
+        row = q.delta_row(c, at)
+        if row is None:
+            raise CodecError(oid, f"its base blake3:{at} in the store", "none",
+                             problem="bad-base")
+        if row.storage != "file" or row.size != size:
+            raise CodecError(oid, f"a base of {size} bytes in a chunk file",
+                             f"blake3:{at} of {row.size} bytes, storage {row.storage}",
+                             problem="bad-base")
+        if first is None:
+            first = (row.codec, row.size)
+        if not codecs.is_delta(row.codec):
+            return Digest(named), first[0], first[1], depth
+        if row.base is None:
+            raise CodecError(oid, f"a base for blake3:{at} in its chain", "none",
+                             problem="bad-base")
+        depth += 1
+        if depth > codecs.CHAIN_MAX:
+            raise CodecError(oid, f"a chain at most {codecs.CHAIN_MAX} deltas deep",
+                             "a longer one", problem="bad-chain")
+        seen.add(at)
+        at = row.base
