@@ -277,25 +277,22 @@ def _inflate(capped: Readable, oid: Digest, limit: int, where: str) -> memoryvie
     return out
 
 
-def _xor_frames(capped: Readable, stream: memoryview, oid: Digest, limit: int,
-                where: str) -> None:
-    """XOR the content of the zstd frames of ``capped`` (exactly ``limit`` bytes, block by
-    block, never one more) into ``stream``."""
-    import numpy as np
+def _frame_blocks(capped: Readable, oid: Digest, limit: int, where: str
+                  ) -> Iterator[tuple[int, memoryview]]:
+    """The content of the zstd frames of ``capped`` as (offset, block) pairs, exactly ``limit``
+    bytes in all; each block is valid until the next is asked for. One byte past the bound is
+    the most ever inflated: a bomb never gets further."""
     import zstandard
 
     block = bytearray(min(_VERIFY_BLOCK, limit + 1) or 1)
     view = memoryview(block)
-    dst = np.frombuffer(stream, dtype=np.uint8)
-    src = np.frombuffer(block, dtype=np.uint8)
     got = 0
     reader = _frames(capped)
     try:
         while n := reader.readinto(view[:min(len(block), limit + 1 - got)]):
             if got + n > limit:
                 raise DecodeBoundExceeded(oid, limit, where)
-            part = dst[got:got + n]
-            np.bitwise_xor(part, src[:n], out=part)
+            yield got, view[:n]
             got += n
     except zstandard.ZstdError as exc:
         raise IntegrityError(f"object {oid}", str(oid),
@@ -303,35 +300,27 @@ def _xor_frames(capped: Readable, stream: memoryview, oid: Digest, limit: int,
     if got < limit:
         raise CodecError(oid, f"a plane stream of {limit} bytes, as its record says",
                          f"{got} bytes from {where}", problem="size-mismatch")
+
+
+def _xor_frames(capped: Readable, stream: memoryview, oid: Digest, limit: int,
+                where: str) -> None:
+    """XOR the content of the zstd frames of ``capped`` (exactly ``limit`` bytes, block by
+    block, never one more) into ``stream``."""
+    import numpy as np
+
+    dst = np.frombuffer(stream, dtype=np.uint8)
+    for at, block in _frame_blocks(capped, oid, limit, where):
+        part = dst[at:at + len(block)]
+        np.bitwise_xor(part, np.frombuffer(block, dtype=np.uint8), out=part)
 
 
 def _unplane_stream(capped: Readable, codec: str, oid: Digest, limit: int,
                     where: str) -> memoryview:
     """The plain bytes of a plane stream of exactly ``limit`` bytes in zstd frames."""
-    import zstandard
-
     plain = codecs.buffer(limit)
     unplane = codecs.Unplaner(plain, codecs.width(codec))
-    block = bytearray(min(_VERIFY_BLOCK, limit + 1) or 1)
-    view = memoryview(block)
-    got = 0
-    reader = _frames(capped)
-    try:
-        while True:
-            # Ask for at most one byte past the bound: a bomb never gets to inflate further.
-            n = reader.readinto(view[:min(len(block), limit + 1 - got)])
-            if not n:
-                break
-            if got + n > limit:
-                raise DecodeBoundExceeded(oid, limit, where)
-            unplane.put(got, view[:n])  # straight to its places: no second leaf-sized buffer
-            got += n
-    except zstandard.ZstdError as exc:
-        raise IntegrityError(f"object {oid}", str(oid),
-                             f"undecodable zstd data in {where} ({exc})") from None
-    if got < limit:
-        raise CodecError(oid, f"a plane stream of {limit} bytes, as its record says",
-                         f"{got} bytes from {where}", problem="size-mismatch")
+    for at, block in _frame_blocks(capped, oid, limit, where):
+        unplane.put(at, block)  # straight to its places: no second leaf-sized buffer
     return plain
 
 
