@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from nscas.database import queries as q
 from nscas.database.connections import Connection
-from nscas.errors import CodecError
+from nscas.errors import CodecError, NotFound
 from nscas.objects import codecs
 from nscas.objects.digests import Digest
 
@@ -48,3 +48,26 @@ def delta_chain(c: Connection, oid: Digest, size: int, named: str | None
                              "a longer one", problem="bad-chain")
         seen.add(at)
         at = row.base
+
+
+def stored_chain(c: Connection, oid: Digest, arriving: tuple[Digest | None, int] | None
+                 ) -> tuple[Digest, str, int, int]:
+    """:func:`delta_chain` of a stored delta leaf, its size and base from its row; or, for a
+    leaf not stored yet (a transfer brings it), ``arriving`` = (the base it names, its size)."""
+    if arriving is None:
+        row = q.delta_row(c, oid.hex)
+        if row is None:
+            raise NotFound(str(oid))
+        return delta_chain(c, oid, row.size, row.base)
+    return delta_chain(c, oid, arriving[1], arriving[0].hex if arriving[0] is not None else None)
+
+
+def chain_depth(c: Connection, oid: Digest) -> int:
+    """How many deltas deep a stored leaf is (0: not a delta); a broken chain is a
+    :class:`CodecError`."""
+    row = q.delta_row(c, oid.hex)
+    if row is None:
+        raise NotFound(str(oid))
+    if not codecs.is_delta(row.codec):
+        return 0
+    return delta_chain(c, oid, row.size, row.base)[3]

@@ -43,7 +43,7 @@ from nscas.objects.codecs import Base
 from nscas.objects.decoding import plane_stream
 from nscas.objects.digests import Digest, DualHasher, blake3_hex, parse_prefix
 from nscas.store.backends import chunk_backend
-from nscas.store.chains import delta_chain
+from nscas.store.chains import chain_depth, stored_chain
 from nscas.store.config import StoreConfig, read_config
 from nscas.store.locating import DB_NAME, HEXISH, REF_NAME, immutable_open_ok
 from nscas.store.materialising import LeafReader, materialise
@@ -330,14 +330,7 @@ class StoreReader:
                                  problem="bad-base")
             return None
         with self._read() as c:
-            if arriving is None:
-                row = q.delta_row(c, oid.hex)
-                if row is None:
-                    raise NotFound(str(oid))
-                size, named = row.size, row.base
-            else:
-                size, named = arriving[1], arriving[0].hex if arriving[0] is not None else None
-            found = delta_chain(c, oid, size, named)
+            found = stored_chain(c, oid, arriving)
         return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]),
                     stream=lambda w: self._plane_stream(found[0], found[1], found[2], w))
 
@@ -359,12 +352,7 @@ class StoreReader:
         """How many deltas deep a stored leaf is (0: not a delta); a broken chain is a
         :class:`CodecError`."""
         with self._read() as c:
-            row = q.delta_row(c, oid.hex)
-            if row is None:
-                raise NotFound(str(oid))
-            if not codecs.is_delta(row.codec):
-                return 0
-            return delta_chain(c, oid, row.size, row.base)[3]
+            return chain_depth(c, oid)
 
     def materialise(self, oid: Digest, dest: Path) -> None:
         """Write a blob to a new file, or a tree/1 to a new (or empty) directory; never
