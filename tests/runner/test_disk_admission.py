@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,41 +38,56 @@ def _disk(usable_gb: float) -> Options:
     return Options(jobs=2, disk=lambda: Disk(usable_gb=usable_gb, free_gb=usable_gb + 1))
 
 
-def test_a_step_waits_while_the_disk_is_taken(store: Store, tmp_path: Path) -> None:
+def _two_holding(tmp_path: Path, disk_gb: float) -> tuple[Path, Path, dict[str, Path]]:
+    """A file of two independent probe steps x and y, each holding ``disk_gb`` and held open
+    until the test releases its FIFO: (file, hold directory, FIFOs by label)."""
     hold = tmp_path / "hold"
     hold.mkdir()
     file = write(tmp_path, "two.toml", f"""
         [[step]]
         name = "x"
         recipe = "probe"
-        params = {{ label = "x", hold = "{hold}", disk_gb = 6.0 }}
+        params = {{ label = "x", hold = "{hold}", disk_gb = {disk_gb} }}
         [[step]]
         name = "y"
         recipe = "probe"
-        params = {{ label = "y", hold = "{hold}", disk_gb = 6.0 }}
+        params = {{ label = "y", hold = "{hold}", disk_gb = {disk_gb} }}
         """)
-    fifos = {label: release_fifo(hold, label) for label in ("x", "y")}
-    events: list[StepEvent] = []
+    return file, hold, {label: release_fifo(hold, label) for label in ("x", "y")}
+
+
+@contextmanager
+def _running(store: Store, file: Path, options: Options,
+             on_event: Callable[[StepEvent], None]) -> Iterator[None]:
+    """``run_scheduled`` in a thread while the body runs; its exception, if any, fails the
+    test once the body is done."""
     errors: list[BaseException] = []
 
     def go() -> None:
         try:
-            run_scheduled(store, file, _disk(10.0), on_event=events.append)
+            run_scheduled(store, file, options, on_event=on_event)
         except BaseException as exc:  # handed to the test's thread
             errors.append(exc)
 
     runner = threading.Thread(target=go)
     runner.start()
     try:
+        yield
+    finally:
+        runner.join(timeout=300)
+    assert not errors, errors
+
+
+def test_a_step_waits_while_the_disk_is_taken(store: Store, tmp_path: Path) -> None:
+    file, hold, fifos = _two_holding(tmp_path, 6.0)
+    events: list[StepEvent] = []
+    with _running(store, file, _disk(10.0), events.append):
         end = wait_running(fifos["x"])
         # x took 6 of the 10 GB; y's 6 would not fit beside it: it waits, with cores free.
         assert not (hold / "y.json").exists()
         assert [e.step for e in events if e.state == "running"] == ["x"]
         os.close(end)
         os.close(wait_running(fifos["y"]))  # x ended, its disk came back: y runs
-    finally:
-        runner.join(timeout=300)
-    assert not errors, errors
     order = [(e.step, e.state) for e in events if e.state in ("running", "done")]
     assert order == [("x", "running"), ("x", "done"), ("y", "running"), ("y", "done")]
 
@@ -79,21 +96,8 @@ def test_a_step_waits_for_the_disk_running_steps_hold_rather_than_failing(
         store: Store, tmp_path: Path) -> None:
     # While x runs it holds disk, so what is free now is less than y's estimate, which the
     # whole disk would hold: y waits for x to end (serialised), it does not fail.
-    hold = tmp_path / "hold"
-    hold.mkdir()
-    file = write(tmp_path, "two.toml", f"""
-        [[step]]
-        name = "x"
-        recipe = "probe"
-        params = {{ label = "x", hold = "{hold}", disk_gb = 6.0 }}
-        [[step]]
-        name = "y"
-        recipe = "probe"
-        params = {{ label = "y", hold = "{hold}", disk_gb = 6.0 }}
-        """)
-    fifos = {label: release_fifo(hold, label) for label in ("x", "y")}
+    file, hold, fifos = _two_holding(tmp_path, 6.0)
     events: list[StepEvent] = []
-    errors: list[BaseException] = []
     held = threading.Event()  # x's files are on the disk
 
     def seen(event: StepEvent) -> None:
@@ -105,50 +109,23 @@ def test_a_step_waits_for_the_disk_running_steps_hold_rather_than_failing(
         usable = 4.0 if held.is_set() else 10.0
         return Disk(usable_gb=usable, free_gb=usable + 1)
 
-    def go() -> None:
-        try:
-            run_scheduled(store, file, Options(jobs=2, disk=free), on_event=seen)
-        except BaseException as exc:  # handed to the test's thread
-            errors.append(exc)
-
-    runner = threading.Thread(target=go)
-    runner.start()
-    try:
+    with _running(store, file, Options(jobs=2, disk=free), seen):
         end = wait_running(fifos["x"])
         assert not (hold / "y.json").exists()
         assert [e.state for e in events if e.step == "y"] == ["waiting"]
         held.clear()  # x's work area goes as it ends
         os.close(end)
         os.close(wait_running(fifos["y"]))
-    finally:
-        runner.join(timeout=300)
-    assert not errors, errors
     order = [(e.step, e.state) for e in events if e.state in ("running", "done", "failed")]
     assert order == [("x", "running"), ("x", "done"), ("y", "running"), ("y", "done")]
 
 
 def test_steps_that_fit_together_run_together(store: Store, tmp_path: Path) -> None:
-    hold = tmp_path / "hold"
-    hold.mkdir()
-    file = write(tmp_path, "two.toml", f"""
-        [[step]]
-        name = "x"
-        recipe = "probe"
-        params = {{ label = "x", hold = "{hold}", disk_gb = 4.0 }}
-        [[step]]
-        name = "y"
-        recipe = "probe"
-        params = {{ label = "y", hold = "{hold}", disk_gb = 4.0 }}
-        """)
-    fifos = [release_fifo(hold, label) for label in ("x", "y")]
-    runner = threading.Thread(target=run_scheduled, args=(store, file, _disk(10.0)))
-    runner.start()
-    try:
-        ends = [wait_running(fifo) for fifo in fifos]  # both at once: 8 of 10 GB
+    file, _hold, fifos = _two_holding(tmp_path, 4.0)
+    with _running(store, file, _disk(10.0), lambda _event: None):
+        ends = [wait_running(fifo) for fifo in fifos.values()]  # both at once: 8 of 10 GB
         for end in ends:
             os.close(end)
-    finally:
-        runner.join(timeout=300)
 
 
 def test_a_step_that_can_never_fit_fails_before_anything_runs(store: Store,
