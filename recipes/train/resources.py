@@ -25,8 +25,9 @@ def disk_bytes(params: TrainParams, inputs: InputSizes) -> int:
     it is stored; the store keeps of it at most its raw bytes (W, + 2W published). The seed's
     shared copy (W, counted as if this run makes it) is released once the ranks have loaded it
     (after the first update), so it is counted at the start, at a resume and beside the first
-    checkpoint only. Checkpoints are assumed stored before the next one is complete, as the
-    recipe stores each while training goes on. Its documents, tokenised, stay throughout."""
+    checkpoint only. Each checkpoint is stored before the next is written (rank 0 waits for
+    ``committed.json``: ``WorkerSpec.stored_before_next``). Its documents, tokenised, stay
+    throughout."""
     weights = inputs.get("base", 0)
     moments = 2 * weights * (params.world if params.diloco else 1) + (
         weights if params.diloco else 0)
