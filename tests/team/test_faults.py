@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from nscas.objects.digests import Digest
 from nscas.store.config import render_config
 from nscas.store.opening import open_store
@@ -24,6 +26,8 @@ from tests.team.cli import nscas
 _WRITER = """
 import sys
 from pathlib import Path
+import pytest
+
 from nscas.objects.digests import Digest
 from nscas.errors import RefConflict
 from nscas.store.opening import open_store
@@ -86,18 +90,29 @@ def test_four_writers_on_two_hosts(team_services: TeamServices, tmp_path: Path) 
 def test_a_writer_killed_mid_put(team_services: TeamServices, tmp_path: Path) -> None:
     (host,) = _hosts(team_services, tmp_path, 1)
     big = tmp_path / "big.bin"
-    big.write_bytes(random_bytes(40 << 20, seed=5))  # three 16 MiB chunks
     env = {**os.environ, "NSCAS_STORE": str(host)}
-    proc = subprocess.Popen([sys.executable, "-m", "nscas.cli", "add", str(big)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open_store(host, readonly=True) as s:
-        deadline = time.monotonic() + 120
-        while not s.chunks.temporary_files() and not list(s.chunks.iter_ids()) \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        assert not s.has(Digest.parse(b3(big.read_bytes())))  # no row of the file: not visible
+    for attempt in range(5):
+        # A fresh file each time: the add may commit before its first chunk is seen (a fast
+        # machine); then the kill did not land mid-put, and the case is tried again.
+        big.write_bytes(random_bytes(40 << 20, seed=5 + attempt))  # three 16 MiB chunks
+        oid = Digest.parse(b3(big.read_bytes()))
+        proc = subprocess.Popen([sys.executable, "-m", "nscas.cli", "add", str(big)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open_store(host, readonly=True) as s:
+            seen = len(list(s.chunks.iter_ids()))
+            deadline = time.monotonic() + 120
+            while not s.chunks.temporary_files() and len(list(s.chunks.iter_ids())) == seen \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGSTOP)  # it can commit nothing from here on
+            mid_put = not s.has(oid)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            if mid_put:
+                assert not s.has(oid)  # no row of the file: not visible
+                break
+    else:
+        pytest.fail("in 5 tries, every add committed before the kill could land mid-put")
     assert _errors(host) == ()
     ran = nscas("add", str(big), "--json", store=host)
     assert ran.code == 0, ran.err
