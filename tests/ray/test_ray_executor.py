@@ -21,7 +21,7 @@ from nscas.store.writer import Store, init_store
 from tests.ray.cluster import Cluster, local_cluster
 from tests.runner.helpers import PIPELINE, write
 from tests.runner.jobs_helpers import facts, release_fifo, wait_gone, wait_running
-from tests.verifiers.conftest import EXPERIMENT
+from tests.verifiers.conftest import EXPERIMENT, experiment
 from tests.waiting import communicate, run_to_end, wait_until
 
 pytest.importorskip("ray")
@@ -153,21 +153,33 @@ def test_a_worker_killed_mid_step_is_retried_to_the_same_action(tmp_path: Path,
                 retried["held"]["action"].split(":")[1]).exists()
 
 
-@pytest.mark.timeout(2400)  # two runs of every recipe: over 10 minutes on two busy cores
+@pytest.fixture
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The tamper suite's local run of ``EXPERIMENT`` (made once per test run, a copy of its
+    own here): the directory holding its ``.nscas``, and each step's action and outputs. A
+    fixture, so that waiting for another worker to build it is not part of the test's time."""
+    root, steps = experiment(tmp_path_factory)
+    return root, {step: {"action": str(r.action),
+                         "outputs": {k: str(v) for k, v in r.outputs.items()}}
+                  for step, r in steps.items()}
+
+
+@pytest.mark.timeout(1800)  # a run of every recipe on the cluster: minutes on two busy cores
 def test_the_demo_experiment_on_the_cluster_gives_the_report_of_a_local_run(
-        tmp_path: Path, cluster: Cluster) -> None:
+        tmp_path: Path, cluster: Cluster, local_run: tuple[Path, dict[str, Any]]) -> None:
     # The demo's every recipe at the verify suite's size (examples/cooperative-learning's
     # experiment trains for tens of minutes on two busy cores). Its world-2 train and its
-    # serve need two cores on one node: each node has two.
+    # serve need two cores on one node: each node has two. The local side is the run the
+    # tamper suite verifies (tests/verifiers/conftest.py): that a scheduled local run gives
+    # the ids of a sequential one is tests/runner's business.
     file = write(tmp_path, "experiment.toml", EXPERIMENT)
-    runs = {}
-    for name, extra in (("local", ("--jobs", "2")),
-                        ("ray", ("--executor", "ray", "--ray-address", cluster.address))):
-        (tmp_path / name).mkdir()
-        init_store(tmp_path / name).close()
-        done = _nscas(cluster, tmp_path / name, "run", file, "--json", *extra)
-        runs[name] = {r["step"]: r for r in _results(done)}
-    with Store(tmp_path / "local" / ".nscas") as local, \
+    local_root, local_results = local_run
+    (tmp_path / "ray").mkdir()
+    init_store(tmp_path / "ray").close()
+    done = _nscas(cluster, tmp_path / "ray", "run", file, "--json", "--executor", "ray",
+                  "--ray-address", cluster.address)
+    runs = {"local": local_results, "ray": {r["step"]: r for r in _results(done)}}
+    with Store(local_root / ".nscas") as local, \
             Store(tmp_path / "ray" / ".nscas") as on_ray:
         assert _reproduced(local, runs["local"]) == _reproduced(on_ray, runs["ray"])
     # The steps that read outputs only (not receipts) and measure nothing: the same IDs.
