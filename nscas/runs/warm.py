@@ -5,9 +5,10 @@ A cold job (``python -m nscas.runs.job``) starts an interpreter and imports torc
 transformers before its step does anything: seconds on every step of a pipeline, on the
 critical path too. ``WarmJobs`` starts one server (``python -m nscas.runs.warm``) as a run
 begins (its imports overlap the run's planning); the server imports what jobs import (the
-run's recipes with the modules of their own package in their code closures, which their ``run``
-imports, and ``PRELOAD``), finds each of those recipes' code closure (so that a job's
-``code_tree`` parses nothing again), and forks one job per step. The child takes a session
+run's recipes with the modules of their own package in their code closures, which their
+``run`` imports, each after the library modules it imports, one at a time; then
+``PRELOAD``), having found those closures (so that a job's ``code_tree`` parses nothing
+again), and forks one job per step. The child takes a session
 of its own (its pid is its process group, as a cold job's), its log as stdout and stderr, the
 step's environment and thread count, and runs ``nscas.runs.job.serve``, as a cold job does.
 
@@ -55,6 +56,7 @@ JOB_MODULES = ("nscas.runs.job", "nscas.runs.plans", "nscas.runs.runner",
                "nscas.signing.signatures", "nscas.store.writer")
 """What every job imports to run its step, whatever its recipe."""
 _MESSAGE_BYTES = 1 << 20
+_FIRST_PARTY = "nscas"
 
 
 class WarmJobs:
@@ -201,7 +203,7 @@ def main(argv: list[str]) -> int:
             if is_recipe:
                 loads.extendleft((False, m) for m in reversed(_recipe_modules(name)))
             else:
-                importlib.import_module(name)
+                _load(name)
         if not _serve(poller, sock, keep, timeout=0):
             return 0
     while _serve(poller, sock, keep, timeout=None):
@@ -212,20 +214,37 @@ def main(argv: list[str]) -> int:
 def _recipe_modules(name: str) -> list[str]:
     """Import the recipe ``name`` and find its code closure (nscas.runs.codetree, whose parses
     the forked jobs inherit); the modules of the closure in the recipe's own package
-    (``nscas.recipes``), which its ``run`` imports."""
-    from nscas.runs.codetree import recipe_files
+    (``nscas.recipes``), which its ``run`` imports, each after the other libraries' modules it
+    imports (one at a time: a job waits for at most one import to end before its fork)."""
+    from nscas.runs.codetree import imported_modules, recipe_files
     from nscas.runs.registry import registered_recipe
 
     recipe = registered_recipe(name)
     if recipe is None:
         return []
     own = recipe.run.__module__.split(".")[:2]
-    modules = []
-    for path in recipe_files(recipe):
+    modules: list[str] = []
+    for path, file in recipe_files(recipe).items():
         parts = path.removesuffix(".py").removesuffix("/__init__").split("/")
-        if path.endswith(".py") and parts[:2] == own:
-            modules.append(".".join(parts))
-    return modules
+        if not path.endswith(".py") or parts[:2] != own:
+            continue
+        package = ".".join(parts if path.endswith("/__init__.py") else parts[:-1])
+        modules += (m for m in imported_modules(file, package)
+                    if m.partition(".")[0] not in (_FIRST_PARTY, *sys.stdlib_module_names))
+        modules.append(".".join(parts))
+    return list(dict.fromkeys(modules))
+
+
+def _load(name: str) -> None:
+    """Import ``name``, or, where it names no module (``from a import b``), take ``a.b``: a
+    lazy package (transformers) imports what its attribute needs then."""
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError:
+        parent, _, attribute = name.rpartition(".")
+        if parent not in sys.modules:
+            raise
+        getattr(sys.modules[parent], attribute)
 
 
 def _serve(poller: select.poll, sock: socket.socket, keep: tuple[int, ...], *,
