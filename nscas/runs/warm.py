@@ -13,13 +13,13 @@ of its own (its pid is its process group, as a cold job's), its log as stdout an
 step's environment and thread count, and runs ``nscas.runs.job.serve``, as a cold job does.
 
 Fork safety: the server starts no thread and only imports (it runs no torch operation, so no
-torch thread pool exists, and never touches CUDA; the one thread an import starts, numpy's
-OpenBLAS pool, stops itself around a fork), so every child starts as a process of one thread
-with no device state; CUDA_VISIBLE_DEVICES and the thread count are the child's own. A job
-asked for while the server imports is forked once that one import is done. A child that ends
-while the server imports is reaped and told ended at once, from the server's SIGCHLD handler
-(SIGCHLD is blocked from a fork until its answer is sent, so a job's exit is never told before
-its fork).
+torch thread pool exists, and never touches CUDA; the threads imports start, the OpenBLAS
+pools of numpy and of scipy (which transformers' model classes load), stop themselves around a
+fork), so every child starts as a process of one thread with no device state;
+CUDA_VISIBLE_DEVICES and the thread count are the child's own. A job asked for while the
+server imports is forked once that one import is done. A child that ends while the server
+imports is reaped and told ended at once, from the server's SIGCHLD handler (SIGCHLD is
+blocked from a fork until its answer is sent, so a job's exit is never told before its fork).
 
 Over a SOCK_SEQPACKET socket pair the scheduler sends one message a job: JSON (the job's
 number, its spec, its environment) with three descriptors (the write end of its events pipe,
