@@ -3,8 +3,9 @@
 Each run goes into a new store of its own (nothing cached), the two runs one after the other in
 one invocation: ``--jobs 1`` (one step at a time, in ``nscas run``'s process), then ``--jobs N``. Printed side by side: both wall times, the critical path (the longest chain of
 steps, from the scheduled run's own step times), and the two ratios the issue asks for:
-scheduled wall / critical path, and sequential wall / scheduled wall. Results go to
-docs/benchmarks.md by hand, with the command line.
+scheduled wall / critical path, and sequential wall / scheduled wall; then where the
+scheduled wall went outside the steps (``timeline``). Results go to docs/benchmarks.md by
+hand, with the command line.
 
     .venv/bin/python benchmarks/pipeline.py [--jobs N | --as-written] [--file FILE]
         [--setup 'scripts/get-smollm2 && scripts/get-sharegpt'] [--workdir DIR]
