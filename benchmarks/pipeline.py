@@ -3,8 +3,9 @@
 Each run goes into a new store of its own (nothing cached), the two runs one after the other in
 one invocation: ``--jobs 1`` (one step at a time, in ``nscas run``'s process), then ``--jobs N``. Printed side by side: both wall times, the critical path (the longest chain of
 steps, from the scheduled run's own step times), and the two ratios the issue asks for:
-scheduled wall / critical path, and sequential wall / scheduled wall. Results go to
-docs/benchmarks.md by hand, with the command line.
+scheduled wall / critical path, and sequential wall / scheduled wall; then where the
+scheduled wall went outside the steps (``timeline``). Results go to docs/benchmarks.md by
+hand, with the command line.
 
     .venv/bin/python benchmarks/pipeline.py [--jobs N | --as-written] [--file FILE]
         [--setup 'scripts/get-smollm2 && scripts/get-sharegpt'] [--workdir DIR]
@@ -45,21 +46,28 @@ def _run(store_dir: Path, file: Path, setup: str | None,
                                   text=True)
         if prepared.returncode != 0:
             sys.exit(f"--setup failed in {store_dir}:\n{prepared.stderr}")
-    began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "nscas.cli", "run", str(file), "--json", *extra],
-                          cwd=store_dir, capture_output=True, text=True)
+    began, clock = time.monotonic(), time.time()
+    lines: list[tuple[float, str]] = []  # each stdout line with when it came, from the start
+    with (store_dir / "run.stderr").open("w") as err:
+        child = subprocess.Popen([sys.executable, "-m", "nscas.cli", "run", str(file), "--json",
+                                  *extra], cwd=store_dir, stdout=subprocess.PIPE, stderr=err,
+                                 text=True)
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.append((time.monotonic() - began, line))
+        child.wait()
     wall = time.monotonic() - began
-    (store_dir / "run.stdout").write_text(done.stdout)  # kept with --workdir
-    (store_dir / "run.stderr").write_text(done.stderr)
-    if done.returncode != 0:
-        sys.exit(f"nscas run {' '.join(extra)} failed:\n{done.stderr}")
+    (store_dir / "run.stdout").write_text("".join(line for _, line in lines))  # kept with --workdir
+    if child.returncode != 0:
+        sys.exit(f"nscas run {' '.join(extra)} failed:\n{(store_dir / 'run.stderr').read_text()}")
     if "--jobs" in extra and extra[extra.index("--jobs") + 1] == "1":
         return wall, []  # one step at a time: its --json is the results list, no events
-    out = done.stdout.strip()
+    out = "".join(line for _, line in lines).strip()
     if out.startswith("["):  # run as written: the results list, in run order, no job times
         return wall, [{"event": "cached" if r["cached"] else "done", "step": r["step"],
                        "receipt": r["receipt"]} for r in json.loads(out)]
-    return wall, [json.loads(line) for line in out.splitlines()]
+    return wall, [{**json.loads(line), "at": at, "clock": clock}
+                  for at, line in lines if line.strip()]
 
 
 def _time(stamp: str) -> float:
@@ -114,12 +122,15 @@ def main() -> None:
         print(f"sequential run done: {sequential:.1f} s", flush=True)
         scheduled, events = _run(job_dir, args.file, args.setup, *scheduled_args)
         with Store(job_dir / ".nscas") as store:  # each step's own time, from its receipt
-            inside = {}
+            inside, spans = {}, {}
             for e in events:
                 if e["event"] in ("done", "cached"):
                     rec = store.get_record(Digest.parse(str(e["receipt"])))
                     inside[str(e["step"])] = (_time(rec["finished"]) - _time(rec["started"])
                                               if e["event"] == "done" else 0.0)
+                    if e["event"] == "done" and "clock" in e:
+                        spans[str(e["step"])] = (_time(rec["started"]) - float(str(e["clock"])),
+                                                 _time(rec["finished"]) - float(str(e["clock"])))
     seconds = {str(e["step"]): float(e["seconds"]) for e in events  # type: ignore[arg-type]
                if e["event"] in ("done", "cached") and "seconds" in e} or dict(inside)
     path, chain = critical_path(args.file, seconds)
@@ -140,6 +151,39 @@ def main() -> None:
     print(f"{'scheduled / that':<28}{scheduled / bound:9.2f}x")
     print(f"{'sequential / scheduled':<28}{sequential / scheduled:9.2f}x")
     print("step times (scheduled run): " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()))
+    if spans:
+        timeline(args.file, events, spans, scheduled)
+
+
+def timeline(file: Path, events: list[dict[str, object]],
+             spans: dict[str, tuple[float, float]], wall: float) -> None:
+    """Where the scheduled run's wall time went outside its steps, from when each ``--json``
+    event reached this process and each receipt's ``started``/``finished`` (seconds from the
+    run's start): the run's start and planning, each step's wait from its inputs being ready
+    (and a slot free) to its job starting, the job's own start before its recipe ran and its
+    end after, and the run's end after its last step."""
+    spec = load_run_file(file)
+    at: dict[tuple[str, str], float] = {}
+    for e in events:
+        at.setdefault((str(e["event"]), str(e.get("step", ""))), float(str(e["at"])))
+    planned = min(t for (kind, _), t in at.items() if kind == "waiting")
+    last = max(t for (kind, _), t in at.items() if kind in ("done", "cached"))
+    print(f"{'start to first event':<28}{planned:9.2f} s  (nscas run's start and planning)")
+    print(f"{'step':<18}{'ready':>7}{'running':>9}{'started':>9}{'finished':>9}{'done':>7}"
+          f"{'wait':>7}{'job start':>10}{'job end':>8}")
+    ends: dict[str, float] = {}
+    for step in spec.steps:
+        name = step.name
+        if ("done", name) not in at or name not in spans:
+            continue
+        deps = {ref[0] for v in step.inputs.values() if (ref := step_reference(v)) is not None}
+        ready = max((ends[d] for d in deps if d in ends), default=planned)
+        running, done = at[("running", name)], at[("done", name)]
+        started, finished = spans[name]
+        ends[name] = done
+        print(f"{name:<18}{ready:7.2f}{running:9.2f}{started:9.2f}{finished:9.2f}{done:7.2f}"
+              f"{running - ready:7.2f}{started - running:10.2f}{done - finished:8.2f}")
+    print(f"{'last step to exit':<28}{wall - last:9.2f} s")
 
 
 if __name__ == "__main__":

@@ -148,6 +148,12 @@ def _find(name: str, path: list[str]) -> ModuleSpec | None:
     return None
 
 
+def imported_modules(path: Path, package: str) -> tuple[str, ...]:
+    """Every module an import statement of the file at ``path`` (a module of ``package``) may
+    load (``from a import b``: a and a.b), wherever the statement is."""
+    return _references(path.read_bytes(), package)[0]
+
+
 @functools.lru_cache(maxsize=1024)  # keyed by the source itself, so never stale
 def _references(source: bytes, package: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Every module an import statement may load (``from a import b``: a and a.b), and every
@@ -172,4 +178,5 @@ def _references(source: bytes, package: str) -> tuple[tuple[str, ...], tuple[str
     return tuple(modules), tuple(strings)
 
 
-__all__ = ["CodeChanges", "code_changes", "code_tree", "module_files", "recipe_files"]
+__all__ = ["CodeChanges", "code_changes", "code_tree", "imported_modules", "module_files",
+           "recipe_files"]

@@ -169,11 +169,12 @@ def run_planned_step(store: Store, planned: RunPlan, item: Planned,
 
 
 def cached_receipt(store: Store, item: Planned, sources: Mapping[str, Source],
-                   where: str) -> Digest | None:
+                   where: str, *, code: Digest | None = None) -> Digest | None:
     """The succeeded receipt of the action this step would run now, if there is one; found
-    without writing anything (a scheduler answers such a step without starting a job)."""
+    without writing anything (a scheduler answers such a step without starting a job).
+    ``code``: the recipe's ``code_id``, where the caller has it already."""
     inputs = {**item.inputs, **step_inputs(store, item, sources, where)}
-    return find_receipt(store, action_id(item.recipe, code_id(item.recipe), inputs,
+    return find_receipt(store, action_id(item.recipe, code or code_id(item.recipe), inputs,
                                          item.params))
 
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from nscas.errors import NscasError
 from nscas.objects.digests import Digest
-from nscas.runs.config import step_reference
+from nscas.runs.actions import code_id
+from nscas.runs.config import load_run_file, step_reference
 from nscas.runs.executor import Executor, LocalProcesses, Running
 from nscas.runs.job import JobSpec, Outcome
 from nscas.runs.planning import Planned, Source, step_inputs
@@ -151,8 +152,10 @@ def run_scheduled(store: Store, path: Path, options: Options, *, rerun: bool = F
     """Run the file's chosen steps at most ``options.jobs`` at once; their results in the order
     they ended. Raises ``StepsFailed`` (after every job has ended) if a step failed."""
     # Steps run on this machine fork from one warm server (nscas.runs.warm), started first so
-    # that its imports overlap the planning.
-    warm = WarmJobs() if options.executor is None else None
+    # that its imports overlap the planning; it imports the recipes the file names (a file
+    # that cannot be read fails here as planning would fail on it).
+    warm = (WarmJobs(tuple(dict.fromkeys(s.recipe for s in load_run_file(path).steps)))
+            if options.executor is None else None)
     try:
         if warm is not None:
             warm.open()
@@ -233,6 +236,10 @@ class _Run:
         """The disk steps may take now; None: steps are not admitted by disk."""
         self.sized: set[str] = set()
         """Steps whose disk estimate counts all their inputs (they were ready)."""
+        self.asked: set[str] = set()
+        """Steps whose action the cache was asked about (once, when they were ready)."""
+        self.codes: dict[str, Digest] = {}
+        """Each recipe's code ID (``code_id``), by recipe name: found once a run."""
 
     def go(self, chosen: list[str]) -> list[StepResult]:
         waiting = list(chosen)
@@ -322,11 +329,19 @@ class _Run:
     def _answer_cached(self, step: str, failed: list[str]) -> bool:
         """Answer a step whose action has a succeeded receipt here, as a sequential run would
         (under the action's claim, moving its refs), without starting a job; whether it was
-        (or failed trying)."""
+        (or failed trying). Asked once a step, as it becomes ready, not again while it waits
+        for a slot: its job asks the cache again under the action's claim, so a receipt
+        another run writes meanwhile is still reused, not run again."""
+        if step in self.asked:
+            return False
+        self.asked.add(step)
         item = self.items[step]
         began = time.monotonic()
         try:
-            if cached_receipt(self.store, item, self.sources, self.planned.where) is None:
+            code = self.codes.get(item.recipe.name) or code_id(item.recipe)
+            self.codes[item.recipe.name] = code
+            if cached_receipt(self.store, item, self.sources, self.planned.where,
+                              code=code) is None:
                 return False
             result = run_planned_step(self.store, self.planned, item, self.sources)
         except NscasError as exc:

@@ -6,7 +6,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from nscas.models.distance import Incomparable, compare_params
 from nscas.objects.digests import Digest
 
 if TYPE_CHECKING:
@@ -91,6 +90,9 @@ def _compare_different(store: ObjectReader, a: Digest, b: Digest) -> Verdict:
 
 def _compare_params(store: ObjectReader, a: Digest, b: Digest, pa: Digest, pb: Digest) -> Verdict:
     """The rerun's parameters against the first run's (the reference), by ``nscas.models.distance``."""
+    # Imported here: it loads numpy, which every run's planning would load for a rerun's sake.
+    from nscas.models.distance import Incomparable, compare_params
+
     try:
         total = compare_params(store, pa, pb).total
     except Incomparable as exc:

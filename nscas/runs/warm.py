@@ -5,16 +5,21 @@ A cold job (``python -m nscas.runs.job``) starts an interpreter and imports torc
 transformers before its step does anything: seconds on every step of a pipeline, on the
 critical path too. ``WarmJobs`` starts one server (``python -m nscas.runs.warm``) as a run
 begins (its imports overlap the run's planning); the server imports what jobs import (the
-registered recipes, ``PRELOAD``), and then forks one job per step. The child takes a session
+run's recipes with the modules of their own package in their code closures, which their
+``run`` imports, each after the library modules it imports, one at a time; then
+``PRELOAD``), having found those closures (so that a job's ``code_tree`` parses nothing
+again), and forks one job per step. The child takes a session
 of its own (its pid is its process group, as a cold job's), its log as stdout and stderr, the
 step's environment and thread count, and runs ``nscas.runs.job.serve``, as a cold job does.
 
 Fork safety: the server starts no thread and only imports (it runs no torch operation, so no
-torch thread pool exists, and never touches CUDA; the one thread an import starts, numpy's
-OpenBLAS pool, stops itself around a fork), so every child starts as a process of one thread
-with no device state; CUDA_VISIBLE_DEVICES and the thread count are the child's own. A child
-that ends while the server imports is told ended after that import (the server reaps
-between imports): only in a run's first seconds.
+torch thread pool exists, and never touches CUDA; the threads imports start, the OpenBLAS
+pools of numpy and of scipy (which transformers' model classes load), stop themselves around a
+fork), so every child starts as a process of one thread with no device state;
+CUDA_VISIBLE_DEVICES and the thread count are the child's own. A job asked for while the
+server imports is forked once that one import is done. A child that ends while the server
+imports is reaped and told ended at once, from the server's SIGCHLD handler (SIGCHLD is
+blocked from a fork until its answer is sent, so a job's exit is never told before its fork).
 
 Over a SOCK_SEQPACKET socket pair the scheduler sends one message a job: JSON (the job's
 number, its spec, its environment) with three descriptors (the write end of its events pipe,
@@ -30,7 +35,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
-import importlib.metadata
 import itertools
 import json
 import os
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -51,13 +56,17 @@ JOB_MODULES = ("nscas.runs.job", "nscas.runs.plans", "nscas.runs.runner",
                "nscas.signing.signatures", "nscas.store.writer")
 """What every job imports to run its step, whatever its recipe."""
 _MESSAGE_BYTES = 1 << 20
+_FIRST_PARTY = "nscas"
 
 
 class WarmJobs:
     """The scheduler's side: starts the server (``open``, else on first use), forks jobs
     through it, and follows their exits. Used from the scheduler's thread and its jobs' reader threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, recipes: tuple[str, ...] = ()) -> None:
+        """``recipes``: the names of the recipes the run's steps use, in run order (the
+        server imports those first, and no other recipe)."""
+        self._recipes = recipes
         self._lock = threading.Lock()
         self._server: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
@@ -113,7 +122,8 @@ class WarmJobs:
         # Its own output is nothing a run shows: a module it could not import is the job's to
         # report, and without the server a job starts cold. Each job's output is its log.
         self._server = subprocess.Popen(
-            [sys.executable, "-m", "nscas.runs.warm", str(theirs.fileno())], env=env,
+            [sys.executable, "-m", "nscas.runs.warm", str(theirs.fileno()), *self._recipes],
+            env=env,
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
@@ -168,23 +178,32 @@ class WarmJob:
 
 
 def main(argv: list[str]) -> int:
-    """The server: import, then fork a job per message until stdin reaches end-of-file. A job
-    asked for while it is still importing is forked between two imports (it imports what it
-    needs that is not loaded yet itself): a first step that needs no torch waits for none."""
+    """The server (``argv``: its socket's descriptor, then the run's recipes): import, then
+    fork a job per message until stdin reaches end-of-file. A job asked for while it is still
+    importing is forked between two imports (it imports what it needs that is not loaded yet
+    itself): a first step that needs no torch waits for none."""
     sock = socket.socket(fileno=int(argv[1]))
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the poll
+    signal.signal(signal.SIGCHLD, lambda signum, frame: _reap(sock))
     poller = select.poll()
     for fd in (sock.fileno(), sys.stdin.fileno(), wake_read):
         poller.register(fd, select.POLLIN)
     keep = (sock.fileno(), wake_read, wake_write)
-    for name in _preload():
+    # Lightest first: the job's own modules, then each recipe (its module, then the modules
+    # of its own package in its code closure), then ``PRELOAD``.
+    loads = deque([*((False, m) for m in JOB_MODULES), *((True, r) for r in argv[2:]),
+                   *((False, m) for m in PRELOAD)])
+    while loads:
+        is_recipe, name = loads.popleft()
         # Not preloaded is only slower: the job imports the module itself, and reports it if
         # it cannot (a module not installed, or one whose import fails).
         with contextlib.suppress(Exception):
-            importlib.import_module(name)
+            if is_recipe:
+                loads.extendleft((False, m) for m in reversed(_recipe_modules(name)))
+            else:
+                _load(name)
         if not _serve(poller, sock, keep, timeout=0):
             return 0
     while _serve(poller, sock, keep, timeout=None):
@@ -192,13 +211,40 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _preload() -> list[str]:
-    """What jobs import, lightest first: the job's own modules, every registered recipe, and
-    ``PRELOAD``."""
-    from nscas.runs.registry import ENTRY_POINT_GROUP
+def _recipe_modules(name: str) -> list[str]:
+    """Import the recipe ``name`` and find its code closure (nscas.runs.codetree, whose parses
+    the forked jobs inherit); the modules of the closure in the recipe's own package
+    (``nscas.recipes``), which its ``run`` imports, each after the other libraries' modules it
+    imports (one at a time: a job waits for at most one import to end before its fork)."""
+    from nscas.runs.codetree import imported_modules, recipe_files
+    from nscas.runs.registry import registered_recipe
 
-    recipes = [ep.module for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
-    return list(dict.fromkeys([*JOB_MODULES, *recipes, *PRELOAD]))
+    recipe = registered_recipe(name)
+    if recipe is None:
+        return []
+    own = recipe.run.__module__.split(".")[:2]
+    modules: list[str] = []
+    for path, file in recipe_files(recipe).items():
+        parts = path.removesuffix(".py").removesuffix("/__init__").split("/")
+        if not path.endswith(".py") or parts[:2] != own:
+            continue
+        package = ".".join(parts if path.endswith("/__init__.py") else parts[:-1])
+        modules += (m for m in imported_modules(file, package)
+                    if m.partition(".")[0] not in (_FIRST_PARTY, *sys.stdlib_module_names))
+        modules.append(".".join(parts))
+    return list(dict.fromkeys(modules))
+
+
+def _load(name: str) -> None:
+    """Import ``name``, or, where it names no module (``from a import b``), take ``a.b``: a
+    lazy package (transformers) imports what its attribute needs then."""
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError:
+        parent, _, attribute = name.rpartition(".")
+        if parent not in sys.modules:
+            raise
+        getattr(sys.modules[parent], attribute)
 
 
 def _serve(poller: select.poll, sock: socket.socket, keep: tuple[int, ...], *,
@@ -216,17 +262,24 @@ def _serve(poller: select.poll, sock: socket.socket, keep: tuple[int, ...], *,
             if not message:
                 return False
             request = json.loads(message)
+            # No exit told (by the SIGCHLD handler) before the fork's own answer.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
             try:
-                pid = _fork(request, fds, keep=keep)
+                try:
+                    pid = _fork(request, fds, keep=keep)
+                finally:
+                    for received in fds:
+                        os.close(received)
+                sock.send(json.dumps({"job": request["job"], "pid": pid}).encode())
             finally:
-                for received in fds:
-                    os.close(received)
-            sock.send(json.dumps({"job": request["job"], "pid": pid}).encode())
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     _reap(sock)
     return True
 
 
 def _reap(sock: socket.socket) -> None:
+    """Tell each child that has exited (from the loop, and from the SIGCHLD handler, in the
+    middle of an import); a scheduler gone is seen by the loop, on stdin."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -234,7 +287,9 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        sock.send(json.dumps({"pid": pid, "status": os.waitstatus_to_exitcode(status)}).encode())
+        with contextlib.suppress(OSError):
+            sock.send(json.dumps({"pid": pid,
+                                  "status": os.waitstatus_to_exitcode(status)}).encode())
 
 
 def _fork(request: dict[str, Any], fds: list[int], *, keep: tuple[int, ...]) -> int:
@@ -247,6 +302,7 @@ def _fork(request: dict[str, Any], fds: list[int], *, keep: tuple[int, ...]) -> 
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         for fd in keep:
             os.close(fd)
         events, watch, log = fds

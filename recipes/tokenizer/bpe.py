@@ -10,9 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
-
 from nscas.errors import DestinationExists, InvalidInput
 
 END_OF_TEXT = "<|endoftext|>"
@@ -73,6 +70,10 @@ def train_tokenizer(
         raise InvalidInput(f"tokenizer training texts must be strings; item {bad[0]} is not")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise DestinationExists(str(out_dir))
+    # Imported here, as every recipe imports its heavy libraries inside ``run``: planning a
+    # run loads this module for the recipe's params and would otherwise import transformers.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

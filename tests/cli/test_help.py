@@ -72,7 +72,7 @@ def _modules_after(code: str) -> dict[str, bool]:
         "import sys, json\n"
         f"{code}\n"
         "print(json.dumps({m: m in sys.modules for m in ('torch', 'sqlalchemy', 'rich',"
-        " 'nscas.store.writer')}))\n"
+        " 'nscas.store.writer', 'transformers')}))\n"
     )
     p = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                        timeout=120, check=True)
@@ -89,7 +89,7 @@ def test_root_help_imports_neither_torch_nor_sqlalchemy() -> None:
         "    assert e.code in (0, None), e.code\n"
     )
     assert loaded == {"torch": False, "sqlalchemy": False, "rich": False,
-                      "nscas.store.writer": False}
+                      "nscas.store.writer": False, "transformers": False}
 
 
 def test_store_commands_import_no_torch() -> None:
@@ -100,6 +100,17 @@ def test_store_commands_import_no_torch() -> None:
     )
     assert loaded["torch"] is False
     assert loaded["nscas.store.writer"] is True  # the probe really loaded the commands
+
+
+def test_loading_every_recipe_imports_neither_torch_nor_transformers() -> None:
+    # Planning a run loads the recipe of each step (its params, inputs, resources); each
+    # recipe imports its heavy libraries inside run, so that planning does not.
+    loaded = _modules_after(
+        "import importlib.metadata\n"
+        "for ep in importlib.metadata.entry_points(group='nscas.recipes'):\n"
+        "    ep.load()\n"
+    )
+    assert (loaded["torch"], loaded["transformers"]) == (False, False)
 
 
 def test_usage_errors_exit_2(nscas: Nscas) -> None:

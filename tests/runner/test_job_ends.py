@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nscas.runs.rayexec import _Task
-from nscas.runs.warm import WarmJobs
+from nscas.runs.warm import WarmJobs, _recipe_modules
 from tests.waiting import GENEROUS
 
 WATCHING = ("import sys; from nscas.runs.job import die_with; "
@@ -108,3 +108,16 @@ def test_without_its_warm_server_a_job_is_started_cold() -> None:
         killed.close()
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_warm_server_loads_a_recipes_own_modules_each_after_the_libraries_it_imports() -> None:
+    # What the server imports for the run's tokenizer steps: the recipe's package only (not
+    # the core modules jobs import anyway, nor another recipe's), one library module at a
+    # time and before the module whose import would load it in one go.
+    loads = _recipe_modules("tokenizer")
+    ours = [m for m in loads if m.startswith("nscas.")]
+    assert ours == ["nscas.recipes", "nscas.recipes.tokenizer", "nscas.recipes.tokenizer.bpe",
+                    "nscas.recipes.tokenizer.recipe"]
+    assert loads.index("transformers") < loads.index("transformers.PreTrainedTokenizerFast") \
+        < loads.index("nscas.recipes.tokenizer.bpe")
+    assert _recipe_modules("no-such-recipe") == []
