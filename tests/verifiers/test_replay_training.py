@@ -23,6 +23,7 @@ from nscas.objects.digests import Digest
 from nscas.recipes.train.config import TrainParams
 from nscas.store.writer import Store
 from nscas.verifiers.core.runs import Run
+from nscas.verifiers.replay import training as replay_training
 from nscas.verifiers.replay.options import ReplayOptions
 from nscas.verifiers.replay.step import (
     Document,
@@ -153,10 +154,19 @@ def test_replayed_updates_reproduce_the_journal_digests_bit_for_bit_on_the_cpu(
     # run's (docs/format.md §7.8), and this process's flags are left as they were.
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
     before = torch.are_deterministic_algorithms_enabled()
+    processes: list[int] = []
+
+    def counted(requests: Any, workdir: Path) -> Any:
+        processes.append(len(requests))
+        return compute(requests, workdir)
+
+    monkeypatch.setattr(replay_training, "compute", counted)
     report = verify(trained.receipt, store=trained.store_dir, replay=REPLAY)
     check = _checks(report)["train." + trained.receipt[7:15] + ".replay.training"]
     assert check.status == "passed", check.message
-    # Updates 1 and 2 from the base with a fresh AdamW, 3 and 4 from the state of step 2.
+    # Updates 1 and 2 from the base with a fresh AdamW, 3 and 4 from the state of step 2, in
+    # one replay process: the second start reproduces the journal after the first ran there.
+    assert processes == [2]
     assert check.recomputed["replayed"] == [1, 2, 3, 4] and check.recomputed["from"] == [0, 2]
     assert check.recomputed["relative_l2"] == [0.0, 0.0]
     assert check.recomputed["max_abs"] == [0.0, 0.0]
@@ -213,7 +223,7 @@ def test_the_replay_process_environment_and_refusals(tmp_path: Path,
         seconds=None)
     assert Request.from_json(json.loads(json.dumps(request.to_json()))) == request
     with pytest.raises(ReplayStepError, match=r"absent\.safetensors is not a safetensors file"):
-        compute(request, tmp_path)
+        compute([request], tmp_path)
     assert replaystep_main(["only-one"]) == 2
     # Started from a directory holding a checkout: its nscas/ must not shadow the package
     # (the replay process then reaches the same refusal, from inside).
@@ -223,7 +233,7 @@ def test_the_replay_process_environment_and_refusals(tmp_path: Path,
         'raise ImportError("a checkout\'s nscas/ shadowed the installed package")\n')
     monkeypatch.chdir(checkout)
     with pytest.raises(ReplayStepError, match=r"absent\.safetensors is not a safetensors file"):
-        compute(request, tmp_path)
+        compute([request], tmp_path)
 
 
 @pytest.mark.parametrize("which", ["plain", "two"])

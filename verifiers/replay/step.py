@@ -1,11 +1,13 @@
 """The arithmetic of a training replay, in a process of its own.
 
-``python -m nscas.verifiers.replay.step REQUEST.json RESULT.json`` makes the updates a
-``Request`` names from a published optimizer state, or from the run's base with a fresh AdamW,
-and writes a ``Result``: per update the objective, the gradient norm before clipping and the
+``python -m nscas.verifiers.replay.step REQUEST.json RESULT.json`` makes, for each ``Request``
+of the file (one train run's starting points, in order), the updates it names from a published
+optimizer state, or from the run's base with a fresh AdamW, and writes a ``Result`` each: per update the objective, the gradient norm before clipping and the
 BLAKE3 parameter digest, the distance from a checkpoint's weights at the last replayed step,
 and the numeric settings it computed under. ``replay.training`` does everything else (the journal, the state's record, the documents'
-tokens, the comparison) and starts this process through ``compute``.
+tokens, the comparison) and starts this process through ``compute``, once per run: a
+run's starting points share one process (its imports are most of a small replay's time), each
+from the random generators a fresh process would have.
 
 Why a process of its own: a ``deterministic`` run on CUDA computes with cuBLAS's fixed
 workspace (docs/format.md §7.8), which ``CUBLAS_WORKSPACE_CONFIG`` sets only before CUDA
@@ -47,7 +49,7 @@ from .stepio import (
 )
 
 __all__ = ["Document", "Group", "Measured", "ReplayStepError", "Request", "Result", "Settings",
-           "Update", "compute", "environment", "main", "replay"]
+           "Update", "compute", "environment", "main", "replay", "replay_all"]
 
 
 def environment(deterministic: bool, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -60,11 +62,14 @@ def environment(deterministic: bool, base: Mapping[str, str] | None = None) -> d
     return env
 
 
-def compute(request: Request, workdir: Path) -> Result:
-    """Run ``request`` in a replay process (files in ``workdir``); raises ``ReplayStepError``
-    when it cannot, naming what it could not use or how the process ended."""
+def compute(requests: Sequence[Request], workdir: Path) -> list[Result]:
+    """Run ``requests`` (of one run: one ``deterministic`` setting) in one replay process, in
+    order (files in ``workdir``); a result each. Raises ``ReplayStepError`` when it cannot,
+    naming what it could not use or how the process ended."""
+    if len({r.deterministic for r in requests}) != 1:
+        raise ValueError("one replay process computes under one deterministic setting")
     request_file, result_file = workdir / "request.json", workdir / "result.json"
-    request_file.write_text(json.dumps(request.to_json()))
+    request_file.write_text(json.dumps([r.to_json() for r in requests]))
     result_file.unlink(missing_ok=True)
     module = __spec__.name if __spec__ is not None else "nscas.verifiers.replay.step"
     # -P: ``python -m`` would put the working directory first on sys.path, and an auditor's
@@ -73,13 +78,13 @@ def compute(request: Request, workdir: Path) -> Result:
     done = subprocess.run(
         [sys.executable, "-P", "-m", module, str(request_file),
          str(result_file)],
-        env=environment(request.deterministic), stdin=subprocess.DEVNULL,
+        env=environment(requests[0].deterministic), stdin=subprocess.DEVNULL,
         capture_output=True, text=True, check=False)
     if result_file.is_file():
         value = json.loads(result_file.read_text())
         if "error" in value:
             raise ReplayStepError(value["error"]["subject"], value["error"]["why"])
-        return Result.from_json(value)
+        return [Result.from_json(v) for v in value["results"]]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     raise ReplayStepError("the replay process", f"exited with code {done.returncode}"
                           + (f": {lines[-1].strip()}" if lines else ""))
@@ -93,14 +98,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     result_file = Path(args[1])
     try:
-        request = Request.from_json(json.loads(Path(args[0]).read_text()))
-        deadline = None if request.seconds is None else started + request.seconds
-        result = replay(request, deadline)
+        values = json.loads(Path(args[0]).read_text())
+        if not isinstance(values, list) or not values:
+            raise ReplayStepError("the request file", "is not a list of requests")
+        requests = [Request.from_json(v) for v in values]
+        # One bound for the process: each request carries the time left when it was made.
+        seconds = requests[0].seconds
+        results = replay_all(requests, None if seconds is None else started + seconds)
     except ReplayStepError as exc:
         result_file.write_text(json.dumps({"error": {"subject": exc.subject, "why": exc.why}}))
         return 2
-    result_file.write_text(json.dumps(asdict(result)))
+    result_file.write_text(json.dumps({"results": [asdict(r) for r in results]}))
     return 0
+
+
+def replay_all(requests: Sequence[Request], deadline: float | None = None) -> list[Result]:
+    """Each of ``requests`` in turn (until ``deadline``), each from torch's random generators
+    as this process had them before the first: as if each had a process of its own. The
+    settings are applied once, first, so each result says whether CUDA had started before
+    them in this process."""
+    import torch
+
+    started = apply_settings(requests[0].deterministic)
+    generator, seed = torch.get_rng_state(), torch.initial_seed()
+    results = []
+    for index, request in enumerate(requests):
+        if index:
+            torch.set_rng_state(generator)
+            # torch.cuda.is_initialized has no annotations.
+            if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+                torch.cuda.manual_seed_all(seed)  # a fresh process's CUDA generators
+        results.append(replay(request, deadline, cuda_started_first=started))
+    return results
 
 
 def apply_settings(deterministic: bool) -> bool:
@@ -120,9 +149,13 @@ def apply_settings(deterministic: bool) -> bool:
     return started
 
 
-def replay(request: Request, deadline: float | None = None) -> Result:
-    """Make ``request``'s updates (until ``deadline``); the process's flags are left set."""
-    started = apply_settings(request.deterministic)
+def replay(request: Request, deadline: float | None = None, *,
+           cuda_started_first: bool | None = None) -> Result:
+    """Make ``request``'s updates (until ``deadline``); the process's flags are left set.
+    ``cuda_started_first``: what ``apply_settings`` found when this process applied them
+    first (None: apply them now and report what it finds)."""
+    found = apply_settings(request.deterministic)
+    started = found if cuda_started_first is None else cuda_started_first
     import torch
 
     fresh = request.state_file is None

@@ -18,8 +18,9 @@ digest of the parameters (registration order, raw bytes) is compared with the jo
 ``parameters``, and the loss and gradient norm with the journal's.
 
 This module reads and checks what the replay needs and judges what it computed; the
-arithmetic runs in a process of its own (``replay.step``), which applies the run's numeric
-settings before CUDA starts there and reports them back.
+arithmetic runs in a process of its own (``replay.step``), one for all of a run's starting
+points, which applies the run's numeric settings before CUDA starts there and reports them
+back.
 
 Two ranks are replayed in one process: each rank's share accumulates its own gradient, which
 DDP scales by 1/W and sums; for W = 2 both operations are exact in floating point, so the
@@ -50,7 +51,7 @@ from ..training.state import STATE_TENSORS, run_checkpoints, state_record_proble
 from .models import checkpoint_dir, encode_turns
 from .options import ReplayOptions
 from .step import compute
-from .stepio import Document, Group, ReplayStepError, Request, Settings, Update
+from .stepio import Document, Group, ReplayStepError, Request, Result, Settings, Update
 
 EXACT_WORLDS = (1, 2)
 """Worlds whose gradient all-reduce the replay reproduces exactly (scaling by 1/2 and one
@@ -140,13 +141,10 @@ def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: fl
         return Check.skipped(name, "compiled passes (compile = true) are not replayed",
                              needs="model")
     total = run.params.get("steps")
-    results = []
-    for start, oid in published:
-        count = min(options.steps, total - start) if isinstance(total, int) else 0
-        if count <= 0:
-            continue
-        results.append(_replay_from(objects, run, start, oid, count, journal, checkpoints,
-                                    options.device, deadline))
+    starts = [(start, oid, min(options.steps, total - start) if isinstance(total, int) else 0)
+              for start, oid in published]
+    results = _replay_from(objects, run, [s for s in starts if s[2] > 0], journal, checkpoints,
+                           options.device, deadline)
     precision = "bf16" if options.device == "cuda" and run.params.get("device") == "cuda" \
         else "fp32"
     where = f"{options.device} {precision}"
@@ -260,18 +258,62 @@ class _Documents:
 
 
 
-def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count: int,
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """One starting point's replay, prepared: its request and what judging its result needs."""
+
+    start: int
+    updates: tuple[Update, ...]
+    request: Request
+    counted: tuple[str, ...]
+    """The batches' token counts that differ from the journal's."""
+    gap: tuple[str, ...]
+    """A step the journal has no batch for, where the updates stop short."""
+
+
+def _replay_from(objects: Objects, run: Run, starts: Sequence[tuple[int, str, int]],
                  journal: tuple[dict[int, Mapping[str, Any]], dict[int, str]],
                  checkpoints: Mapping[int, str], device: str,
-                 deadline: float | None) -> Replayed:
+                 deadline: float | None) -> list[Replayed]:
+    """Replay ``count`` updates from each ``(start, checkpoint, count)``: every start with
+    updates to make in one replay process, in order."""
+    if not starts:
+        return []
+    steps, agreed = journal
+    docs = _Documents(objects, run)
+    found: dict[int, Replayed] = {}
+    with contextlib.ExitStack() as files:
+        work = Path(files.enter_context(tempfile.TemporaryDirectory(prefix="nscas-replay-")))
+        prepared = []
+        for start, checkpoint, count in starts:
+            ready = _prepare(objects, run, start, checkpoint, count, steps, checkpoints, docs,
+                             device, deadline, work / f"from-{start}", files)
+            if isinstance(ready, Replayed):
+                found[start] = ready
+            else:
+                prepared.append(ready)
+        if prepared:
+            try:
+                computed = compute([p.request for p in prepared], work)
+            except ReplayStepError as exc:
+                raise Unusable(exc.subject, exc.why) from None
+            for ready, result in zip(prepared, computed, strict=True):
+                found[ready.start] = _judge(ready, result, steps, agreed)
+    return [found[start] for start, _, _ in starts]
+
+
+def _prepare(objects: Objects, run: Run, start: int, checkpoint: str, count: int,
+             steps: Mapping[int, Mapping[str, Any]], checkpoints: Mapping[int, str],
+             docs: _Documents, device: str, deadline: float | None, work: Path,
+             files: contextlib.ExitStack) -> _Start | Replayed:
+    """The request replaying ``count`` updates from ``start`` (its files kept in ``files``),
+    or, when the journal has no batch to replay, what was found."""
     record = objects.record_of(checkpoint, "checkpoint/1")
     state: Mapping[str, Any] | None = None
     if start:
         state, problems = state_record_problems(objects, run, start, record)
         if state is None:
             raise Unusable(record["state"], "; ".join(problems))
-    steps, agreed = journal
-    docs = _Documents(objects, run)
     params = run.params
     updates, gap = [], []
     for index in range(start, start + count):
@@ -291,35 +333,37 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
         return Replayed(start=start, steps=(), differing=tuple(gap), compared=0)
     counted = count_problems(updates, steps, docs)
     betas = params.get("betas", [0.9, 0.95])
-    with contextlib.ExitStack() as files:
-        work = Path(files.enter_context(tempfile.TemporaryDirectory(prefix="nscas-replay-")))
-        state_file = None
-        if state is not None:
-            entries = objects.record_of(record["state"], "tree/1")["entries"]
-            state_file = str(files.enter_context(objects.as_file(entries[STATE_TENSORS]["id"],
-                                                                 STATE_TENSORS)))
-        request = Request(
-            model_dir=str(checkpoint_dir(objects, checkpoint, work / "model", files)),
-            state_file=state_file,
-            groups=tuple(Group(params=tuple(g["params"]), weight_decay=g["weight_decay"],
-                               lr=g["lr"]) for g in (state or {}).get("groups", ())),
-            weight_decay=params.get("weight_decay", 0.01),
-            seed=None if state is not None else params.get("schedule_seed", 20260913),
-            device=device, autocast=device == "cuda" and params.get("device") == "cuda",
-            deterministic=bool(params.get("deterministic", True)),
-            gradient_checkpointing=bool(params.get("gradient_checkpointing", False)),
-            world=params.get("world", 1), micro_batch=params.get("micro_batch", 1),
-            clip=params.get("clip", 1.0), lr=params.get("lr", 3e-5),
-            betas=(betas[0], betas[1]), eps=params.get("eps", 1e-8), updates=tuple(updates),
-            documents={i: docs[i] for u in updates for i in u.indices},
-            compare={u.step: _weight_files(objects, checkpoints[u.step], files)
-                     for u in updates if u.step in checkpoints},
-            seconds=None if deadline is None else max(0.0, deadline - time.monotonic()))
-        try:
-            result = compute(request, work)
-        except ReplayStepError as exc:
-            raise Unusable(exc.subject, exc.why) from None
-    lrs = {u.step: u.lr for u in updates}
+    work.mkdir()
+    state_file = None
+    if state is not None:
+        entries = objects.record_of(record["state"], "tree/1")["entries"]
+        state_file = str(files.enter_context(objects.as_file(entries[STATE_TENSORS]["id"],
+                                                             STATE_TENSORS)))
+    request = Request(
+        model_dir=str(checkpoint_dir(objects, checkpoint, work / "model", files)),
+        state_file=state_file,
+        groups=tuple(Group(params=tuple(g["params"]), weight_decay=g["weight_decay"],
+                           lr=g["lr"]) for g in (state or {}).get("groups", ())),
+        weight_decay=params.get("weight_decay", 0.01),
+        seed=None if state is not None else params.get("schedule_seed", 20260913),
+        device=device, autocast=device == "cuda" and params.get("device") == "cuda",
+        deterministic=bool(params.get("deterministic", True)),
+        gradient_checkpointing=bool(params.get("gradient_checkpointing", False)),
+        world=params.get("world", 1), micro_batch=params.get("micro_batch", 1),
+        clip=params.get("clip", 1.0), lr=params.get("lr", 3e-5),
+        betas=(betas[0], betas[1]), eps=params.get("eps", 1e-8), updates=tuple(updates),
+        documents={i: docs[i] for u in updates for i in u.indices},
+        compare={u.step: _weight_files(objects, checkpoints[u.step], files)
+                 for u in updates if u.step in checkpoints},
+        seconds=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return _Start(start=start, updates=tuple(updates), request=request,
+                  counted=tuple(counted), gap=tuple(gap))
+
+
+def _judge(ready: _Start, result: Result, steps: Mapping[int, Mapping[str, Any]],
+           agreed: Mapping[int, str]) -> Replayed:
+    """What the replay from one start found, against the journal."""
+    lrs = {u.step: u.lr for u in ready.updates}
     differing, compared = [], 0
     if result.loaded is not None and 0 in agreed:
         compared += 1
@@ -341,10 +385,10 @@ def _replay_from(objects: Objects, run: Run, start: int, checkpoint: str, count:
                             f"{str(expected)[:16]}…")
         if what:
             differing.append(f"step {measured.step}: " + ", ".join(what))
-    return Replayed(start=start, steps=tuple(m.step for m in result.updates),
-                    differing=tuple(counted + differing + gap), compared=compared,
-                    relative_l2=result.relative_l2, max_abs=result.max_abs,
-                    left=len(updates) - len(result.updates), settings=result.settings)
+    return Replayed(start=ready.start, steps=tuple(m.step for m in result.updates),
+                    differing=(*ready.counted, *differing, *ready.gap),
+                    compared=compared, relative_l2=result.relative_l2, max_abs=result.max_abs,
+                    left=len(ready.updates) - len(result.updates), settings=result.settings)
 
 
 def count_problems(updates: Sequence[Update], steps: Mapping[int, Mapping[str, Any]],
