@@ -11,7 +11,8 @@ scripts/get-smollm2 then ``nscas get``) and a child trained from it for a few CP
   bf16     the same two for the seed and the child saved in BF16
   push     bytes a push of the child sends to a store that holds the seed / raw child
   get      nscas get of the delta-coded child vs the same child stored raw (speed ratio, wall
-           and CPU), and a checkpoint load (get, then safetensors' load_file) the same way
+           and CPU), and a checkpoint load (get, then safetensors' load_file) the same way;
+           and the decoding alone: every leaf of the weights read one at a time
 
 The reference methods are computed here with numpy and zstandard alone, not the store's code.
 """
@@ -234,6 +235,9 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
                         load_file(dest / "model.safetensors")
                     times[f"{op} {label}"].append((time.perf_counter() - t0, _cpu() - c0))
                     shutil.rmtree(dest)
+        for _ in range(runs):  # what decoding costs, without a get's threads, hash and writes
+            for label, store in (("delta", ds), ("raw", rs)):
+                times.setdefault(f"decode {label}", []).append(_decode_serially(store, tuned))
     finally:
         ds.close()
         rs.close()
@@ -244,12 +248,23 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
     for key, (wall, cpu) in med.items():
         print(f"{key:<26}{wall:>8.2f}{cpu:>8.2f}")
         out[f"{key.replace(' ', '_')}_s"], out[f"{key.replace(' ', '_')}_cpu_s"] = wall, cpu
-    for op in ("get", "load"):
+    for op in ("get", "load", "decode"):
         out[f"{op}_speed"] = med[f"{op} raw"][0] / med[f"{op} delta"][0]
         out[f"{op}_cpu_speed"] = med[f"{op} raw"][1] / med[f"{op} delta"][1]
         print(f"{op} of the delta-coded child: {out[f'{op}_speed']:.2f}x the speed of raw "
               f"(wall), {out[f'{op}_cpu_speed']:.2f}x (CPU)")
     return out
+
+
+def _decode_serially(store: Store, tree: Digest) -> tuple[float, float]:
+    """(wall, CPU) of reading every leaf of the tree's weights file one after the other, each
+    checked against its ID (``read_leaf``, what a get's decoding threads run)."""
+    entry = store.get_record(tree)["entries"]["model.safetensors"]
+    leaves = list(store.leaves(Digest.parse(entry["id"])))
+    t0, c0 = time.perf_counter(), _cpu()
+    for leaf in leaves:
+        store.read_leaf(*leaf)
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def summary(out: dict[str, Any]) -> None:

@@ -1,11 +1,12 @@
-"""Chunk codecs (docs/format.md §5.5.1): the plane stream, byte planes and XOR deltas, and the
-writer's choice among them (§5.5.2). Pure functions of bytes: which chunk file, which base and
+"""Chunk codecs (docs/format.md §5.5.1): the plane stream, byte planes, XOR and integer-difference
+deltas, and the writer's choice among them (§5.5.2). Pure functions of bytes: which chunk file, which base and
 which row is the chunk layer's and the store's to say.
 
 A plane stream of width W puts byte k of every W-byte value together (the sign-and-exponent
 bytes of FP32 or BF16 apart from their mantissa bytes), which zstd then packs far better; a
 delta XORs a leaf with its base's plain bytes first, so that what a fine-tune left unchanged
-becomes zero bytes.
+becomes zero bytes; a ``subW`` delta subtracts the base's W-byte values as integers instead,
+so that a small step of a float stays a small number (XOR turns a carry into flipped bits).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ HEADER = 32
 CHAIN_MAX = 8
 """D: a leaf is at most this many deltas deep (a chain of D deltas ends in a non-delta leaf)."""
 WIDTHS: dict[str, int] = {"planes2": 2, "planes4": 4, "planes8": 8,
-                          "xor1": 1, "xor2": 2, "xor4": 4, "xor8": 8}
+                          "xor1": 1, "xor2": 2, "xor4": 4, "xor8": 8,
+                          "sub2": 2, "sub4": 4, "sub8": 8}
 """The plane width W of each codec that has one."""
 CODECS = frozenset({"raw", "zstd", *WIDTHS})
 """Every codec a chunk file may be in."""
@@ -59,8 +61,14 @@ def check_known(oid: Digest, codec: str) -> None:
 
 
 def is_delta(codec: str) -> bool:
-    """True for the codecs whose chunk file names a base leaf (``xorW``)."""
-    return codec.startswith("xor") and codec in WIDTHS
+    """True for the codecs whose chunk file names a base leaf (``xorW``, ``subW``)."""
+    return codec.startswith(("xor", "sub")) and codec in WIDTHS
+
+
+def is_sub(codec: str) -> bool:
+    """True for the integer-difference deltas (``subW``), whose plane stream is not one of
+    their plain bytes (no XOR of streams decodes them)."""
+    return codec.startswith("sub") and codec in WIDTHS
 
 
 def width(codec: str) -> int:
@@ -81,6 +89,9 @@ class Base:
     (planes of a XOR b = planes of a XOR planes of b). Safe unchecked because the delta's own
     plain bytes are checked, and they are wrong if the base's are; only then is ``load`` used,
     to say which of the two is corrupt (:func:`nscas.objects.decoding.check_plain`)."""
+    plain: Callable[[], bytes | memoryview] | None = None
+    """Its plain bytes, decoded but not checked against its ID (safe for the same reason), for
+    a delta that has no use for a plane stream of the base's (a ``subW`` base has none)."""
 
 
 # ----------------------------------------------------------------- the plane stream
@@ -172,6 +183,67 @@ def xor(a: bytes | memoryview, b: bytes | memoryview) -> bytearray:
     return out
 
 
+_SUB_BLOCK = 1 << 16  # values per step of un-subtracting: a few blocks stay in the CPU's cache
+
+
+def sub_residual(data: bytes | bytearray | memoryview, other: bytes | bytearray | memoryview,
+                 w: int) -> memoryview:
+    """The ``subW`` residual of ``data`` against its base's plain bytes ``other`` (same
+    length): each W-byte little-endian value minus the base's, mod 2^8W, zig-zag coded (0, -1,
+    1, -2, ... as 0, 1, 2, 3, ...), then the n mod W tail bytes XOR the base's."""
+    import numpy as np
+
+    n, q = len(data), len(data) // w
+    out = buffer(n)
+    signed = np.frombuffer(out, dtype=f"<i{w}", count=q)
+    np.subtract(np.frombuffer(data, dtype=f"<u{w}", count=q),
+                np.frombuffer(other, dtype=f"<u{w}", count=q), out=signed.view(f"<u{w}"))
+    sign = signed >> (8 * w - 1)  # all ones where negative: arithmetic shift
+    np.left_shift(signed, 1, out=signed)
+    np.bitwise_xor(signed, sign, out=signed)
+    tail = np.frombuffer(out, dtype=np.uint8)[q * w:]
+    np.bitwise_xor(np.frombuffer(data, dtype=np.uint8)[q * w:],
+                   np.frombuffer(other, dtype=np.uint8)[q * w:], out=tail)
+    return out
+
+
+def unsub_into(target: memoryview, w: int, *, plain: bytes | bytearray | memoryview | None = None,
+               stream: bytes | bytearray | memoryview | None = None) -> None:
+    """``target`` (a ``subW`` residual, un-planed) becomes the leaf's plain bytes: each value
+    un-zig-zagged and added to the base's, mod 2^8W, and the tail XORed with the base's. The
+    base is given as its plain bytes, or as its plane stream of width ``w`` (un-planed here a
+    block at a time, so that no second leaf-sized buffer is needed)."""
+    import numpy as np
+
+    n = len(target)
+    q = n // w
+    values = np.frombuffer(target, dtype=f"<u{w}", count=q)
+    src = plain if plain is not None else stream
+    assert src is not None and len(src) == n
+    raw = np.frombuffer(src, dtype=np.uint8)
+    rows = raw[:q * w].reshape(w, q) if plain is None else None
+    words = np.frombuffer(src, dtype=f"<u{w}", count=q) if plain is not None else None
+    grid = np.empty((min(_SUB_BLOCK, q), w), dtype=np.uint8)
+    low = np.empty(min(_SUB_BLOCK, q), dtype=f"<u{w}")
+    for i in range(0, q, _SUB_BLOCK):
+        m = min(_SUB_BLOCK, q - i)
+        if rows is not None:
+            for k in range(w):
+                grid[:m, k] = rows[k, i:i + m]
+            base = grid[:m].reshape(-1).view(f"<u{w}")
+        else:
+            assert words is not None
+            base = words[i:i + m]
+        z, bit = values[i:i + m], low[:m]
+        np.bitwise_and(z, 1, out=bit)
+        np.negative(bit, out=bit)  # 0 or all ones (unsigned, wrapping)
+        np.right_shift(z, 1, out=z)
+        np.bitwise_xor(z, bit, out=z)
+        np.add(z, base, out=z)  # unsigned: wraps mod 2^8W
+    tail = np.frombuffer(target, dtype=np.uint8)[q * w:]
+    np.bitwise_xor(tail, raw[q * w:], out=tail)
+
+
 # ----------------------------------------------------------------- encoding
 
 def pack_planes(data: bytes | bytearray | memoryview, w: int) -> bytes:
@@ -214,7 +286,10 @@ def choose(data: bytes | memoryview, *, w: int, base: tuple[Digest, bytes] | Non
            budget_s: float = BUDGET_S) -> tuple[str, bytes | memoryview]:
     """(codec, stored bytes) for a new chunk-file leaf: the candidate of fewest stored bytes,
     ``raw`` unless another saves :data:`MIN_SAVING`; ``w`` is the width of the tensor's dtype
-    (1: not a float tensor), ``base`` (ID, plain bytes of the same length) a leaf to XOR with."""
+    (1: not a float tensor), ``base`` (ID, plain bytes of the same length) a leaf to delta
+    against: ``xorW``, and for a float ``subW``, of which a large leaf packs in full only the
+    one whose sample packs smaller (on SmolLM2-135M, docs/benchmarks.md §10, ``subW`` is the
+    smaller for every tensor of an FP32 and a BF16 child)."""
     import zstandard
 
     n = len(data)
@@ -222,11 +297,13 @@ def choose(data: bytes | memoryview, *, w: int, base: tuple[Digest, bytes] | Non
     if n < 1024:
         return best
     start = time.monotonic()
+    cut = _SAMPLE - _SAMPLE % w
     candidates: list[tuple[str, Callable[[bytes | memoryview], bytes]]] = []
     if base is not None and len(base[1]) == n:
-        head = bytes.fromhex(base[0].hex)
-        other = base[1]
-        candidates.append((f"xor{w}", lambda d: head + pack_planes(xor(d, other[:len(d)]), w)))
+        deltas = _delta_candidates(bytes.fromhex(base[0].hex), base[1], w)
+        if n >= _SAMPLED and len(deltas) > 1:
+            deltas = [min(deltas, key=lambda c: len(c[1](data[:cut])))]
+        candidates += deltas
     if w > 1:
         candidates.append((f"planes{w}", lambda d: pack_planes(d, w)))
     candidates.append(("zstd", lambda d: zstandard.ZstdCompressor(level=_LEVEL).compress(d)))
@@ -234,11 +311,21 @@ def choose(data: bytes | memoryview, *, w: int, base: tuple[Digest, bytes] | Non
     for codec, pack in candidates:
         if time.monotonic() - start > budget_s:
             break
-        if n >= _SAMPLED:
-            cut = _SAMPLE - _SAMPLE % w
-            if len(pack(data[:cut])) > (1 - MIN_SAVING) * cut + (HEADER if is_delta(codec) else 0):
-                continue
+        slack = HEADER if is_delta(codec) else 0
+        if n >= _SAMPLED and len(pack(data[:cut])) > (1 - MIN_SAVING) * cut + slack:
+            continue
         stored = pack(data)
         if len(stored) <= bound and len(stored) < len(best[1]):
             best = (codec, stored)
     return best
+
+
+def _delta_candidates(head: bytes, other: bytes, w: int
+                      ) -> list[tuple[str, Callable[[bytes | memoryview], bytes]]]:
+    """The deltas of a leaf against its base's plain bytes ``other``: (codec, pack)."""
+    out: list[tuple[str, Callable[[bytes | memoryview], bytes]]] = [
+        (f"xor{w}", lambda d: head + pack_planes(xor(d, other[:len(d)]), w))]
+    if f"sub{w}" in WIDTHS:
+        out.append((f"sub{w}", lambda d: head + pack_planes(sub_residual(d, other[:len(d)], w),
+                                                            w)))
+    return out

@@ -1,5 +1,5 @@
 """Decoding a stored leaf (docs/format.md §5.5), bounded by the size its row states: raw,
-zstd, byte planes and XOR deltas to a base, from memory or a stream, to plain bytes, their
+zstd, byte planes and XOR or integer-difference deltas to a base, from memory or a stream, to plain bytes, their
 digest, or blocks. Nothing here produces more than the row's size, or holds more than a leaf.
 """
 
@@ -45,9 +45,9 @@ def plane_stream(stored: bytes, codec: str, oid: Digest, size: int, w: int, *,
     """The plane stream for width ``w`` of a leaf of ``size`` plain bytes held in memory as
     ``stored`` (``raw`` or ``zstd`` for W = 1, ``planesW``, or ``xorW`` with ``base`` its
     checked base row), bounded like every decode, not checked against its ID: the caller
-    checks what it is used for. None for a codec of another width, or a delta whose base has no
-    such stream."""
-    if codecs.width(codec) != w or codec not in codecs.CODECS:
+    checks what it is used for. None for a codec of another width, a ``subW`` delta (its stream
+    is not of its plain bytes), or a delta whose base has no such stream."""
+    if codecs.width(codec) != w or codec not in codecs.CODECS or codecs.is_sub(codec):
         return None
     where = where or f"the chunk of {oid}"
     limit = min(max(size, 0), LEAF_MAX)
@@ -220,6 +220,8 @@ def _decode_planes(src: Readable, codec: str, oid: Digest, limit: int, where: st
     _check_header(capped, codec, oid, where, base)
     assert base is not None
     w = codecs.width(codec)
+    if codecs.is_sub(codec):
+        return _unsub(capped, codec, oid, limit, where, base, fast=fast)
     stream = base.stream(w) if fast and base.stream is not None else None
     if stream is not None and len(stream) == limit:
         # The base's plane stream XOR this leaf's is this leaf's plane stream: one un-planing
@@ -231,7 +233,7 @@ def _decode_planes(src: Readable, codec: str, oid: Digest, limit: int, where: st
     # The base decodes on a thread of its own while this leaf's stream does (zstd and BLAKE3
     # let go of the GIL): a delta's get then takes about as long as its longer link, not both.
     with ThreadPoolExecutor(1, thread_name_prefix="nscas-base") as pool:
-        loading = pool.submit(base.load)
+        loading = pool.submit(_base_plain, base, fast)
         plain = _unplane_stream(capped, codec, oid, limit, where)
         other = loading.result()
     if len(other) != limit:
@@ -239,6 +241,40 @@ def _decode_planes(src: Readable, codec: str, oid: Digest, limit: int, where: st
                          problem="bad-base")
     codecs.xor_into(plain, other)
     return plain
+
+
+def _base_plain(base: Base, fast: bool) -> bytes | memoryview:
+    """A base's plain bytes: unchecked where ``fast`` and it can (the caller checks what they
+    make with :func:`check_plain`, which then names a corrupt base), else checked."""
+    return base.plain() if fast and base.plain is not None else base.load()
+
+
+def _unsub(capped: Readable, codec: str, oid: Digest, limit: int, where: str, base: Base, *,
+           fast: bool) -> memoryview:
+    """The plain bytes of a ``subW`` leaf whose header was checked: its residual's plane stream
+    un-planed into one buffer while the base decodes on a thread of its own, then each value
+    un-zig-zagged and added to the base's. ``fast``: the base as its unchecked plane stream of
+    width W where it has one (the caller then checks with :func:`check_plain`), else its
+    checked plain bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    w = codecs.width(codec)
+
+    def load() -> tuple[memoryview | None, bytes | memoryview | None]:
+        stream = base.stream(w) if fast and base.stream is not None else None
+        if stream is not None and len(stream) == limit:
+            return stream, None
+        return None, _base_plain(base, fast)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="nscas-base") as pool:
+        loading = pool.submit(load)
+        target = _unplane_stream(capped, codec, oid, limit, where)
+        stream, plain = loading.result()
+    if plain is not None and len(plain) != limit:
+        raise CodecError(oid, f"a base of {limit} bytes", f"{len(plain)} bytes of {base.id}",
+                         problem="bad-base")
+    codecs.unsub_into(target, w, plain=plain, stream=stream)
+    return target
 
 
 def _check_header(capped: Readable, codec: str, oid: Digest, where: str,

@@ -1,14 +1,44 @@
 """A delta leaf's chain of bases, checked on the database rows before any byte is decoded
 (docs/format.md §5.5.1): each base present, in a chunk file, of the delta's size, the chain
-at most ``codecs.CHAIN_MAX`` deep and never a cycle."""
+at most ``codecs.CHAIN_MAX`` deep and never a cycle; and the base a decoder is handed."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from nscas.database import queries as q
 from nscas.database.connections import Connection
 from nscas.errors import CodecError, NotFound
 from nscas.objects import codecs
+from nscas.objects.codecs import Base
 from nscas.objects.digests import Digest
+
+if TYPE_CHECKING:
+    from nscas.store.reading import StoreReader
+
+
+def base_of(store: StoreReader, oid: Digest, codec: str, size: int) -> Base:
+    """The base leaf ``oid`` (in ``codec``, of ``size`` plain bytes) of a delta whose chain
+    passed :func:`delta_chain`: its plain bytes checked against its ID, and, unchecked (their
+    user checks the bytes made of them, docs/format.md §5.5.1), its plane stream of a width
+    and its plain bytes. Nothing is read until the decoder asks."""
+    from nscas.objects.decoding import decode, plane_stream
+
+    def inner() -> Base | None:
+        return store.leaf_base(oid, codec) if codecs.is_delta(codec) else None
+
+    def stream(w: int) -> memoryview | None:
+        if codecs.width(codec) != w or codecs.is_sub(codec):
+            return None  # no plane stream of its plain bytes of that width
+        return plane_stream(store.chunks.read_stored(oid, size), codec, oid, size, w,
+                            where=store.chunks.location(oid), base=inner())
+
+    def plain() -> bytes:
+        return decode(store.chunks.read_stored(oid, size), codec, oid, size,
+                      where=store.chunks.location(oid), base=inner())
+
+    return Base(id=oid, load=lambda: store.read_leaf(oid, codec, None, size), stream=stream,
+                plain=plain)
 
 
 def delta_chain(c: Connection, oid: Digest, size: int, named: str | None

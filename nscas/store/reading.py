@@ -40,10 +40,9 @@ from nscas.errors import (
 from nscas.objects import canonical, codecs
 from nscas.objects.chunks import ChunkBackend, ChunkFiles
 from nscas.objects.codecs import Base
-from nscas.objects.decoding import plane_stream
 from nscas.objects.digests import Digest, DualHasher, blake3_hex, parse_prefix
 from nscas.store.backends import chunk_backend
-from nscas.store.chains import chain_depth, stored_chain
+from nscas.store.chains import base_of, chain_depth, stored_chain
 from nscas.store.config import StoreConfig, read_config
 from nscas.store.locating import DB_NAME, HEXISH, REF_NAME, immutable_open_ok
 from nscas.store.materialising import LeafReader, materialise
@@ -331,17 +330,7 @@ class StoreReader:
             return None
         with self._read() as c:
             found = stored_chain(c, oid, arriving)
-        return Base(id=found[0], load=lambda: self.read_leaf(found[0], found[1], None, found[2]),
-                    stream=lambda w: self._plane_stream(found[0], found[1], found[2], w))
-
-    def _plane_stream(self, oid: Digest, codec: str, size: int, w: int) -> memoryview | None:
-        """A chunk-file leaf's plane stream for width ``w``, unchecked (its user checks the
-        bytes made of it), or None where its codec has none of that width."""
-        if codecs.width(codec) != w:
-            return None
-        base = self.leaf_base(oid, codec) if codecs.is_delta(codec) else None
-        return plane_stream(self.chunks.read_stored(oid, size), codec, oid, size, w,
-                            where=self.chunks.location(oid), base=base)
+        return base_of(self, found[0], found[1], found[2])
 
     def _row_base(self, oid: Digest) -> Digest | None:
         with self._read(snapshot=False) as c:

@@ -1,6 +1,7 @@
 """A delta read through its base's plane stream (docs/format.md §5.5.1: planes of a XOR b are
-planes of a XOR planes of b): the same bytes as decoding each link on its own, for chains and
-odd sizes, every bound kept, and a corrupt base named as the corrupt one."""
+planes of a XOR planes of b; a ``subW`` delta adds to the base's values un-planed from it): the
+same bytes as decoding each link on its own, for chains and odd sizes, every bound kept, and a
+corrupt base named as the corrupt one."""
 
 from __future__ import annotations
 
@@ -52,17 +53,19 @@ def _plant(store: Store, data: bytes, codec: str, stored: bytes, base: Digest | 
     return oid
 
 
-def _delta(child: bytes, parent: bytes, w: int) -> bytes:
-    return bytes.fromhex(_id(parent).hex) + codecs.pack_planes(codecs.xor(child, parent), w)
+def _delta(child: bytes, parent: bytes, w: int, kind: str = "xor") -> bytes:
+    residual = codecs.xor(child, parent) if kind == "xor" else codecs.sub_residual(child, parent, w)
+    return bytes.fromhex(_id(parent).hex) + codecs.pack_planes(residual, w)
 
 
-def _chain(store: Store, links: list[bytes], w: int, first: str) -> list[Digest]:
-    """links[0] stored in ``first``, each later one an xorW delta of the one before."""
+def _chain(store: Store, links: list[bytes], w: int, first: str,
+           kind: str = "xor") -> list[Digest]:
+    """links[0] stored in ``first``, each later one a ``kind``W delta of the one before."""
     ids = [_plant(store, links[0], first,
                   codecs.pack_planes(links[0], w) if first.startswith("planes") else links[0],
                   None)]
     for before, data in pairwise(links):
-        ids.append(_plant(store, data, f"xor{w}", _delta(data, before, w), ids[-1]))
+        ids.append(_plant(store, data, f"{kind}{w}", _delta(data, before, w, kind), ids[-1]))
     return ids
 
 
@@ -78,12 +81,14 @@ def _base_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[Digest]:
     return seen
 
 
+@pytest.mark.parametrize("kind", ["xor", "sub"])
 @pytest.mark.parametrize(("dtype", "w"), [("F32", 4), ("BF16", 2)])
 @pytest.mark.parametrize("n", [4100, 65543, 200_002])
 def test_a_chain_over_a_planes_base_reads_back_through_plane_streams_alone(
-        store: Store, monkeypatch: pytest.MonkeyPatch, dtype: str, w: int, n: int) -> None:
+        store: Store, monkeypatch: pytest.MonkeyPatch, dtype: str, w: int, n: int,
+        kind: str) -> None:
     links = _weights(n, dtype, seed=n)
-    ids = _chain(store, links, w, f"planes{w}")
+    ids = _chain(store, links, w, f"planes{w}", kind)
     seen = _base_reads(store, monkeypatch)
     for oid, data in zip(ids, links, strict=True):
         assert store.get_bytes(oid) == data
@@ -92,7 +97,7 @@ def test_a_chain_over_a_planes_base_reads_back_through_plane_streams_alone(
 
 
 @pytest.mark.parametrize("w", [1, 4])
-def test_a_base_of_another_codec_is_decoded_on_its_own_and_gives_the_same_bytes(
+def test_a_base_of_another_codec_is_decoded_to_plain_bytes_and_gives_the_same_bytes(
         store: Store, monkeypatch: pytest.MonkeyPatch, w: int) -> None:
     links = _weights(30_001, "F32", seed=3)
     first = "zstd" if w == 4 else "raw"  # zstd has no plane stream of width 4; raw has W = 1
@@ -101,7 +106,25 @@ def test_a_base_of_another_codec_is_decoded_on_its_own_and_gives_the_same_bytes(
     child = _plant(store, links[1], f"xor{w}", _delta(links[1], links[0], w), base)
     seen = _base_reads(store, monkeypatch)
     assert store.get_bytes(child) == links[1]
-    assert seen == ([child, base] if w == 4 else [child])
+    assert seen == [child]  # the base unchecked: the child's check covers it
+
+
+def test_an_xor_over_a_sub_base_decodes_that_base_on_its_own() -> None:
+    """A ``subW`` leaf's stream is its residual's, not its plain bytes': never XORed into."""
+    links = _weights(30_001, "F32", seed=12)
+    stored = _delta(links[1], links[0], 4, "sub")
+    assert plane_stream(stored, "sub4", _id(links[1]), len(links[1]), 4,
+                        base=Base(id=_id(links[0]), load=lambda: links[0])) is None
+
+
+def test_a_sub_chain_and_an_xor_over_it_read_back(store: Store,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    links = _weights(30_001, "F32", seed=13)
+    ids = _chain(store, links[:3], 4, "planes4", "sub")
+    top = _plant(store, links[3], "xor4", _delta(links[3], links[2], 4), ids[-1])
+    seen = _base_reads(store, monkeypatch)
+    assert store.get_bytes(top) == links[3]
+    assert seen == [top]  # the sub base as plain bytes, its base as a stream, all unchecked
 
 
 def test_plane_stream_is_the_format_s_stream_and_none_for_another_width() -> None:
@@ -130,44 +153,50 @@ def test_a_short_base_stream_falls_back_and_is_named(store: Store) -> None:
         store.get_bytes(child)
 
 
-def test_a_corrupt_base_is_named_not_the_delta_read_through_it(store: Store) -> None:
+@pytest.mark.parametrize("kind", ["xor", "sub"])
+def test_a_corrupt_base_is_named_not_the_delta_read_through_it(store: Store, kind: str) -> None:
     links = _weights(20_000, "F32", seed=7)
     wrong = bytearray(links[0])
     wrong[4001] ^= 0x10
     base = _plant(store, links[0], "planes4", codecs.pack_planes(bytes(wrong), 4), None)
-    child = _plant(store, links[1], "xor4", _delta(links[1], links[0], 4), base)
+    child = _plant(store, links[1], f"{kind}4", _delta(links[1], links[0], 4, kind), base)
     with pytest.raises(IntegrityError) as caught:
         store.get_bytes(child)
     assert f"expected {base}" in str(caught.value), caught.value
 
 
-def test_a_delta_decoding_to_other_bytes_over_a_good_base_is_named(store: Store) -> None:
+@pytest.mark.parametrize("kind", ["xor", "sub"])
+def test_a_delta_decoding_to_other_bytes_over_a_good_base_is_named(store: Store,
+                                                                   kind: str) -> None:
     links = _weights(20_000, "F32", seed=8)
     wrong = bytearray(links[1])
     wrong[77] ^= 1
     base = _plant(store, links[0], "planes4", codecs.pack_planes(links[0], 4), None)
-    child = _plant(store, links[1], "xor4", _delta(bytes(wrong), links[0], 4), base)
+    child = _plant(store, links[1], f"{kind}4", _delta(bytes(wrong), links[0], 4, kind), base)
     with pytest.raises(IntegrityError) as caught:
         store.get_bytes(child)
     assert f"expected {child}" in str(caught.value), caught.value
 
 
+@pytest.mark.parametrize("kind", ["xor", "sub"])
 @pytest.mark.parametrize("w", [2, 4, 8])
-def test_decode_through_a_stream_equals_decode_through_plain_bytes(w: int) -> None:
+def test_decode_through_a_stream_equals_decode_through_plain_bytes(w: int, kind: str) -> None:
     parent, child = _weights(77_777, "F32", seed=w)[:2]
-    stored = _delta(child, parent, w)
+    stored = _delta(child, parent, w, kind)
     plain = Base(id=_id(parent), load=lambda: parent)
     streamed = Base(id=_id(parent), load=lambda: pytest.fail("the base was decoded"),
-                    stream=lambda k: bytearray(codecs.planes(parent, k)))
-    got = decode(stored, f"xor{w}", _id(child), len(child), base=streamed)
-    assert got == decode(stored, f"xor{w}", _id(child), len(child), base=plain) == child
+                    stream=lambda k: memoryview(bytearray(codecs.planes(parent, k))))
+    got = decode(stored, f"{kind}{w}", _id(child), len(child), base=streamed)
+    assert got == decode(stored, f"{kind}{w}", _id(child), len(child), base=plain) == child
 
 
 def test_the_store_s_twin_decoder_in_the_verifiers_agrees(store: Store, tmp_path: Path) -> None:
     from nscas.verifiers.records.codecs import ChunkRow, decode_leaf
 
     links = _weights(50_001, "F32", seed=9)
-    ids = _chain(store, links, 4, "planes4")
+    ids = _chain(store, links[:2], 4, "planes4")
+    ids.append(_plant(store, links[2], "sub4", _delta(links[2], links[1], 4, "sub"), ids[-1]))
+    ids.append(_plant(store, links[3], "xor4", _delta(links[3], links[2], 4), ids[-1]))
 
     class Files:
         has_bases = True

@@ -1,6 +1,6 @@
-"""Chunk codecs (docs/format.md §5.5.1, §5.5.2): byte planes and XOR deltas round-trip at any
-size, the writer keeps the smallest, and every limit of the format is refused before decoding,
-in one line naming the chunk."""
+"""Chunk codecs (docs/format.md §5.5.1, §5.5.2): byte planes, XOR and integer-difference deltas
+round-trip at any size, the writer keeps the smallest, and every limit of the format is refused
+before decoding, in one line naming the chunk."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_plane_stream_is_the_format_s_and_unplanes(w: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("codec", ["raw", "zstd", "planes2", "planes4", "planes8",
-                                   "xor1", "xor2", "xor4", "xor8"])
+                                   "xor1", "xor2", "xor4", "xor8", "sub2", "sub4", "sub8"])
 @pytest.mark.parametrize("n", [4097, 12345, 65543])  # n mod W != 0 for every W > 1
 def test_every_codec_round_trips_at_odd_sizes(codec: str, n: int) -> None:
     parent, child = (b[:n] for b in _fine_tune(n // 4 + 2))
@@ -67,7 +67,9 @@ def test_every_codec_round_trips_at_odd_sizes(codec: str, n: int) -> None:
     elif codec == "zstd":
         stored = zstandard.ZstdCompressor().compress(child)
     elif codecs.is_delta(codec):
-        stored = bytes.fromhex(_id(parent).hex) + codecs.pack_planes(codecs.xor(child, parent), w)
+        residual = (codecs.sub_residual(child, parent, w) if codecs.is_sub(codec)
+                    else codecs.xor(child, parent))
+        stored = bytes.fromhex(_id(parent).hex) + codecs.pack_planes(residual, w)
         base = Base(id=_id(parent), load=lambda: parent)
     else:
         stored = codecs.pack_planes(child, w)
@@ -78,7 +80,13 @@ def test_every_codec_round_trips_at_odd_sizes(codec: str, n: int) -> None:
 def test_the_writer_keeps_the_smallest_and_raw_unless_it_saves_3_percent() -> None:
     parent, child = _fine_tune(300_000)
     codec, stored = codecs.choose(child, w=4, base=(_id(parent), parent))
-    assert codec == "xor4"
+    assert codec == "sub4"  # a small step of a float: a small difference, bits flipped by XOR
+    head = bytes.fromhex(_id(parent).hex)
+    assert len(stored) < len(head + codecs.pack_planes(codecs.xor(child, parent), 4))
+    # Low mantissa bytes flipped at random: XOR leaves three zero planes, the difference two.
+    flips = np.random.default_rng(2).integers(0, 256, len(parent) // 4, dtype=np.uint32)
+    flipped = (np.frombuffer(parent, np.uint32) ^ flips).tobytes()
+    assert codecs.choose(flipped, w=4, base=(_id(parent), parent))[0] == "xor4"
     planes = codecs.choose(child, w=4)
     assert planes[0] == "planes4" and len(stored) < len(planes[1])
     noise = np.random.default_rng(1).bytes(1 << 20)
@@ -113,7 +121,7 @@ def test_a_child_put_against_its_parent_is_a_delta_and_reads_back(store: Store,
     assert store.info(_tensor_leaf(store, parent)).codec == "planes4"
     child = store.put_file(b, base=parent)
     leaf = store.info(_tensor_leaf(store, child))
-    assert leaf.codec == "xor4" and leaf.base == _tensor_leaf(store, parent)
+    assert leaf.codec == "sub4" and leaf.base == _tensor_leaf(store, parent)
     assert leaf.stored_size < 0.9 * store.info(_tensor_leaf(store, parent)).stored_size
     assert store.get_bytes(child) == data
     assert fsck(store, deep=True).ok
@@ -133,7 +141,7 @@ def test_a_tree_base_matches_files_by_path_and_a_32_mib_tensor_round_trips(
     entry = store.get_record(tree)["entries"]["model.safetensors"]
     file_id = Digest.parse(entry["id"])
     pieces = [store.info(leaf) for leaf, *_ in store.leaves(file_id)][1:]
-    assert [p.size for p in pieces] == [TENSOR_SPLIT, 20] and pieces[0].codec == "xor4"
+    assert [p.size for p in pieces] == [TENSOR_SPLIT, 20] and pieces[0].codec == "sub4"
     out = tmp_path / "out"
     store.materialise(tree, out)
     assert (out / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
@@ -168,16 +176,26 @@ def _plant(store: Store, data: bytes, codec: str, stored: bytes, base: Digest | 
     return oid
 
 
-@pytest.fixture
-def family(store: Store) -> tuple[Store, bytes, Digest, bytes]:
-    """A store holding a raw parent leaf; the child's bytes (a fine-tune of it)."""
+Family = tuple[Store, bytes, Digest, bytes, str]
+
+
+@pytest.fixture(params=["xor4", "sub4"])
+def family(store: Store, request: pytest.FixtureRequest) -> Family:
+    """A store holding a raw parent leaf; the child's bytes (a fine-tune of it); the delta
+    codec a case is of."""
     parent, child = _fine_tune(5000)
-    return store, child, store.put_bytes(parent), parent
+    return store, child, store.put_bytes(parent), parent, request.param
 
 
-def _delta(child: bytes, parent: bytes, named: bytes | None = None) -> bytes:
+def _residual(child: bytes, parent: bytes, codec: str) -> bytes | bytearray | memoryview:
+    w = codecs.width(codec)
+    return codecs.sub_residual(child, parent, w) if codecs.is_sub(codec) else codecs.xor(child,
+                                                                                       parent)
+
+
+def _delta(child: bytes, parent: bytes, named: bytes | None = None, codec: str = "xor4") -> bytes:
     return (named if named is not None else bytes.fromhex(_id(parent).hex)) + \
-        codecs.pack_planes(codecs.xor(child, parent), 4)
+        codecs.pack_planes(_residual(child, parent, codec), codecs.width(codec))
 
 
 def _refused(store: Store, oid: Digest, problem: str, *needles: str) -> None:
@@ -191,89 +209,103 @@ def _refused(store: Store, oid: Digest, problem: str, *needles: str) -> None:
     assert [f.problem for f in found] == [problem], found
 
 
-def test_a_good_delta_passes(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, parent_id, parent = family
-    oid = _plant(store, child, "xor4", _delta(child, parent), parent_id)
+def test_a_good_delta_passes(family: Family) -> None:
+    store, child, parent_id, parent, codec = family
+    oid = _plant(store, child, codec, _delta(child, parent, codec=codec), parent_id)
     assert store.get_bytes(oid) == child
     assert fsck(store, deep=True).ok
 
 
-def test_an_unknown_codec(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, _, _ = family
-    oid = _plant(store, child, "xor3", child, None)
-    _refused(store, oid, "bad-codec", "unknown codec 'xor3'")
+def test_an_unknown_codec(family: Family) -> None:
+    store, child, _, _, codec = family
+    oid = _plant(store, child, codec[:3] + "3", child, None)
+    _refused(store, oid, "bad-codec", f"unknown codec '{codec[:3]}3'")
 
 
-def test_a_missing_header(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, parent_id, _ = family
-    oid = _plant(store, child, "xor4", b"\x00" * 7, parent_id)
+def test_a_missing_header(family: Family) -> None:
+    store, child, parent_id, _, codec = family
+    oid = _plant(store, child, codec, b"\x00" * 7, parent_id)
     _refused(store, oid, "bad-base", "32-byte base header")
 
 
-def test_a_header_naming_another_base(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, parent_id, parent = family
-    oid = _plant(store, child, "xor4", _delta(child, parent, named=b"\x01" * 32), parent_id)
+def test_a_header_naming_another_base(family: Family) -> None:
+    store, child, parent_id, parent, codec = family
+    oid = _plant(store, child, codec, _delta(child, parent, named=b"\x01" * 32, codec=codec),
+                 parent_id)
     _refused(store, oid, "bad-base", "in the header")
 
 
-def test_a_missing_base(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, _, parent = family
-    oid = _plant(store, child, "xor4", _delta(child, parent), Digest("cd" * 32))
+def test_a_missing_base(family: Family) -> None:
+    store, child, _, parent, codec = family
+    oid = _plant(store, child, codec, _delta(child, parent, codec=codec), Digest("cd" * 32))
     _refused(store, oid, "bad-base", "cd" * 32)
 
 
-def test_a_base_of_another_size(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, _, parent = family
+def test_a_base_of_another_size(family: Family) -> None:
+    store, child, _, parent, codec = family
     other = store.put_bytes(parent[:-4])
-    oid = _plant(store, child, "xor4", _delta(child, parent, bytes.fromhex(other.hex)), other)
+    oid = _plant(store, child, codec,
+                 _delta(child, parent, bytes.fromhex(other.hex), codec=codec), other)
     _refused(store, oid, "bad-base", f"a base of {len(child)} bytes")
 
 
-def test_a_chain_deeper_than_d(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, base, _parent = family
+def test_a_chain_deeper_than_d(family: Family) -> None:
+    store, child, base, _parent, codec = family
     rng = np.random.default_rng(5)
     ids = []
     for _ in range(codecs.CHAIN_MAX + 1):  # each a real delta of the one before
         body = rng.bytes(len(child))
-        ids.append(_plant(store, body, "xor1", b"", base))
+        ids.append(_plant(store, body, "xor1" if codec == "xor4" else codec, b"", base))
         base = ids[-1]
     _refused(store, ids[-1], "bad-chain", f"at most {codecs.CHAIN_MAX} deltas deep")
     assert store.chain_depth(ids[-2]) == codecs.CHAIN_MAX
 
 
-def test_a_cycle(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, _, _parent = family
+def test_a_cycle(family: Family) -> None:
+    store, child, _, _parent, codec = family
     a_bytes = np.random.default_rng(6).bytes(len(child))
     a, b = _id(a_bytes), _id(child)
-    _plant(store, a_bytes, "xor4", b"", b)
-    oid = _plant(store, child, "xor4", b"", a)
+    _plant(store, a_bytes, codec, b"", b)
+    oid = _plant(store, child, codec, b"", a)
     _refused(store, oid, "bad-chain", "twice in its chain")
 
 
-def test_a_bomb_decoding_past_its_size(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, parent_id, _parent = family
+def test_a_bomb_decoding_past_its_size(family: Family) -> None:
+    store, child, parent_id, _parent, codec = family
     stored = bytes.fromhex(parent_id.hex) + zstandard.ZstdCompressor().compress(
         bytes(50 * len(child)))
-    oid = _plant(store, child, "xor4", stored, parent_id)
+    oid = _plant(store, child, codec, stored, parent_id)
     with pytest.raises(DecodeBoundExceeded, match=f"at most {len(child)} bytes"):
         store.get_bytes(oid)
     assert [f.problem for f in fsck(store, deep=True).findings
             if f.object == str(oid)] == ["size-mismatch"]
 
 
-def test_a_short_stream(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, parent_id, parent = family
+def test_a_short_stream(family: Family) -> None:
+    store, child, parent_id, parent, codec = family
     stored = bytes.fromhex(parent_id.hex) + codecs.pack_planes(
-        codecs.xor(child, parent)[:-8], 4)
-    oid = _plant(store, child, "xor4", stored, parent_id)
+        _residual(child, parent, codec)[:-8], 4)
+    oid = _plant(store, child, codec, stored, parent_id)
     _refused(store, oid, "size-mismatch", f"a plane stream of {len(child)} bytes")
 
 
-def test_a_delta_that_decodes_to_other_bytes(family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, parent_id, parent = family
+def test_a_delta_that_decodes_to_other_bytes(family: Family) -> None:
+    store, child, parent_id, parent, codec = family
     wrong = bytearray(child)
     wrong[100] ^= 1
-    oid = _plant(store, child, "xor4", _delta(bytes(wrong), parent), parent_id)
+    oid = _plant(store, child, codec, _delta(bytes(wrong), parent, codec=codec), parent_id)
+    with pytest.raises(IntegrityError, match=f"expected {oid}"):
+        store.get_bytes(oid)
+    assert [f.problem for f in fsck(store, deep=True).findings
+            if f.object == str(oid)] == ["hash-mismatch"]
+
+
+def test_a_sub_delta_of_another_width_decodes_to_other_bytes(
+        family: Family) -> None:
+    store, child, parent_id, parent, _codec = family
+    stored = bytes.fromhex(parent_id.hex) + codecs.pack_planes(
+        codecs.sub_residual(child, parent, 2), 2)
+    oid = _plant(store, child, "sub4", stored, parent_id)  # a sub2 stream recorded as sub4
     with pytest.raises(IntegrityError, match=f"expected {oid}"):
         store.get_bytes(oid)
     assert [f.problem for f in fsck(store, deep=True).findings
@@ -281,22 +313,22 @@ def test_a_delta_that_decodes_to_other_bytes(family: tuple[Store, bytes, Digest,
 
 
 def test_a_base_removed_behind_the_store_s_back_is_found(
-        family: tuple[Store, bytes, Digest, bytes]) -> None:
-    store, child, parent_id, parent = family
-    oid = _plant(store, child, "xor4", _delta(child, parent), parent_id)
+        family: Family) -> None:
+    store, child, parent_id, parent, codec = family
+    oid = _plant(store, child, codec, _delta(child, parent, codec=codec), parent_id)
     raw_update(store, "DELETE FROM objects WHERE id = ?", (parent_id.hex,))
     _refused(store, oid, "bad-base", parent_id.hex)
 
 
 def test_a_transfer_refuses_a_delta_whose_base_is_absent(
-        family: tuple[Store, bytes, Digest, bytes], tmp_path: Path) -> None:
+        family: Family, tmp_path: Path) -> None:
     from nscas.store.writer import init_store
 
-    _store, child, parent_id, parent = family
+    _store, child, parent_id, parent, codec = family
     other = init_store(tmp_path / "other")
     try:
         with pytest.raises(CodecError, match="in the store"):
-            other.put_stored(_id(child), "xor4", len(child), _delta(child, parent),
+            other.put_stored(_id(child), codec, len(child), _delta(child, parent, codec=codec),
                              base=parent_id)
         assert not other.has(_id(child))
     finally:
@@ -315,7 +347,7 @@ def test_put_checkpoint_with_a_base_stores_its_tensors_as_deltas(store: Store,
     tuned = put_checkpoint(store, b.parent, step=4, parent=seed, base=seed)
     files = Digest.parse(store.get_record(tuned)["files"])
     weights = Digest.parse(store.get_record(files)["entries"]["model.safetensors"]["id"])
-    assert store.info(_tensor_leaf(store, weights)).codec == "xor4"
+    assert store.info(_tensor_leaf(store, weights)).codec == "sub4"
     assert store.get_bytes(weights) == data
     with pytest.raises(InvalidInput, match="not a checkpoint/1"):
         put_checkpoint(store, b.parent, step=4, parent=seed, base=files)

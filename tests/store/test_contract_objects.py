@@ -349,7 +349,7 @@ class TestCodecContract:
         base = any_store.put_file(a)
         oid = any_store.put_file(b, base=base)
         leaf = any_store.info(any_store.part_ids(oid)[-1][1])
-        assert leaf.codec == "xor4" and leaf.base == any_store.part_ids(base)[-1][1]
+        assert leaf.codec == "sub4" and leaf.base == any_store.part_ids(base)[-1][1]
         any_store.ref_set("child", oid)
         gc(any_store, min_age=0, now=time.time() + 3600)
         assert not any_store.has(base) and any_store.has(leaf.base)

@@ -31,7 +31,7 @@ def test_a_delta_coded_file_of_many_leaves_reads_back_by_get_and_open(
     a, b = _family(tmp_path)
     child = store.put_file(b, base=store.put_file(a))
     codecs_seen = {store.info(leaf).codec for leaf, *_ in store.leaves(child)}
-    assert "xor4" in codecs_seen and len(list(store.leaves(child))) > 5
+    assert "sub4" in codecs_seen and len(list(store.leaves(child))) > 5
     store.materialise(child, tmp_path / "out")
     assert (tmp_path / "out").read_bytes() == b.read_bytes()
     with store.open(child) as f:

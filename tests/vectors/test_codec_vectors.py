@@ -78,11 +78,11 @@ def outcome(read: bytes, case: dict[str, Any]) -> str:
 def test_the_vectors_cover_every_codec_width_and_refusal() -> None:
     codecs = {c["codec"] for c in CASES if c["expect"] == "ok"}
     assert codecs == {"raw", "zstd", "planes2", "planes4", "planes8", "xor1", "xor2", "xor4",
-                      "xor8"}
+                      "xor8", "sub2", "sub4", "sub8"}
     assert {c["expect"] for c in CASES} >= {
         "ok", "unknown-codec", "no-header", "base-mismatch", "missing-base", "base-size",
         "chain-too-deep", "cycle", "bomb", "short", "wrong-bytes", "stored-too-large"}
-    deltas = [sum(c["codec"].startswith("xor") for c in world(BY_NAME[f"chain-{d}"]))
+    deltas = [sum(c["codec"].startswith(("xor", "sub")) for c in world(BY_NAME[f"chain-{d}"]))
               for d in (8, 9)]
     assert deltas == [MANIFEST["depth"], MANIFEST["depth"] + 1]
     assert sum((HERE / c["file"]).stat().st_size for c in CASES) < 200 << 10

@@ -1,5 +1,6 @@
 """Codec-level forgeries (issue 41, docs/format.md §5.5.1) against ``verify`` of a train
-receipt whose checkpoint tensors are stored as deltas (``xor4``) of the seed checkpoint's.
+receipt whose checkpoint tensors are stored as deltas (``xor4`` and ``sub4``, every other
+tensor) of the seed checkpoint's.
 
 The store is built once per module: a tiny train run, then every tensor leaf of the trained
 checkpoint that has a chunk file re-encoded in place as a delta of the seed's tensor of the
@@ -24,7 +25,7 @@ from nscas.objects.digests import Digest
 from nscas.store.writer import Store
 from tests.pipelines import init_step, prepare_step, run_pipeline, step, tokenizer_step
 from tests.sharing import built_once
-from tests.vectors.codecs.make_vectors import frame, planes, xor
+from tests.vectors.codecs.make_vectors import differences, frame, planes, xor
 
 from .conftest import Verdict, nscas_verify, verify_here
 
@@ -45,6 +46,8 @@ class Delta:
     size: int
     plain: bytes
     base_plain: bytes
+    codec: str
+    """``xor4`` or ``sub4``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,9 +91,18 @@ def _set_row(store_dir: Path, hex_id: str, **columns: object) -> None:
         db.close()
 
 
+def _residual(d: Delta, plain: bytes, base_plain: bytes) -> bytes:
+    """The residual of ``plain`` against ``base_plain`` in the codec of ``d``."""
+    return differences(plain, base_plain, 4) if d.codec == "sub4" else xor(plain, base_plain)
+
+
 def _encoded(d: Delta, *, header: str | None = None, residual: bytes | None = None) -> bytes:
-    res = xor(d.plain, d.base_plain) if residual is None else residual
+    res = _residual(d, d.plain, d.base_plain) if residual is None else residual
     return bytes.fromhex(header or d.base) + frame(planes(res, 4))
+
+
+def _first(coded: Coded, codec: str) -> Delta:
+    return next(d for d in coded.deltas if d.codec == codec)
 
 
 def _build(root: Path) -> Coded:
@@ -104,7 +116,7 @@ def _build(root: Path) -> Coded:
         db = sqlite3.connect(root / ".nscas" / "nscas.db")
         rows = {r[0]: r[1:] for r in db.execute("SELECT id, size, storage, codec FROM objects")}
         db.close()
-        deltas = []
+        deltas: list[Delta] = []
         for name, (leaf, dtype, shape) in child.items():
             base = seed.get(name)
             lhex = leaf[7:]
@@ -113,7 +125,8 @@ def _build(root: Path) -> Coded:
                 continue
             deltas.append(Delta(leaf=lhex, base=base[0][7:], size=rows[lhex][0],
                                 plain=store.get_bytes(Digest.parse(leaf)),
-                                base_plain=store.get_bytes(Digest.parse(base[0]))))
+                                base_plain=store.get_bytes(Digest.parse(base[0])),
+                                codec="sub4" if len(deltas) % 2 else "xor4"))
         seeds = [(leaf[7:], rows[leaf[7:]][0]) for leaf, _, _ in seed.values()
                  if rows[leaf[7:]][1] == "file"]
     finally:
@@ -126,7 +139,7 @@ def _build(root: Path) -> Coded:
     for d in deltas:
         data = _encoded(d)
         _write_chunk(store_dir, d.leaf, data)
-        _set_row(store_dir, d.leaf, codec="xor4", base=d.base, stored_size=len(data))
+        _set_row(store_dir, d.leaf, codec=d.codec, base=d.base, stored_size=len(data))
     return Coded(receipt=str(steps["train"].receipt), deltas=deltas, seeds=seeds)
 
 
@@ -161,10 +174,10 @@ def test_a_delta_coded_checkpoint_verifies(built: Built) -> None:
     coded = built.coded
     assert len(coded.deltas) >= 4
     db = sqlite3.connect(built.root / ".nscas" / "nscas.db")
-    deltas = db.execute("SELECT count(*) FROM objects WHERE codec = 'xor4' AND base IS NOT "
-                        "NULL").fetchone()[0]
+    deltas = dict(db.execute("SELECT codec, count(*) FROM objects WHERE base IS NOT NULL "
+                             "GROUP BY codec").fetchall())
     db.close()
-    assert deltas == len(coded.deltas)
+    assert deltas == {"xor4": (len(coded.deltas) + 1) // 2, "sub4": len(coded.deltas) // 2}
     v = verify_here(coded.receipt, store=built.root / ".nscas")
     assert v.code == 0, sorted(v.failed())
     train = [n for n, s in v.statuses().items() if n.startswith("train.") and s == "passed"]
@@ -214,18 +227,21 @@ def test_a_cycle_of_deltas_is_a_finding(built: Built, tmp_path: Path, cycle: str
                 if d.leaf < e.leaf and d.size == e.size)
     for one, two in ((d, e), (e, d)):
         _write_chunk(store_dir, one.leaf, _encoded(one, header=two.leaf,
-                                                   residual=xor(one.plain, two.plain)))
+                                                   residual=_residual(one, one.plain,
+                                                                      two.plain)))
         _set_row(store_dir, one.leaf, base=two.leaf)
     message = integrity_failure(verify_here(built.coded.receipt, store=store_dir), d.leaf,
                                 "cycle")
     assert f"blake3:{e.leaf}" in message
 
 
-def test_a_delta_that_inflates_past_its_record_is_a_finding(built: Built, tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["xor4", "sub4"])
+def test_a_delta_that_inflates_past_its_record_is_a_finding(built: Built, tmp_path: Path,
+                                                            codec: str) -> None:
     """A bomb: after the residual, a frame of 1 MiB of zeros with no content size; read by the
     real command, which must stop at the record's size."""
     store_dir = built.copy(tmp_path)
-    d = built.coded.deltas[0]
+    d = _first(built.coded, codec)
     cobj = zstandard.ZstdCompressor(level=19).compressobj()
     bomb = b"".join(cobj.compress(bytes(1 << 16)) for _ in range(16)) + cobj.flush()
     _write_chunk(store_dir, d.leaf, _encoded(d) + bomb)
@@ -233,20 +249,44 @@ def test_a_delta_that_inflates_past_its_record_is_a_finding(built: Built, tmp_pa
     integrity_failure(v, d.leaf, f"at most {d.size} bytes")
 
 
-def test_a_delta_that_decodes_to_other_bytes_is_a_finding(built: Built, tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["xor4", "sub4"])
+def test_a_delta_that_decodes_to_other_bytes_is_a_finding(built: Built, tmp_path: Path,
+                                                          codec: str) -> None:
     store_dir = built.copy(tmp_path)
-    d = built.coded.deltas[-1]
+    d = _first(built.coded, codec)
     other = bytearray(d.plain)
     other[len(other) // 2] ^= 0x04
-    _write_chunk(store_dir, d.leaf, _encoded(d, residual=xor(bytes(other), d.base_plain)))
+    _write_chunk(store_dir, d.leaf, _encoded(d, residual=_residual(d, bytes(other),
+                                                                   d.base_plain)))
     integrity_failure(verify_here(built.coded.receipt, store=store_dir), d.leaf, "hash to")
 
 
-@pytest.mark.parametrize("codec", ["xor2", "xor8", "xor1", "planes4"])
-def test_a_delta_s_codec_forged_to_another_width_is_a_finding(built: Built, tmp_path: Path,
-                                                              codec: str) -> None:
+def test_a_sub_delta_over_a_base_of_other_bytes_is_a_finding(built: Built,
+                                                             tmp_path: Path) -> None:
+    """The base's chunk file decodes to other bytes than its ID: named, not the delta's."""
     store_dir = built.copy(tmp_path)
-    d = built.coded.deltas[0]
+    d = _first(built.coded, "sub4")
+    db = sqlite3.connect(store_dir / "nscas.db")
+    codec = db.execute("SELECT codec FROM objects WHERE id = ?", (d.base,)).fetchone()[0]
+    db.close()
+    wrong = bytearray(d.base_plain)
+    wrong[5] ^= 0x01
+    data = (frame(planes(bytes(wrong), 4)) if codec == "planes4"
+            else zstandard.ZstdCompressor().compress(bytes(wrong)))
+    _write_chunk(store_dir, d.base, data)
+    _set_row(store_dir, d.base, codec="planes4" if codec == "planes4" else "zstd",
+             stored_size=len(data))
+    integrity_failure(verify_here(built.coded.receipt, store=store_dir), d.leaf, d.base)
+
+
+@pytest.mark.parametrize(("delta", "codec"), [("xor4", "xor2"), ("xor4", "xor8"),
+                                              ("xor4", "xor1"), ("xor4", "planes4"),
+                                              ("xor4", "sub4"), ("sub4", "sub2"),
+                                              ("sub4", "sub8"), ("sub4", "xor4")])
+def test_a_delta_s_codec_forged_to_another_width_is_a_finding(built: Built, tmp_path: Path,
+                                                              delta: str, codec: str) -> None:
+    store_dir = built.copy(tmp_path)
+    d = _first(built.coded, delta)
     _set_row(store_dir, d.leaf, codec=codec, **({"base": None} if codec == "planes4" else {}))
     integrity_failure(verify_here(built.coded.receipt, store=store_dir), d.leaf)
 

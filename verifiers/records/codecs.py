@@ -1,8 +1,10 @@
 """Chunk codecs (docs/format.md §5.5, §5.5.1), decoded from the spec's text alone.
 
 A chunk file holds one leaf in the codec its row names: ``raw``, ``zstd`` (frames),
-``planesW`` (the plane stream of width W in zstd frames) or ``xorW`` (a 32-byte header naming
-the base leaf, then the residual's plane stream in zstd frames; plain = residual XOR base).
+``planesW`` (the plane stream of width W in zstd frames), ``xorW`` (a 32-byte header naming
+the base leaf, then the residual's plane stream in zstd frames; plain = residual XOR base) or
+``subW`` (the same layout; each W-byte value of the residual is a zig-zag coded difference, so
+plain value = base value + difference mod 2^8W, and the tail bytes XOR the base's).
 ``decode_leaf`` checks every row of the leaf's chain first (codec known, a delta's header
 present and equal to its row's base, the base a chunk-file leaf of the same size, at most
 ``DEPTH`` deltas, no cycle), and only then decodes, from the chain's non-delta end up, each
@@ -34,12 +36,29 @@ SLACK = 64 << 10
 """What stored bytes may exceed ``size + size/128`` by (§5.5)."""
 
 WIDTHS = {"raw": 0, "zstd": 0, "planes2": 2, "planes4": 4, "planes8": 8,
-          "xor1": 1, "xor2": 2, "xor4": 4, "xor8": 8}
+          "xor1": 1, "xor2": 2, "xor4": 4, "xor8": 8, "sub2": 2, "sub4": 4, "sub8": 8}
 """Every codec of §5.5.1 and its width W (0: no planes)."""
 
 
 def is_delta(codec: str) -> bool:
-    return codec.startswith("xor") and codec in WIDTHS
+    return codec.startswith(("xor", "sub")) and codec in WIDTHS
+
+
+def add_differences(residual: bytes, base: bytes, width: int) -> bytes:
+    """The plain bytes of a ``subW`` leaf from its un-planed residual and its base's plain
+    bytes (§5.5.1): value i is base value i plus the zig-zag decoded residual value i, mod
+    2^(8W), little-endian; the n mod W tail bytes are the residual's XOR the base's."""
+    import numpy as np
+
+    q = len(residual) // width
+    kind = np.dtype(f"<u{width}")
+    z = np.frombuffer(residual, kind, count=q)
+    # zig-zag: 2d for d >= 0, -2d - 1 for d < 0; so d = z / 2, or -(z + 1) / 2 for z odd.
+    difference = (z >> kind.type(1)) ^ (kind.type(0) - (z & kind.type(1)))
+    values = np.frombuffer(base, kind, count=q) + difference  # unsigned: wraps mod 2^(8W)
+    tail = bytes(r ^ b for r, b in zip(residual[q * width:], base[q * width:], strict=True))
+    body: bytes = values.astype(kind).tobytes()
+    return body + tail
 
 
 class CodecRefused(Unreadable):
@@ -219,7 +238,9 @@ def _decode_link(files: ChunkFiles, link: ChunkRow, below: bytes, oid: str) -> b
         raise refuse("short", f"decodes to {len(plain)} bytes, its record says {size}")
     width = WIDTHS[codec]
     plain = unplane(plain, width)
-    if is_delta(codec):
+    if codec.startswith("sub"):
+        plain = add_differences(plain, below, width)
+    elif is_delta(codec):
         import numpy as np
 
         plain = (np.frombuffer(plain, np.uint8) ^ np.frombuffer(below, np.uint8)).tobytes()

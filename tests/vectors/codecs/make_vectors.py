@@ -44,6 +44,22 @@ def xor(a: bytes, b: bytes) -> bytes:
     return (np.frombuffer(a, np.uint8) ^ np.frombuffer(b, np.uint8)).tobytes()
 
 
+def differences(plain: bytes, base: bytes, width: int) -> bytes:
+    """The ``subW`` residual (§5.5.1): each W-byte little-endian value's difference from the
+    base's mod 2^8W, as a signed integer s, stored as 2s (s >= 0) or -2s - 1 (s < 0); the
+    n mod W tail bytes XOR the base's. Written out in Python integers, value by value."""
+    assert len(plain) == len(base)
+    q, bits = len(plain) // width, 8 * width
+    out = bytearray()
+    for i in range(q):
+        c = int.from_bytes(plain[i * width:(i + 1) * width], "little")
+        b = int.from_bytes(base[i * width:(i + 1) * width], "little")
+        d = (c - b) % (1 << bits)
+        s = d - (1 << bits) if d >= 1 << (bits - 1) else d
+        out += (2 * s if s >= 0 else -2 * s - 1).to_bytes(width, "little")
+    return bytes(out) + xor(plain[q * width:], base[q * width:])
+
+
 def frame(data: bytes, level: int = 3) -> bytes:
     return zstandard.ZstdCompressor(level=level).compress(data)
 
@@ -107,10 +123,15 @@ class Case:
 def delta(name: str, codec: str, plain: bytes, base: Case, *, expect: str = "ok",
           about: str, header: str | None = None, residual: bytes | None = None,
           levels: list[int] | None = None) -> Case:
-    """An ``xorW`` case: the header (``header`` or the base's ID), then the residual's plane
-    stream in zstd frames."""
+    """An ``xorW`` or ``subW`` case: the header (``header`` or the base's ID), then the
+    residual's plane stream in zstd frames."""
     width = int(codec[3:])
-    res = xor(plain, base.plain) if residual is None else residual
+    if residual is not None:
+        res = residual
+    elif codec.startswith("sub"):
+        res = differences(plain, base.plain, width)
+    else:
+        res = xor(plain, base.plain)
     body = per_plane(res, width, levels) if levels else frame(planes(res, width))
     head = bytes.fromhex((header or bid(base.plain))[7:])
     return Case(name=name, codec=codec, plain=plain, stored=head + body, expect=expect,
@@ -154,19 +175,43 @@ def cases() -> list[Case]:
     child = tuned(a, 10)
     add(delta("xor1", "xor1", child, raw, about="XOR with a raw base, width 1 (no planes)"))
     add(delta("xor2", "xor2", child, p2, about="XOR with a planes2 base, width 2"))
-    add(delta("xor4", "xor4", child, p4, levels=[19, 19, 3, 1],
-              about="XOR with a planes4 base, width 4, one frame per plane"))
+    x4 = delta("xor4", "xor4", child, p4, levels=[19, 19, 3, 1],
+               about="XOR with a planes4 base, width 4, one frame per plane")
+    add(x4)
     child8 = tuned(a8, 11)
     add(delta("xor8", "xor8", child8, p8w, about="XOR with a planes8 base, width 8, n mod 8 = 0"))
     zbase = out[1]
     add(delta("xor8-tail", "xor8", child, zbase, about="XOR with a zstd base, width 8, "
                                                          "n mod 8 = 3"))
+    add(delta("sub2", "sub2", child, p2, about="differences to a planes2 base, width 2, "
+                                               "n mod 2 = 1"))
+    sub4 = delta("sub4", "sub4", child, p4, levels=[19, 3, 1, 9],
+                 about="differences to a planes4 base, width 4, one frame per plane, the 3 "
+                       "tail bytes XORed")
+    add(sub4)
+    add(delta("sub8", "sub8", child8, p8w, about="differences to a planes8 base, width 8, "
+                                                 "n mod 8 = 0"))
+    add(delta("sub4-raw-base", "sub4", child, raw, about="differences to a raw base"))
+    # Values whose differences wrap: 0 - 1, 2^32 - 1 - 0, 2^31 apart (the most negative s).
+    edge = np.array([0, 0xFFFFFFFF, 0x80000000, 0x7FFFFFFF, 5, 3] * 200, "<u4").tobytes()
+    edge_base = np.array([1, 0, 0, 0xFFFFFFFF, 3, 5] * 200, "<u4").tobytes()
+    eb = Case(name="sub4-wrap-base", codec="raw", plain=edge_base, stored=edge_base,
+              expect="ok", about="the base of sub4-wrap")
+    add(eb)
+    add(delta("sub4-wrap", "sub4", edge, eb, about="differences that wrap mod 2^32, the most "
+                                                     "negative one -2^31 among them"))
+    sub_over_xor = delta("sub4-over-xor", "sub4", tuned(child, 12), x4,
+                         about="differences to an xor4 base (xor4 above)")
+    add(sub_over_xor)
+    add(delta("xor4-over-sub", "xor4", tuned(tuned(child, 12), 13), sub_over_xor,
+              about="XOR with a sub4 base (its plane stream is its residual's, not its "
+                    "plain bytes')"))
 
     # --- a chain of exactly D deltas is read; D + 1 is refused
     top = Case(name="chain-0", codec="planes4", plain=b, stored=frame(planes(b, 4)),
                expect="ok", about="the non-delta end of a chain")
     add(top)
-    widths = ["xor4", "xor1", "xor2", "xor8", "xor4", "xor4", "xor2", "xor4", "xor4"]
+    widths = ["xor4", "sub4", "xor1", "sub2", "xor8", "sub8", "xor2", "sub4", "xor4"]
     for depth, codec in enumerate(widths, start=1):
         plain = tuned(top.plain, 100 + depth)
         too_deep = depth > D
@@ -183,6 +228,9 @@ def cases() -> list[Case]:
     add(Case(name="unknown-xor16", codec="xor16", plain=child,
              stored=bytes.fromhex(bid(a)[7:]) + frame(planes(xor(child, a), 16)),
              expect="unknown-codec", base="raw", about="no width 16"))
+    add(Case(name="unknown-sub1", codec="sub1", plain=child,
+             stored=bytes.fromhex(bid(a)[7:]) + frame(differences(child, a, 1)),
+             expect="unknown-codec", base="raw", about="no sub1 (sub is for W = 2, 4, 8)"))
     add(Case(name="unknown-case", codec="ZSTD", plain=a, stored=zstd_of_a,
              expect="unknown-codec", about="codec names are lowercase"))
     add(Case(name="no-header", codec="xor4", plain=child, stored=bytes.fromhex(bid(a)[7:])[:20],
@@ -190,6 +238,11 @@ def cases() -> list[Case]:
                                                    "header"))
     add(delta("header-not-row", "xor4", child, raw, header=bid(b), expect="base-mismatch",
               about="the header names another leaf than the row's base column"))
+    add(delta("sub-header-not-row", "sub4", child, raw, header=bid(b), expect="base-mismatch",
+              about="a sub4 delta whose header names another leaf than its row's base"))
+    add(Case(name="sub-no-header", codec="sub2", plain=child,
+             stored=bytes.fromhex(bid(a)[7:])[:31], expect="no-header", base="raw",
+             about="a sub2 delta's file one byte short of its header"))
     add(Case(name="row-base-null", codec="xor4", plain=child,
              stored=bytes.fromhex(bid(a)[7:]) + frame(planes(xor(child, a), 4)),
              expect="base-mismatch", about="a delta whose row has no base"))
@@ -235,6 +288,11 @@ def cases() -> list[Case]:
              about="a plane stream 4 bytes longer than the record"))
     add(delta("xor2-bomb", "xor2", child, p2, residual=xor(child, a) + b"\0", expect="bomb",
               about="a residual plane stream one byte longer than the record"))
+    add(delta("sub4-bomb", "sub4", child, p4, residual=differences(child, a, 4) + b"\0" * 4,
+              expect="bomb", about="a difference plane stream 4 bytes longer than the record"))
+    add(delta("sub8-short", "sub8", child, zbase,
+              residual=differences(child, a, 8)[:-1], expect="short",
+              about="a difference plane stream one byte shorter than the record"))
     add(Case(name="planes4-short", codec="planes4", plain=a, stored=frame(planes(a, 4)[:-1]),
              expect="short", about="a plane stream one byte shorter than the record"))
     add(Case(name="planes8-short", codec="planes8", plain=a,
@@ -249,7 +307,16 @@ def cases() -> list[Case]:
     add(Case(name="xor-width-forged", codec="xor4", plain=child, base="planes2",
              stored=bytes.fromhex(bid(a)[7:]) + frame(planes(xor(child, a), 2)),
              expect="wrong-bytes", about="an xor2 residual stream recorded as xor4"))
+    add(Case(name="sub-width-forged", codec="sub4", plain=child, base="planes2",
+             stored=bytes.fromhex(bid(a)[7:]) + frame(planes(differences(child, a, 2), 2)),
+             expect="wrong-bytes", about="a sub2 residual stream recorded as sub4"))
+    add(Case(name="sub-as-xor", codec="xor4", plain=child, base="planes4",
+             stored=bytes.fromhex(bid(a)[7:]) + frame(planes(differences(child, a, 4), 4)),
+             expect="wrong-bytes", about="a sub4 residual stream recorded as xor4"))
     other = tuned(a, 40)
+    add(delta("sub-other-bytes", "sub4", child, p4, residual=differences(other, a, 4),
+              expect="wrong-bytes", about="a well-formed sub4 delta that decodes to other "
+                                          "bytes than its ID"))
     add(delta("xor-other-bytes", "xor4", child, p4, residual=xor(other, a), expect="wrong-bytes",
               about="a well-formed delta that decodes to other bytes than its ID"))
     flipped = bytearray(a)
@@ -259,6 +326,8 @@ def cases() -> list[Case]:
     add(bad_base)
     add(delta("over-other-bytes", "xor4", child, bad_base, expect="wrong-bytes",
               about="a delta whose base decodes to other bytes than the base's ID"))
+    add(delta("sub-over-other-bytes", "sub4", child, bad_base, expect="wrong-bytes",
+              about="a sub4 delta whose base decodes to other bytes than the base's ID"))
     limit = n + n // 128 + (64 << 10)
     empty = frame(b"")
     pad = empty * ((limit + HEADER + 1024 - len(zstd_of_a)) // len(empty) + 1)
