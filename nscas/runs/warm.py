@@ -133,26 +133,36 @@ class WarmJobs:
         return ours
 
     def _listen(self, sock: socket.socket) -> None:
-        """The server's answers (this thread's only work), until it is gone."""
-        while True:
-            try:
-                data = sock.recv(_MESSAGE_BYTES)
-            except OSError:
-                break
-            if not data:
-                break
-            message = json.loads(data)
-            with self._lock:
-                if "job" in message:
-                    job = self._waiting.pop(message["job"])
-                    job.pid = message["pid"]
-                    self._running[job.pid] = job
-                    job.forked.set()
-                else:
-                    job = self._running.pop(message["pid"])
-                    job.returncode = message["status"]
-                    job.ended.set()
-        self._server_gone()
+        """The server's answers (this thread's only work), until it is gone. However this
+        thread ends, the server then counts as gone: a job waiting for its fork is told so
+        (and starts cold) rather than waiting for an answer nobody reads."""
+        try:
+            while True:
+                try:
+                    data = sock.recv(_MESSAGE_BYTES)
+                except OSError:
+                    break
+                if not data:
+                    break
+                try:
+                    self._answer(json.loads(data))
+                except (KeyError, TypeError, ValueError):
+                    break  # an answer for no job of ours: the server is not to be trusted
+        finally:
+            self._server_gone()
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        """One answer: a job forked (its pid), or a forked job's exit (its status)."""
+        with self._lock:
+            if "job" in message:
+                job = self._waiting.pop(message["job"])
+                job.pid = message["pid"]
+                self._running[job.pid] = job
+                job.forked.set()
+            else:
+                job = self._running.pop(message["pid"])
+                job.returncode = message["status"]
+                job.ended.set()
 
     def _server_gone(self) -> None:
         """No more answers: a job not forked never will be, and a forked one's exit will not
@@ -186,7 +196,10 @@ def main(argv: list[str]) -> int:
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: _reap(sock))
+    # Only the server's own jobs are reaped and told: an import may run a child process of
+    # its own (ctypes.util.find_library runs ldconfig), which its caller waits for.
+    jobs: set[int] = set()
+    signal.signal(signal.SIGCHLD, lambda signum, frame: _reap(sock, jobs))
     poller = select.poll()
     for fd in (sock.fileno(), sys.stdin.fileno(), wake_read):
         poller.register(fd, select.POLLIN)
@@ -204,9 +217,9 @@ def main(argv: list[str]) -> int:
                 loads.extendleft((False, m) for m in reversed(_recipe_modules(name)))
             else:
                 _load(name)
-        if not _serve(poller, sock, keep, timeout=0):
+        if not _serve(poller, sock, keep, jobs, timeout=0):
             return 0
-    while _serve(poller, sock, keep, timeout=None):
+    while _serve(poller, sock, keep, jobs, timeout=None):
         pass
     return 0
 
@@ -247,10 +260,10 @@ def _load(name: str) -> None:
         getattr(sys.modules[parent], attribute)
 
 
-def _serve(poller: select.poll, sock: socket.socket, keep: tuple[int, ...], *,
-           timeout: int | None) -> bool:
-    """Fork what is asked for, tell what exited (waiting up to ``timeout`` ms for either);
-    whether to go on (the scheduler is still there)."""
+def _serve(poller: select.poll, sock: socket.socket, keep: tuple[int, ...], jobs: set[int],
+           *, timeout: int | None) -> bool:
+    """Fork what is asked for (adding it to ``jobs``), tell which of ``jobs`` exited (waiting
+    up to ``timeout`` ms for either); whether to go on (the scheduler is still there)."""
     wake_read = keep[1]
     for fd, _ in poller.poll(timeout):
         if fd == sys.stdin.fileno() and not os.read(fd, 4096):
@@ -270,23 +283,27 @@ def _serve(poller: select.poll, sock: socket.socket, keep: tuple[int, ...], *,
                 finally:
                     for received in fds:
                         os.close(received)
+                jobs.add(pid)
                 sock.send(json.dumps({"job": request["job"], "pid": pid}).encode())
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-    _reap(sock)
+    _reap(sock, jobs)
     return True
 
 
-def _reap(sock: socket.socket) -> None:
-    """Tell each child that has exited (from the loop, and from the SIGCHLD handler, in the
-    middle of an import); a scheduler gone is seen by the loop, on stdin."""
-    while True:
+def _reap(sock: socket.socket, jobs: set[int]) -> None:
+    """Tell each of ``jobs`` that has exited, and forget it (from the loop, and from the
+    SIGCHLD handler, in the middle of an import); a scheduler gone is seen by the loop, on
+    stdin. Never ``waitpid(-1)``: that would take an import's own child from its caller."""
+    for pid in list(jobs):
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            jobs.discard(pid)
+            continue
+        if done == 0:
+            continue
+        jobs.discard(pid)
         with contextlib.suppress(OSError):
             sock.send(json.dumps({"pid": pid,
                                   "status": os.waitstatus_to_exitcode(status)}).encode())

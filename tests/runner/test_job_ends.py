@@ -4,16 +4,20 @@ with its step's thread count though torch loaded before it."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nscas.runs.rayexec import _Task
-from nscas.runs.warm import WarmJobs, _recipe_modules
-from tests.waiting import GENEROUS
+from nscas.runs.warm import WarmJob, WarmJobs, _reap, _recipe_modules
+from tests.waiting import GENEROUS, wait_until
 
 WATCHING = ("import sys; from nscas.runs.job import die_with; "
             "die_with(sys.stdin.fileno()); sys.exit(3)")
@@ -121,3 +125,42 @@ def test_a_warm_server_loads_a_recipes_own_modules_each_after_the_libraries_it_i
     assert loads.index("transformers") < loads.index("transformers.PreTrainedTokenizerFast") \
         < loads.index("nscas.recipes.tokenizer.bpe")
     assert _recipe_modules("no-such-recipe") == []
+
+
+def test_a_warm_server_tells_its_own_jobs_only() -> None:
+    # A child an import starts (ctypes.util.find_library runs ldconfig) is its caller's to
+    # wait for: the server's reaping, which runs from SIGCHLD in the middle of imports, never
+    # takes it nor tells the scheduler of it.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        other = subprocess.Popen(["true"])
+        job = os.fork()
+        if job == 0:
+            os._exit(3)
+        wait_until(lambda: _state(other.pid) == "Z" and _state(job) == "Z", "both to exit")
+        jobs = {job}
+        _reap(theirs, jobs)
+        assert jobs == set() and json.loads(ours.recv(4096)) == {"pid": job, "status": 3}
+        assert other.wait(timeout=GENEROUS) == 0  # still its caller's to reap
+        ours.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            ours.recv(4096)  # nothing told of it
+
+
+def test_an_answer_for_no_job_counts_the_server_gone_and_the_job_starts_cold() -> None:
+    warm = WarmJobs()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    waiting = WarmJob()
+    warm._waiting[0] = waiting
+    listener = threading.Thread(target=warm._listen, args=(ours,), daemon=True)
+    listener.start()
+    with ours, theirs:
+        theirs.send(json.dumps({"pid": 12345, "status": 0}).encode())
+        listener.join(timeout=GENEROUS)
+        assert not listener.is_alive()
+        assert waiting.forked.is_set() and waiting.pid is None  # WarmJobs.start: None, cold
+        assert warm.start("{}", env={}, events=-1, watch=-1, log=-1) is None
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
