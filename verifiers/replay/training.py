@@ -164,9 +164,9 @@ def _replay_run(objects: Objects, run: Run, options: ReplayOptions, deadline: fl
         f"at step {r.steps[-1]} relative L2 {r.relative_l2:.3g}, max |Δ| {r.max_abs:.3g} "
         "from the checkpoint's weights" for r in results
         if r.steps and r.relative_l2 is not None and r.max_abs is not None)
-    starts = ", ".join("the base" if r.start == 0 else f"the state of step {r.start}"
-                       for r in results)
-    summary = (f"updates {_span(replayed)} replayed from {starts} on {where}; "
+    origins = ", ".join("the base" if r.start == 0 else f"the state of step {r.start}"
+                        for r in results)
+    summary = (f"updates {_span(replayed)} replayed from {origins} on {where}; "
                f"{sum(r.compared for r in results)} digest(s) compared")
     if distance:
         summary += f"; {distance}"
