@@ -101,8 +101,10 @@ def test_a_writer_killed_mid_put(team_services: TeamServices, tmp_path: Path) ->
         with open_store(host, readonly=True) as s:
             seen = len(list(s.chunks.iter_ids()))
             deadline = time.monotonic() + 120
-            while not s.chunks.temporary_files() and len(list(s.chunks.iter_ids())) == seen \
-                    and time.monotonic() < deadline:
+            # Until a chunk of the add appears, or the add has ended (it committed before one
+            # was seen: tried again at once, not after the deadline).
+            while proc.poll() is None and not s.chunks.temporary_files() \
+                    and len(list(s.chunks.iter_ids())) == seen and time.monotonic() < deadline:
                 time.sleep(0.01)
             proc.send_signal(signal.SIGSTOP)  # it can commit nothing from here on
             mid_put = not s.has(oid)
