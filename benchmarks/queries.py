@@ -90,13 +90,13 @@ def store_rows(total: int, state: dict[str, Any]) -> tuple[list[tuple[Any, ...]]
     links: list[tuple[str, str, str]] = []
     for blob, records in record_runs(state, total, _fast_canonical):
         objects.append((blake3.blake3(blob).hexdigest(), len(blob), hashlib.sha256(blob).hexdigest(),
-                        None, "inline", "raw", len(blob), blob, now))
+                        None, "inline", "raw", len(blob), blob, now, None))
         for value, data in records:
             if len(objects) % 97 == 0 and data != canonical.encode(value):
                 raise SystemExit(f"fast encoding differs from canonical.encode for {value}")
             hex_id = blake3.blake3(data).hexdigest()
             objects.append((hex_id, len(data), hashlib.sha256(data).hexdigest(),
-                            kinds.validate(value), "inline", "raw", len(data), data, now))
+                            kinds.validate(value), "inline", "raw", len(data), data, now, None))
             links.extend((hex_id, p, d.hex) for p, d in canonical.iter_links(value))
     return objects, links
 
