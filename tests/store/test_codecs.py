@@ -294,10 +294,7 @@ def test_a_delta_that_decodes_to_other_bytes(family: Family) -> None:
     wrong = bytearray(child)
     wrong[100] ^= 1
     oid = _plant(store, child, codec, _delta(bytes(wrong), parent, codec=codec), parent_id)
-    with pytest.raises(IntegrityError, match=f"expected {oid}"):
-        store.get_bytes(oid)
-    assert [f.problem for f in fsck(store, deep=True).findings
-            if f.object == str(oid)] == ["hash-mismatch"]
+    _decodes_to_other_bytes(store, oid)
 
 
 def test_a_sub_delta_of_another_width_decodes_to_other_bytes(
@@ -306,6 +303,11 @@ def test_a_sub_delta_of_another_width_decodes_to_other_bytes(
     stored = bytes.fromhex(parent_id.hex) + codecs.pack_planes(
         codecs.sub_residual(child, parent, 2), 2)
     oid = _plant(store, child, "sub4", stored, parent_id)  # a sub2 stream recorded as sub4
+    _decodes_to_other_bytes(store, oid)
+
+
+def _decodes_to_other_bytes(store: Store, oid: Digest) -> None:
+    """A read of ``oid`` is refused naming it, and ``fsck --deep`` finds its hash wrong."""
     with pytest.raises(IntegrityError, match=f"expected {oid}"):
         store.get_bytes(oid)
     assert [f.problem for f in fsck(store, deep=True).findings
