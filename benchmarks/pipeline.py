@@ -9,11 +9,14 @@ hand, with the command line.
 
     .venv/bin/python benchmarks/pipeline.py [--jobs N | --as-written] [--file FILE]
         [--setup 'scripts/get-smollm2 && scripts/get-sharegpt'] [--workdir DIR]
+        [--scheduled-only]
 
 ``--setup`` runs a shell command in each new store's directory (``NSCAS_STORE`` set) before
 its run, untimed: a pipeline whose inputs are refs (a model, a corpus) gets them there.
 ``--as-written`` runs the scheduled side with no ``--jobs`` at all: what the file and the
 machine give by default. ``--workdir`` keeps both stores (for a ``verify`` afterwards).
+``--scheduled-only`` runs the scheduled side alone (where the sequential run does not fit the
+time there is): its ratio to the critical path, and no sequential ratio.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 
 from nscas.objects.digests import Digest
-from nscas.runs.config import load_run_file, step_reference
+from nscas.runs.config import load_run_file
 from nscas.store.writer import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +82,7 @@ def critical_path(file: Path, seconds: dict[str, float]) -> tuple[float, list[st
     spec = load_run_file(file)
     best: dict[str, tuple[float, list[str]]] = {}
     for step in spec.steps:  # in dependency order
-        deps = {ref[0] for v in step.inputs.values() if (ref := step_reference(v)) is not None}
+        deps = step.upstream
         before = max((best[d] for d in deps), default=(0.0, []), key=lambda b: b[0])
         best[step.name] = (before[0] + seconds.get(step.name, 0.0), [*before[1], step.name])
     return max(best.values(), key=lambda b: b[0])
@@ -94,7 +97,7 @@ def slotted(file: Path, seconds: dict[str, float], slots: int) -> float:
     ends: dict[str, float] = {}
     free = [0.0] * slots
     for step in spec.steps:
-        deps = {ref[0] for v in step.inputs.values() if (ref := step_reference(v)) is not None}
+        deps = step.upstream
         ready = max((ends[d] for d in deps), default=0.0)
         slot = min(range(slots), key=lambda i: max(free[i], ready))
         start = max(free[slot], ready)
@@ -110,6 +113,8 @@ def main() -> None:
                         help="the scheduled run without --jobs: the file's and the machine's default")
     parser.add_argument("--setup", help="shell command run in each new store before its run")
     parser.add_argument("--workdir", type=Path, help="keep the two stores here (must not exist)")
+    parser.add_argument("--scheduled-only", action="store_true",
+                        help="no sequential run (and so no sequential / scheduled ratio)")
     args = parser.parse_args()
     args.file = args.file.resolve()
     scheduled_args = [] if args.as_written else ["--jobs", str(args.jobs)]
@@ -118,8 +123,10 @@ def main() -> None:
         seq_dir, job_dir = root / "sequential", root / "jobs"
         seq_dir.mkdir(parents=True)
         job_dir.mkdir()
-        sequential, _ = _run(seq_dir, args.file, args.setup, "--jobs", "1")
-        print(f"sequential run done: {sequential:.1f} s", flush=True)
+        sequential = None
+        if not args.scheduled_only:
+            sequential, _ = _run(seq_dir, args.file, args.setup, "--jobs", "1")
+            print(f"sequential run done: {sequential:.1f} s", flush=True)
         scheduled, events = _run(job_dir, args.file, args.setup, *scheduled_args)
         with Store(job_dir / ".nscas") as store:  # each step's own time, from its receipt
             inside, spans = {}, {}
@@ -138,7 +145,7 @@ def main() -> None:
     jobs = "as written" if args.as_written else f"--jobs {args.jobs}"
     print(f"machine: {len(os.sched_getaffinity(0))} CPU cores; {jobs}; "
           f"{args.file.relative_to(REPO) if args.file.is_relative_to(REPO) else args.file}")
-    print(f"{'sequential wall':<28}{sequential:9.1f} s")
+    print(f"{'sequential wall':<28}" + ("  not run" if sequential is None else f"{sequential:9.1f} s"))
     print(f"{'scheduled wall':<28}{scheduled:9.1f} s")
     print(f"{'critical path (scheduled)':<28}{path:9.1f} s  ({' -> '.join(chain)})")
     print(f"{'scheduled / critical path':<28}{scheduled / path:9.2f}x")
@@ -149,7 +156,8 @@ def main() -> None:
     print(f"{'no-overhead schedule':<28}{bound:9.1f} s  (these step times in "
           f"{min(args.jobs, len(os.sched_getaffinity(0)))} slots, nothing between steps)")
     print(f"{'scheduled / that':<28}{scheduled / bound:9.2f}x")
-    print(f"{'sequential / scheduled':<28}{sequential / scheduled:9.2f}x")
+    if sequential is not None:
+        print(f"{'sequential / scheduled':<28}{sequential / scheduled:9.2f}x")
     print("step times (scheduled run): " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()))
     if spans:
         timeline(args.file, events, spans, scheduled)
@@ -176,7 +184,7 @@ def timeline(file: Path, events: list[dict[str, object]],
         name = step.name
         if ("done", name) not in at or name not in spans:
             continue
-        deps = {ref[0] for v in step.inputs.values() if (ref := step_reference(v)) is not None}
+        deps = step.upstream
         ready = max((ends[d] for d in deps if d in ends), default=planned)
         running, done = at[("running", name)], at[("done", name)]
         started, finished = spans[name]

@@ -30,6 +30,12 @@ class StepConfig:
     pipeline step's ``share``); None: as ``--gpu-share`` says. Where it runs, not what it
     computes: not part of the action."""
 
+    @property
+    def upstream(self) -> frozenset[str]:
+        """The names of the steps whose outputs or receipts this step reads."""
+        return frozenset(ref[0] for v in self.inputs.values()
+                         if (ref := step_reference(v)) is not None)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunFile:
@@ -290,9 +296,7 @@ def downstream(steps: tuple[StepConfig, ...], name: str) -> set[str]:
     found: set[str] = set()
     frontier = {name}
     while frontier:
-        frontier = {s.name for s in steps if s.name not in found and any(
-            (ref := step_reference(v)) is not None and ref[0] in frontier
-            for v in s.inputs.values())}
+        frontier = {s.name for s in steps if s.name not in found and s.upstream & frontier}
         found |= frontier
     return found - {name}
 

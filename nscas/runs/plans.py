@@ -169,6 +169,5 @@ def select_steps(spec: RunFile, only: tuple[str, ...], start: str | None) -> set
 
 def _read_from_earlier(spec: RunFile, chosen: set[str]) -> list[str]:
     """Steps not run whose outputs or receipts a chosen step reads, in file order."""
-    needed = {ref[0] for s in spec.steps if s.name in chosen for v in s.inputs.values()
-              if (ref := step_reference(v)) is not None and ref[0] not in chosen}
+    needed = {d for s in spec.steps if s.name in chosen for d in s.upstream - chosen}
     return [s.name for s in spec.steps if s.name in needed]

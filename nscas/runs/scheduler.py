@@ -32,7 +32,7 @@ from typing import Any
 from nscas.errors import NscasError
 from nscas.objects.digests import Digest
 from nscas.runs.actions import code_id
-from nscas.runs.config import load_run_file, step_reference
+from nscas.runs.config import load_run_file
 from nscas.runs.executor import Executor, LocalProcesses, Running
 from nscas.runs.job import JobSpec, Outcome
 from nscas.runs.planning import Planned, Source, step_inputs
@@ -172,9 +172,7 @@ def _plan_and_run(store: Store, path: Path, options: Options, warm: WarmJobs | N
                   on_event: Callable[[StepEvent], None] | None) -> list[StepResult]:
     planned = plan_file(store, path, sets=sets, only=only, start=start, name=name)
     chosen = planned.names
-    deps = {item.step.name: {ref[0] for v in item.step.inputs.values()
-                             if (ref := step_reference(v)) is not None and ref[0] in chosen}
-            for item in planned.steps}
+    deps = {item.step.name: set(item.step.upstream.intersection(chosen)) for item in planned.steps}
     pool = Pool(options.machine or this_machine(), gpu_share=options.gpu_share)
     disk = _disk_of(store, options)
     space = disk() if disk is not None else None
