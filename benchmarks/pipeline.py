@@ -105,6 +105,16 @@ def slotted(file: Path, seconds: dict[str, float], slots: int) -> float:
     return max(ends.values(), default=0.0)
 
 
+def granted_cores(devices: str) -> int:
+    """The CPU cores a ``running`` event's ``devices`` names (``cpu 0-3,6, gpu 0``)."""
+    where = devices.split(", gpu")[0].removeprefix("cpu ").strip()
+    count = 0
+    for part in where.split(","):
+        low, _, high = part.partition("-")
+        count += int(high or low) - int(low) + 1 if low else 0
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--file", type=Path, default=DEMO)
@@ -156,6 +166,14 @@ def main() -> None:
     print(f"{'no-overhead schedule':<28}{bound:9.1f} s  (these step times in "
           f"{min(args.jobs, len(os.sched_getaffinity(0)))} slots, nothing between steps)")
     print(f"{'scheduled / that':<28}{scheduled / bound:9.2f}x")
+    cores = {str(e["step"]): granted_cores(str(e["devices"])) for e in events
+             if e["event"] == "running" and "devices" in e}
+    if cores:
+        work = sum(seconds.get(step, 0.0) * n for step, n in cores.items())
+        floor = max(path, work / len(os.sched_getaffinity(0)))
+        print(f"{'core-seconds bound':<28}{floor:9.1f} s  (no schedule on "
+              f"{len(os.sched_getaffinity(0))} cores is shorter: {work:.1f} core-seconds of "
+              f"steps, or the critical path; {floor / path:.2f}x the critical path)")
     if sequential is not None:
         print(f"{'sequential / scheduled':<28}{sequential / scheduled:9.2f}x")
     print("step times (scheduled run): " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()))
