@@ -105,6 +105,15 @@ def slotted(file: Path, seconds: dict[str, float], slots: int) -> float:
     return max(ends.values(), default=0.0)
 
 
+def core_seconds_bound(path: float, seconds: dict[str, float], cores: dict[str, int],
+                       machine: int) -> float:
+    """The shortest any schedule of these step times can be on ``machine`` cores: the critical
+    path, or the steps' core-seconds (each step's time by the cores it was given) spread over
+    every core with none idle, whichever is longer."""
+    work = sum(seconds.get(step, 0.0) * n for step, n in cores.items())
+    return max(path, work / machine)
+
+
 def granted_cores(devices: str) -> int:
     """The CPU cores a ``running`` event's ``devices`` names (``cpu 0-3,6, gpu 0``)."""
     where = devices.split(", gpu")[0].removeprefix("cpu ").strip()
@@ -169,11 +178,11 @@ def main() -> None:
     cores = {str(e["step"]): granted_cores(str(e["devices"])) for e in events
              if e["event"] == "running" and "devices" in e}
     if cores:
-        work = sum(seconds.get(step, 0.0) * n for step, n in cores.items())
-        floor = max(path, work / len(os.sched_getaffinity(0)))
-        print(f"{'core-seconds bound':<28}{floor:9.1f} s  (no schedule on "
-              f"{len(os.sched_getaffinity(0))} cores is shorter: {work:.1f} core-seconds of "
-              f"steps, or the critical path; {floor / path:.2f}x the critical path)")
+        machine = len(os.sched_getaffinity(0))
+        floor = core_seconds_bound(path, seconds, cores, machine)
+        print(f"{'core-seconds bound':<28}{floor:9.1f} s  (no schedule of these step times on "
+              f"{machine} cores is shorter: their core-seconds over the cores, or the critical "
+              f"path; {floor / path:.2f}x the critical path)")
     if sequential is not None:
         print(f"{'sequential / scheduled':<28}{sequential / scheduled:9.2f}x")
     print("step times (scheduled run): " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()))
