@@ -163,7 +163,8 @@ class ChunkFiles:
         a leaf of ``size`` plain bytes may take in any codec."""
         path = self.path(oid)
         with self._open(path, oid) as f:
-            return read_capped(f, oid, size, where=f"chunk file {path}")
+            return read_capped(f, oid, size, where=f"chunk file {path}",
+                               expect=os.fstat(f.fileno()).st_size)
 
     def remove(self, oid: Digest, *, before: float | None = None) -> bool:
         """Delete a chunk file (only if last written at or before ``before``); True if deleted."""

@@ -18,6 +18,9 @@ from nscas.objects.digests import Digest, Readable
 from nscas.objects.segments import LEAF_MAX
 
 _VERIFY_BLOCK = 4 << 20  # block of a streamed decode or a read-back
+_FRAME_BLOCK = 512 << 10
+"""Block of a plane stream between zstd and its un-planing or XOR: small enough to stay in the
+CPU's cache between the two (a 32 MiB sub4 leaf's stream: 42 ms in 4 MiB blocks, 33 in 512 KiB)."""
 ZSTD_WINDOW_MAX = 1 << 25
 """The largest zstd window a chunk may ask for (a leaf never needs more): decoding memory."""
 
@@ -62,7 +65,12 @@ def plane_stream(stored: bytes, codec: str, oid: Digest, size: int, w: int, *,
         out[:] = data
         return out
     if not delta:
-        return _inflate(capped, oid, limit, where)
+        if len(stored) > stored_max(limit):
+            raise IntegrityError(f"object {oid}", "stored bytes its size allows",
+                                 f"more in {where}")
+        # Every frame in memory at once: zstd then decodes each frame straight into the
+        # buffer (3 ms of a 32 MiB leaf's 25 less than through a stream of 1 MiB reads).
+        return _inflate(memoryview(stored), oid, limit, where)
     _check_header(capped, codec, oid, where, base)
     assert base is not None
     stream = base.stream(w) if base.stream is not None else None
@@ -72,11 +80,18 @@ def plane_stream(stored: bytes, codec: str, oid: Digest, size: int, w: int, *,
     return stream
 
 
-def read_capped(src: Readable, oid: Digest, size: int, *, where: str) -> bytes:
-    """All stored bytes of a stream, refused past :func:`stored_max` of ``size``."""
+def read_capped(src: Readable, oid: Digest, size: int, *, where: str,
+                expect: int | None = None) -> bytes:
+    """All stored bytes of a stream, refused past :func:`stored_max` of ``size``. ``expect``:
+    how many there should be (a chunk file's length), so that the one buffer a file's
+    ``read(n)`` allocates is of that length, not of the cap: a read of the cap then shrunk took
+    10 ms of page faults for a 32 MiB leaf's 20 MB, against 1 ms (issue 41)."""
     limit = min(max(size, 0), LEAF_MAX)
     cap = codecs.HEADER + stored_max(limit)
-    data = _read_exactly(src, cap + 1)  # one request: a file's read(n) fills one buffer
+    want = cap + 1 if expect is None else min(max(expect, 0), cap) + 1
+    data = _read_exactly(src, want)  # one request: a file's read(n) fills one buffer
+    if len(data) == want and want <= cap:  # longer than expected: the rest, still capped
+        data += _read_exactly(src, cap + 1 - want)
     if len(data) > cap:
         raise IntegrityError(f"object {oid}", "stored bytes its size allows", f"more in {where}")
     return data
@@ -192,7 +207,7 @@ def _decoder(src: Readable, codec: str, oid: Digest) -> Readable:
     raise CodecError(oid, "raw or zstd", f"codec {codec!r} here")  # planes: _decode_planes
 
 
-def _frames(src: Readable) -> Readable:
+def _frames(src: Readable | memoryview) -> Readable:
     """The decoded content of the zstd frames of ``src``, concatenated."""
     import zstandard
 
@@ -291,7 +306,7 @@ def _check_header(capped: Readable, codec: str, oid: Digest, where: str,
                          f"blake3:{head.hex()} in the header of {where}", problem="bad-base")
 
 
-def _inflate(capped: Readable, oid: Digest, limit: int, where: str) -> memoryview:
+def _inflate(capped: Readable | memoryview, oid: Digest, limit: int, where: str) -> memoryview:
     """The content of the zstd frames of ``capped``, exactly ``limit`` bytes, decoded straight
     into one buffer; one byte more is never inflated."""
     import zstandard
@@ -320,7 +335,7 @@ def _frame_blocks(capped: Readable, oid: Digest, limit: int, where: str
     the most ever inflated: a bomb never gets further."""
     import zstandard
 
-    block = bytearray(min(_VERIFY_BLOCK, limit + 1) or 1)
+    block = bytearray(min(_FRAME_BLOCK, limit + 1) or 1)
     view = memoryview(block)
     got = 0
     reader = _frames(capped)

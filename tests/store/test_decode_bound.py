@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nscas.errors import DecodeBoundExceeded, IntegrityError
-from nscas.objects.decoding import ZSTD_WINDOW_MAX, decode, plain_digest, stored_max
+from nscas.objects import codecs
+from nscas.objects.decoding import (
+    ZSTD_WINDOW_MAX,
+    decode,
+    plain_digest,
+    plane_stream,
+    read_capped,
+    stored_max,
+)
 from nscas.objects.digests import Digest
 
 
@@ -48,6 +56,24 @@ def test_stored_bytes_past_what_the_size_allows_are_refused_unread() -> None:
     padded = zstandard.ZstdCompressor().compress(b"x" * size) + bytes(stored_max(size))
     with pytest.raises(IntegrityError, match="stored bytes its size allows"):
         decode(padded, "zstd", Digest("ef" * 32), size)
+
+
+def test_a_planes_stream_in_memory_past_what_the_size_allows_is_refused() -> None:
+    size = 4000
+    stored = codecs.pack_planes(bytes(range(250)) * 16, 4)
+    assert plane_stream(stored, "planes4", Digest("ef" * 32), size, 4) is not None
+    with pytest.raises(IntegrityError, match="stored bytes its size allows"):
+        plane_stream(stored + bytes(stored_max(size)), "planes4", Digest("ef" * 32), size, 4)
+
+
+@pytest.mark.parametrize("expect", [0, 10, 999, 1000, 1001, None])
+def test_stored_bytes_read_whole_whatever_length_was_expected(expect: int | None) -> None:
+    stored = bytes(range(200)) * 5
+    assert read_capped(io.BytesIO(stored), Digest("ef" * 32), 1000, where="X",
+                       expect=expect) == stored
+    cap = codecs.HEADER + stored_max(10)
+    with pytest.raises(IntegrityError, match="stored bytes its size allows"):
+        read_capped(io.BytesIO(bytes(cap + 1)), Digest("ef" * 32), 10, where="X", expect=expect)
 
 
 def test_an_unknown_codec_is_refused() -> None:
