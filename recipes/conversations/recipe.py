@@ -7,6 +7,7 @@ takes for its inputs of the same names (docs/experiment.md §2).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from nscas.errors import InvalidInput, RecipeError
 from nscas.objects.digests import Digest
@@ -53,6 +54,19 @@ def tokenizer_tree(store: ObjectReader, oid: Digest) -> Digest:
     raise RecipeError(f"tokenizer input {oid} is a {kind}, not a tree/1 or checkpoint/1")
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
+"""Files of a checkpoint's tree the tokenizer never reads: its weights (gigabytes at scale)."""
+
+
+def materialise_tokenizer(store: ObjectReader, tree: Digest, dest: Path) -> None:
+    """Every file of a tokenizer or checkpoint tree but its weights, written under ``dest``
+    (new): what ``AutoTokenizer.from_pretrained`` reads, without a model's worth of disk."""
+    dest.mkdir(parents=True)
+    for rel, entry in sorted(store.get_record(tree)["entries"].items()):
+        if not rel.endswith(WEIGHT_SUFFIXES):
+            store.materialise(Digest.parse(entry["id"]), dest / rel)
+
+
 def run(ctx: RunContext) -> RecipeResult:
     from transformers import AutoTokenizer
 
@@ -64,7 +78,7 @@ def run(ctx: RunContext) -> RecipeResult:
     p: ConversationsParams = ctx.params
     store = ctx.store
     tok_dir = ctx.workdir / "tokenizer"
-    store.materialise(tokenizer_tree(store, ctx.inputs["tokenizer"]), tok_dir)
+    materialise_tokenizer(store, tokenizer_tree(store, ctx.inputs["tokenizer"]), tok_dir)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     turn = end_of_turn(tokenizer)
     ctx.progress.start(None, "reading the corpus")

@@ -174,6 +174,25 @@ def test_the_recipe_selects_what_prepare_takes(ran: tuple[Store, dict[str, StepR
     assert real["standin"] is False and real["ids"] == [r["id"] for r in replay]
 
 
+def test_a_checkpoint_tokenizer_is_written_without_its_weights(
+        ran: tuple[Store, dict[str, StepResult]], tmp_path: Path) -> None:
+    """The recipe reads a checkpoint's tokenizer from a directory of every file but the
+    weights (a 1.5B checkpoint's are 7 GB), and AutoTokenizer loads it."""
+    from transformers import AutoTokenizer
+
+    from nscas.recipes.conversations.recipe import materialise_tokenizer, tokenizer_tree
+
+    store, steps = ran
+    tree = tokenizer_tree(store, steps["init"].outputs["checkpoint"])
+    every = set(store.get_record(tree)["entries"])
+    assert "model.safetensors" in every and "tokenizer.json" in every
+    materialise_tokenizer(store, tree, tmp_path / "tok")
+    written = {p.relative_to(tmp_path / "tok").as_posix() for p in (tmp_path / "tok").rglob("*")
+               if p.is_file()}
+    assert written == every - {"model.safetensors"}
+    assert AutoTokenizer.from_pretrained(tmp_path / "tok").chat_template
+
+
 def _nscas(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nscas.cli.main", "--store", str(root), *args],
                           capture_output=True, text=True, timeout=300, check=False)
