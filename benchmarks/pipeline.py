@@ -82,8 +82,7 @@ def critical_path(file: Path, seconds: dict[str, float]) -> tuple[float, list[st
     spec = load_run_file(file)
     best: dict[str, tuple[float, list[str]]] = {}
     for step in spec.steps:  # in dependency order
-        deps = step.upstream
-        before = max((best[d] for d in deps), default=(0.0, []), key=lambda b: b[0])
+        before = max((best[d] for d in step.upstream), default=(0.0, []), key=lambda b: b[0])
         best[step.name] = (before[0] + seconds.get(step.name, 0.0), [*before[1], step.name])
     return max(best.values(), key=lambda b: b[0])
 
@@ -97,8 +96,7 @@ def slotted(file: Path, seconds: dict[str, float], slots: int) -> float:
     ends: dict[str, float] = {}
     free = [0.0] * slots
     for step in spec.steps:
-        deps = step.upstream
-        ready = max((ends[d] for d in deps), default=0.0)
+        ready = max((ends[d] for d in step.upstream), default=0.0)
         slot = min(range(slots), key=lambda i: max(free[i], ready))
         start = max(free[slot], ready)
         ends[step.name] = free[slot] = start + seconds.get(step.name, 0.0)
@@ -211,8 +209,7 @@ def timeline(file: Path, events: list[dict[str, object]],
         name = step.name
         if ("done", name) not in at or name not in spans:
             continue
-        deps = step.upstream
-        ready = max((ends[d] for d in deps if d in ends), default=planned)
+        ready = max((ends[d] for d in step.upstream if d in ends), default=planned)
         running, done = at[("running", name)], at[("done", name)]
         started, finished = spans[name]
         ends[name] = done

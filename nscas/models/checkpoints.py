@@ -22,6 +22,15 @@ from nscas.objects.dtypes import DTYPES
 if TYPE_CHECKING:
     from nscas.store.protocol import ObjectReader, ObjectStore
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
+"""Names of a model directory's weight files, which a tokenizer never reads (gigabytes at
+scale): what a step that needs only the tokenizer leaves out."""
+
+
+def is_weights(name: str) -> bool:
+    """Whether a model directory's file ``name`` holds weights."""
+    return name.endswith(WEIGHT_SUFFIXES)
+
 
 def read_header(store: ObjectReader, file_id: Digest) -> tuple[int, dict[str, Any]]:
     """(data section offset, header) of a stored safetensors file."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nscas.errors import InvalidInput, RecipeError
+from nscas.models.checkpoints import is_weights
 from nscas.objects.digests import Digest
 from nscas.runs.recipe import Claim, InputSpec, Recipe, RecipeResult, RunContext
 from nscas.store.protocol import ObjectReader
@@ -54,16 +55,12 @@ def tokenizer_tree(store: ObjectReader, oid: Digest) -> Digest:
     raise RecipeError(f"tokenizer input {oid} is a {kind}, not a tree/1 or checkpoint/1")
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
-"""Files of a checkpoint's tree the tokenizer never reads: its weights (gigabytes at scale)."""
-
-
 def materialise_tokenizer(store: ObjectReader, tree: Digest, dest: Path) -> None:
     """Every file of a tokenizer or checkpoint tree but its weights, written under ``dest``
     (new): what ``AutoTokenizer.from_pretrained`` reads, without a model's worth of disk."""
     dest.mkdir(parents=True)
     for rel, entry in sorted(store.get_record(tree)["entries"].items()):
-        if not rel.endswith(WEIGHT_SUFFIXES):
+        if not is_weights(rel):
             store.materialise(Digest.parse(entry["id"]), dest / rel)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nscas.errors import RecipeError
-from nscas.models.checkpoints import put_checkpoint
+from nscas.models.checkpoints import is_weights, put_checkpoint
 from nscas.objects.digests import Digest
 from nscas.recipes.train.config import TrainParams
 from nscas.recipes.train.journal import LOSS_CLAIMS
@@ -93,7 +93,7 @@ def run(ctx: RunContext) -> RecipeResult:
     tok_dir = ctx.workdir / "tokenizer"
     tok_dir.mkdir()
     for f in sorted(base_dir.iterdir()):
-        if f.is_file() and f.name not in _MODEL_FILES and f.suffix != ".safetensors":
+        if f.is_file() and f.name not in _MODEL_FILES and not is_weights(f.name):
             shutil.copyfile(f, tok_dir / f.name)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     turn = end_of_turn(tokenizer)  # labels end at the template's turn end (docs/format.md §6.9)

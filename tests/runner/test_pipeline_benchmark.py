@@ -3,27 +3,14 @@ cores a ``running`` event names and the core-seconds bound, on the benchmark's o
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SMALL = REPO / "benchmarks" / "pipeline-small.toml"
+from tests.scripts import load_benchmark
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("pipeline_benchmark",
-                                                  REPO / "benchmarks" / "pipeline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+SMALL = Path(__file__).resolve().parents[2] / "benchmarks" / "pipeline-small.toml"
+bench = load_benchmark("pipeline")
 TIMES = {"prepare": 1.0, "tokenizer": 2.0, "init": 3.0,
          "train-clean": 10.0, "train-damaged": 12.0, "train-clean-seed": 11.0}
 

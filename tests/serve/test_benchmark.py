@@ -3,7 +3,6 @@ run; ``benchmarks/decode.py``: one tiny run of each decoding."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -13,20 +12,12 @@ from pathlib import Path
 import pytest
 
 from nscas.recipes.serve.client import Attempt
+from tests.scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serve.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("serve_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_benchmark("serve")
 
 
 def _attempt(endpoint: str, start: float, end: float, tokens: int = 1, task: str = "t"
