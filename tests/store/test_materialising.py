@@ -10,6 +10,7 @@ import pytest
 
 from nscas.errors import IntegrityError
 from nscas.objects.digests import Digest
+from nscas.store.materialising import AHEAD, AHEAD_MAX, ahead_for, decoded_leaves
 from nscas.store.writer import Store
 from tests.store.helpers import write_safetensors
 
@@ -68,3 +69,29 @@ def test_a_bad_leaf_in_the_middle_fails_get_and_leaves_nothing(store: Store,
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".nscas-get-")] == []
     with pytest.raises(IntegrityError), store.open(child) as f:
         f.read()
+
+
+def test_leaves_ahead_scale_with_the_cores_within_a_bound() -> None:
+    assert [ahead_for(n) for n in (None, 1, 2, 8, 10, 16, 128)] == [
+        AHEAD, AHEAD, AHEAD, AHEAD, 5, AHEAD_MAX, AHEAD_MAX]
+
+
+def test_no_more_leaves_than_ahead_decode_before_they_are_read(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = _family(tmp_path)
+    oid = store.put_file(a)
+    leaves = list(store.leaves(oid))
+    read: list[Digest] = []
+    real = type(store).read_leaf
+
+    def counting(self: Store, leaf: Digest, *rest: object) -> bytes:
+        read.append(leaf)
+        return real(self, leaf, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(store), "read_leaf", counting)
+    it = decoded_leaves(store, leaves, ahead=3)
+    assert next(it) == real(store, *leaves[0])
+    assert next(it) == real(store, *leaves[1])
+    assert len(read) <= 2 + 3  # the two read, and at most 3 decoding ahead
+    assert b"".join([real(store, *leaves[0]), real(store, *leaves[1]), *it]) == a.read_bytes()
+    it.close()
