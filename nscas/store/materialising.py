@@ -4,8 +4,8 @@ a tree/1 written to a new file or directory (``nscas get``), never over what is 
 Leaves decode a few at a time on threads of their own (zstd, numpy and BLAKE3 let go of the
 GIL), in order, while the caller hashes and writes the ones before: a delta-coded checkpoint's
 get then costs about its decoding spread over the cores, not the sum of its leaves. Memory stays
-bounded: at most :data:`AHEAD_MAX` decoded leaves (each at most a leaf's size, with its base
-while it decodes) wait at once, however many cores there are.
+bounded: at most :data:`AHEAD` decoded leaves (each at most a leaf's size, with its base while
+it decodes) wait at once.
 """
 
 from __future__ import annotations
@@ -30,29 +30,18 @@ if TYPE_CHECKING:
     from nscas.store.reading import StoreReader
 
 AHEAD = 4
-"""Leaves decoded ahead of the one being read (and threads decoding them), on a machine of
-up to 2 x this many cores."""
-AHEAD_MAX = 8
-"""The most leaves decoded ahead on any machine: a delta leaf decodes on two threads (its
-residual and its base at once), so half the cores, up to this, keep them all busy."""
+"""Leaves decoded ahead of the one being read (and threads decoding them), at most."""
 
 Leaf = tuple[Digest, str, bytes | None, int, Digest | None]
 
 
-def ahead_for(cores: int | None) -> int:
-    """How many leaves decode ahead on a machine of ``cores`` cores (None: unknown)."""
-    return min(max(AHEAD, (cores or 1) // 2), AHEAD_MAX)
-
-
 def decoded_leaves(store: StoreReader, leaves: list[Leaf], *,
-                   ahead: int | None = None) -> Generator[bytes, None, None]:
+                   ahead: int = AHEAD) -> Generator[bytes, None, None]:
     """The plain bytes of ``leaves`` in order, each checked against its ID; the first decodes
-    here, the rest up to ``ahead`` (default :func:`ahead_for` this machine) at once on a pool,
-    so that a reader of only the first leaf (a safetensors header) decodes no other."""
+    here, the rest up to ``ahead`` at once on a pool, so that a reader of only the first leaf
+    (a safetensors header) decodes no other."""
     if not leaves:
         return
-    if ahead is None:
-        ahead = ahead_for(os.cpu_count())
     yield store.read_leaf(*leaves[0])
     rest = leaves[1:]
     if len(rest) <= 1 or ahead <= 1:

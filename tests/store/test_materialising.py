@@ -10,7 +10,7 @@ import pytest
 
 from nscas.errors import IntegrityError
 from nscas.objects.digests import Digest
-from nscas.store.materialising import AHEAD, AHEAD_MAX, ahead_for, decoded_leaves
+from nscas.store.materialising import decoded_leaves
 from nscas.store.writer import Store
 from tests.store.helpers import write_safetensors
 
@@ -69,11 +69,6 @@ def test_a_bad_leaf_in_the_middle_fails_get_and_leaves_nothing(store: Store,
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".nscas-get-")] == []
     with pytest.raises(IntegrityError), store.open(child) as f:
         f.read()
-
-
-def test_leaves_ahead_scale_with_the_cores_within_a_bound() -> None:
-    assert [ahead_for(n) for n in (None, 1, 2, 8, 10, 16, 128)] == [
-        AHEAD, AHEAD, AHEAD, AHEAD, 5, AHEAD_MAX, AHEAD_MAX]
 
 
 def test_no_more_leaves_than_ahead_decode_before_they_are_read(
