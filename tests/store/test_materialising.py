@@ -27,6 +27,19 @@ def _family(tmp_path: Path, n: int = 12) -> tuple[Path, Path]:
     return a, b
 
 
+def _count_leaf_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[Digest]:
+    """The leaves the store reads from now on, in order (its read_leaf wrapped to note them)."""
+    read: list[Digest] = []
+    real = type(store).read_leaf
+
+    def counting(self: Store, leaf: Digest, *rest: object) -> bytes:
+        read.append(leaf)
+        return real(self, leaf, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(store), "read_leaf", counting)
+    return read
+
+
 def test_a_delta_coded_file_of_many_leaves_reads_back_by_get_and_open(
         store: Store, tmp_path: Path) -> None:
     a, b = _family(tmp_path)
@@ -43,14 +56,7 @@ def test_reading_the_first_leaf_decodes_no_other(store: Store, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     a, _ = _family(tmp_path)
     oid = store.put_file(a)
-    read: list[Digest] = []
-    real = type(store).read_leaf
-
-    def counting(self: Store, leaf: Digest, *rest: object) -> bytes:
-        read.append(leaf)
-        return real(self, leaf, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(type(store), "read_leaf", counting)
+    read = _count_leaf_reads(store, monkeypatch)
     with store.open(oid) as f:
         assert f.read(8) == a.read_bytes()[:8]
     assert len(read) == 1
@@ -76,17 +82,9 @@ def test_no_more_leaves_than_ahead_decode_before_they_are_read(
     a, _ = _family(tmp_path)
     oid = store.put_file(a)
     leaves = list(store.leaves(oid))
-    read: list[Digest] = []
-    real = type(store).read_leaf
-
-    def counting(self: Store, leaf: Digest, *rest: object) -> bytes:
-        read.append(leaf)
-        return real(self, leaf, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(type(store), "read_leaf", counting)
+    read = _count_leaf_reads(store, monkeypatch)
     it = decoded_leaves(store, leaves, ahead=3)
-    assert next(it) == real(store, *leaves[0])
-    assert next(it) == real(store, *leaves[1])
+    first, second = next(it), next(it)
     assert len(read) <= 2 + 3  # the two read, and at most 3 decoding ahead
-    assert b"".join([real(store, *leaves[0]), real(store, *leaves[1]), *it]) == a.read_bytes()
+    assert first + second + b"".join(it) == a.read_bytes()
     it.close()
