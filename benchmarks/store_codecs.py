@@ -11,8 +11,9 @@ scripts/get-smollm2 then ``nscas get``) and a child trained from it for a few CP
   bf16     the same two for the seed and the child saved in BF16
   push     bytes a push of the child sends to a store that holds the seed / raw child
   get      nscas get of the delta-coded child vs the same child stored raw (speed ratio, wall
-           and CPU), and a checkpoint load (get, then safetensors' load_file) the same way;
-           and the decoding alone: every leaf of the weights read one at a time
+           and CPU), and a checkpoint load (get, then safetensors' load_file) the same way,
+           with load_file's part of it apart; and the decoding alone: every leaf of the
+           weights read one at a time
 
 The reference methods are computed here with numpy and zstandard alone, not the store's code.
 """
@@ -232,7 +233,10 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
                     t0, c0 = time.perf_counter(), _cpu()
                     store.materialise(tuned, dest)
                     if op == "load":
-                        load_file(dest / "model.safetensors")
+                        t1, c1 = time.perf_counter(), _cpu()
+                        load_file(dest / "model.safetensors")  # the load's own part, apart
+                        times.setdefault(f"load_file {label}", []).append(
+                            (time.perf_counter() - t1, _cpu() - c1))
                     times[f"{op} {label}"].append((time.perf_counter() - t0, _cpu() - c0))
                     shutil.rmtree(dest)
         for _ in range(runs):  # what decoding costs, without a get's threads, hash and writes
