@@ -224,7 +224,8 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
             codecs.choose = real  # type: ignore[assignment]
         assert plain == tuned
         times: dict[str, list[tuple[float, float]]] = {
-            f"{op} {label}": [] for op in ("get", "load") for label in ("delta", "raw")}
+            f"{op} {label}": [] for op in ("get", "load", "load_file")
+            for label in ("delta", "raw")}
         for i in range(runs):  # interleaved
             for op in ("get", "load"):
                 for label, store in (("delta", ds), ("raw", rs)):
@@ -235,7 +236,7 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
                     if op == "load":
                         t1, c1 = time.perf_counter(), _cpu()
                         load_file(dest / "model.safetensors")  # the load's own part, apart
-                        times.setdefault(f"load_file {label}", []).append(
+                        times[f"load_file {label}"].append(
                             (time.perf_counter() - t1, _cpu() - c1))
                     times[f"{op} {label}"].append((time.perf_counter() - t0, _cpu() - c0))
                     shutil.rmtree(dest)
