@@ -243,14 +243,19 @@ def run_batch(cases: list[Case], root: Path, outside: Path) -> None:
                {path: None for c in cases for path in c.added})
 
 
+NAMING = frozenset({"duplicate", "rename-case", "case-twin", "unknown-file"})
+"""The layout operations that add a name to a folder (the others delete, rewrite or link a
+file in place, as the JSON edits do)."""
+
+
 def batches(cases: list[Case], size: int) -> list[list[Case]]:
     """Cases grouped, up to ``size`` a group, by op and resealing, so that no two cases of a
-    group touch one file or (but JSON edits, which add no name) one folder's new names."""
+    group touch one file, nor (for the ``NAMING`` operations) add names to one folder."""
     groups: list[list[Case]] = []
     open_groups: dict[tuple[str, bool], list[list[Case]]] = {}
     for case in cases:
         mine = {case.path.partition("#")[0], *case.touches}
-        folders = set() if case.op.startswith("json-") else {p.rpartition("/")[0] for p in mine}
+        folders = {p.rpartition("/")[0] for p in mine} if case.op in NAMING else set()
         for group in open_groups.setdefault((case.op, case.resealed), []):
             theirs = {p for c in group for p in (c.path.partition("#")[0], *c.touches)}
             if len(group) < size and not (mine & theirs) and case.op != "reorder" and not (
