@@ -224,7 +224,7 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
             codecs.choose = real  # type: ignore[assignment]
         assert plain == tuned
         times: dict[str, list[tuple[float, float]]] = {
-            f"{op} {label}": [] for op in ("get", "load", "load_file")
+            f"{op} {label}": [] for op in ("get", "load", "load_file", "decode")
             for label in ("delta", "raw")}
         for i in range(runs):  # interleaved
             for op in ("get", "load"):
@@ -242,7 +242,7 @@ def _get(work: Path, seed: Path, child: Path, *, runs: int) -> dict[str, float]:
                     shutil.rmtree(dest)
         for _ in range(runs):  # what decoding costs, without a get's threads, hash and writes
             for label, store in (("delta", ds), ("raw", rs)):
-                times.setdefault(f"decode {label}", []).append(_decode_serially(store, tuned))
+                times[f"decode {label}"].append(_decode_serially(store, tuned))
     finally:
         ds.close()
         rs.close()
